@@ -1,0 +1,287 @@
+// Package session is berth's domain: sessions, executions, their states and
+// transitions, the Manager that runs them, and the Service interface that the
+// TUI, the CLI and the SSH server use (in-process or over the daemon's socket).
+package session
+
+import (
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"time"
+)
+
+// Error classes. Every error the Service returns wraps at most one of these,
+// and the socket API carries them across, so errors.Is works for clients.
+var (
+	ErrNotFound     = errors.New("not found")
+	ErrExists       = errors.New("already exists")
+	ErrInvalid      = errors.New("invalid argument")
+	ErrInvalidState = errors.New("invalid state")
+	ErrConflict     = errors.New("conflict") // e.g. workspace in use by another writer
+	ErrPermission   = errors.New("permission denied")
+	ErrUnavailable  = errors.New("unavailable") // daemon or VM cannot be reached
+)
+
+// State is a session's lifecycle state.
+type State string
+
+const (
+	StateCreating State = "creating"
+	StateRunning  State = "running"
+	StatePaused   State = "paused"
+	StateStopping State = "stopping"
+	StateStopped  State = "stopped"
+	StateCrashed  State = "crashed"
+	StateDeleting State = "deleting"
+	StateSleeping State = "sleeping"
+)
+
+// Session is a snapshot of one session's record and live figures.
+type Session struct {
+	Name  string `json:"name"`
+	State State  `json:"state"`
+	// Cause says why the session entered State ("created", "paused by
+	// admin", "VMM killed by SIGKILL: <log tail>").
+	Cause string `json:"cause,omitempty"`
+
+	CPUs      int    `json:"cpus"`
+	MemoryMiB int    `json:"memory_mib"`
+	DiskBytes int64  `json:"disk_bytes"` // workspace volume size
+	Image     string `json:"image"`
+	VMM       string `json:"vmm"`             // driver name
+	Accel     string `json:"accel,omitempty"` // accelerator in use while running
+	Pid       int    `json:"pid,omitempty"`   // VMM pid while running or paused
+
+	CreatedAt    time.Time `json:"created_at"`
+	StartedAt    time.Time `json:"started_at,omitzero"` // current VM's start
+	LastActivity time.Time `json:"last_activity,omitzero"`
+
+	// Live figures from the guest, refreshed every few seconds while running.
+	WorkspaceUsed int64 `json:"workspace_used"`
+	DirtyBytes    int64 `json:"dirty_bytes"` // what a crash of the VM would lose now
+	MemUsedBytes  int64 `json:"mem_used_bytes,omitempty"`
+	Running       int   `json:"running"` // executions in starting/running state
+}
+
+// ExecState is an execution's state.
+type ExecState string
+
+const (
+	ExecStarting  ExecState = "starting"
+	ExecRunning   ExecState = "running"
+	ExecExited    ExecState = "exited"
+	ExecFailed    ExecState = "failed" // could not start
+	ExecCancelled ExecState = "cancelled"
+	ExecTimedOut  ExecState = "timed-out"
+	ExecLost      ExecState = "lost" // VM died or the agent no longer knows it
+)
+
+// Done reports whether s is final.
+func (s ExecState) Done() bool {
+	switch s {
+	case ExecStarting, ExecRunning:
+		return false
+	}
+	return true
+}
+
+// Execution is the record of one command run in a session.
+type Execution struct {
+	ID       string   `json:"id"`
+	Session  string   `json:"session"`
+	Argv     []string `json:"argv"`
+	EnvNames []string `json:"env_names,omitempty"` // values are never recorded
+	Cwd      string   `json:"cwd"`
+	TTY      bool     `json:"tty,omitempty"`
+	By       string   `json:"by"` // who started it: "cli", "tui", "ssh:<key comment>"
+	// Outside marks a process outside berth's coordination (an SSH shell).
+	Outside bool `json:"outside,omitempty"`
+
+	State     ExecState `json:"state"`
+	ExitCode  *int      `json:"exit_code,omitempty"`
+	Signal    string    `json:"signal,omitempty"`
+	Error     string    `json:"error,omitempty"`
+	StartedAt time.Time `json:"started_at"`
+	EndedAt   time.Time `json:"ended_at,omitzero"`
+
+	StdoutBytes int64 `json:"stdout_bytes"`
+	StderrBytes int64 `json:"stderr_bytes"`
+}
+
+// Stream names an output stream.
+type Stream uint8
+
+const (
+	Stdout Stream = 1
+	Stderr Stream = 2
+)
+
+func (s Stream) String() string {
+	if s == Stderr {
+		return "stderr"
+	}
+	return "stdout"
+}
+
+// Chunk is one recorded piece of an execution's output. Seq numbers start at
+// 1 and have no holes except where retention trimmed output.
+type Chunk struct {
+	Exec   string    `json:"exec"`
+	Seq    uint64    `json:"seq"`
+	Stream Stream    `json:"stream"`
+	Time   time.Time `json:"time"`
+	Data   []byte    `json:"data"`
+}
+
+// EventKind names what an Event reports.
+type EventKind string
+
+const (
+	EventState   EventKind = "state"   // Session set: a lifecycle change
+	EventStats   EventKind = "stats"   // Session set: live figures refreshed
+	EventDeleted EventKind = "deleted" // the session is gone
+	EventExec    EventKind = "exec"    // Exec set: an execution started or changed state
+	EventFlush   EventKind = "flush"   // Message says how many bytes
+	EventNote    EventKind = "note"    // anything else for the timeline
+)
+
+// Event is one change, as published to watchers and kept in a session's
+// timeline.
+type Event struct {
+	Seq     uint64     `json:"seq"`
+	Time    time.Time  `json:"time"`
+	Kind    EventKind  `json:"kind"`
+	Name    string     `json:"session"`
+	Message string     `json:"message,omitempty"`
+	By      string     `json:"by,omitempty"`
+	Session *Session   `json:"info,omitempty"`
+	Exec    *Execution `json:"exec,omitempty"`
+}
+
+// CreateOptions are the settings of a new session. Zero values take the
+// configured defaults.
+type CreateOptions struct {
+	Name      string `json:"name"`
+	CPUs      int    `json:"cpus,omitempty"`
+	MemoryMiB int    `json:"memory_mib,omitempty"`
+	DiskBytes int64  `json:"disk_bytes,omitempty"`
+	Image     string `json:"image,omitempty"`
+	VMM       string `json:"vmm,omitempty"`
+}
+
+// ExecRequest describes a command to run.
+type ExecRequest struct {
+	Argv    []string          `json:"argv"`
+	Env     map[string]string `json:"env,omitempty"`
+	Cwd     string            `json:"cwd,omitempty"` // default /workspace
+	TTY     bool              `json:"tty,omitempty"`
+	Rows    int               `json:"rows,omitempty"`
+	Cols    int               `json:"cols,omitempty"`
+	Timeout time.Duration     `json:"timeout,omitempty"`
+	Stdin   bool              `json:"stdin,omitempty"` // the caller will send stdin
+}
+
+// Process is a running execution the caller started or attached to.
+// Output arrives on Output until the execution ends; then Wait returns.
+type Process interface {
+	ID() string
+	// Output yields output chunks in order; it is closed when the execution
+	// ends or the caller's context is done.
+	Output() <-chan Chunk
+	// Stdin returns a writer to the command's stdin; Close sends EOF.
+	Stdin() io.WriteCloser
+	Resize(ctx context.Context, rows, cols int) error
+	// Cancel kills the command's whole process group in the guest.
+	Cancel(ctx context.Context) error
+	// Wait blocks until the execution is final and returns its record.
+	Wait(ctx context.Context) (Execution, error)
+}
+
+// FlushResult reports a flush.
+type FlushResult struct {
+	DirtyBefore int64         `json:"dirty_before"`
+	DirtyAfter  int64         `json:"dirty_after"`
+	Took        time.Duration `json:"took"`
+}
+
+// FileInfo describes a file in a workspace.
+type FileInfo struct {
+	Name    string      `json:"name"`
+	Size    int64       `json:"size"`
+	Mode    fs.FileMode `json:"mode"`
+	ModTime time.Time   `json:"mtime"`
+	Link    string      `json:"link,omitempty"` // symlink target
+}
+
+// IsDir reports whether fi describes a directory.
+func (fi FileInfo) IsDir() bool { return fi.Mode.IsDir() }
+
+// OutputPage is a page of recorded output. Gap counts bytes trimmed by
+// retention before the first chunk returned.
+type OutputPage struct {
+	Chunks []Chunk `json:"chunks"`
+	Gap    int64   `json:"gap,omitempty"`
+	Next   uint64  `json:"next"` // seq to ask for next
+}
+
+// Lister reads sessions.
+type Lister interface {
+	List(ctx context.Context) ([]Session, error)
+	Get(ctx context.Context, name string) (Session, error)
+}
+
+// Watcher streams changes. The channel starts with one EventState per
+// existing session, then carries changes; it is closed when ctx ends.
+type Watcher interface {
+	Watch(ctx context.Context) (<-chan Event, error)
+	// Timeline returns a session's recorded events, oldest first.
+	Timeline(ctx context.Context, name string, limit int) ([]Event, error)
+}
+
+// Lifecycle changes sessions. Each call returns the session as it is after
+// the change, or a wrapped ErrInvalidState when the session's state does not
+// allow it.
+type Lifecycle interface {
+	Create(ctx context.Context, opts CreateOptions) (Session, error)
+	Pause(ctx context.Context, name string) (Session, error) // does not flush
+	Resume(ctx context.Context, name string) (Session, error)
+	Stop(ctx context.Context, name string) (Session, error) // stop writers, flush, unmount, power off
+	Start(ctx context.Context, name string) (Session, error)
+	Delete(ctx context.Context, name string) error // VM and all storage, permanently
+	Flush(ctx context.Context, name string) (FlushResult, error)
+}
+
+// Execer runs and records commands.
+type Execer interface {
+	Exec(ctx context.Context, name string, req ExecRequest) (Process, error)
+	// Attach follows a running execution's output from seq (0 = live only).
+	Attach(ctx context.Context, execID string, fromSeq uint64) (Process, error)
+	Executions(ctx context.Context, name string, all bool) ([]Execution, error)
+	Execution(ctx context.Context, execID string) (Execution, error)
+	// Output reads recorded output from seq, at most limit chunks.
+	Output(ctx context.Context, execID string, fromSeq uint64, limit int) (OutputPage, error)
+	Cancel(ctx context.Context, execID string) error
+}
+
+// Files works on a session's /workspace. Paths are relative to /workspace
+// (or absolute under it); escapes are refused.
+type Files interface {
+	ListDir(ctx context.Context, name, path string) ([]FileInfo, error)
+	Stat(ctx context.Context, name, path string) (FileInfo, error)
+	ReadFile(ctx context.Context, name, path string) (io.ReadCloser, error)
+	// WriteFile returns once the file is durable (temp, fsync, rename, fsync dir).
+	WriteFile(ctx context.Context, name, path string, r io.Reader) (int64, error)
+	Mkdir(ctx context.Context, name, path string) error
+	Remove(ctx context.Context, name, path string) error
+	Rename(ctx context.Context, name, from, to string) error
+}
+
+// Service is everything the UI and CLI use.
+type Service interface {
+	Lister
+	Watcher
+	Lifecycle
+	Execer
+	Files
+}

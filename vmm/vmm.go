@@ -1,0 +1,138 @@
+// Package vmm drives hypervisors behind one Driver interface.
+//
+// A driver starts a VM as a detached process that outlives berth, and can
+// re-attach to it later from the files it left in the VM's directory
+// (sockets and vmm.pid). The agent channel a VM exposes is a raw byte stream;
+// the guest package speaks the agent protocol over it.
+package vmm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// Errors shared by every driver, so callers can use errors.Is.
+var (
+	// ErrInUse means the workspace image is already attached as a writer
+	// by another VM (or another berth daemon).
+	ErrInUse = errors.New("workspace is in use by another VM")
+	// ErrNotRunning means the VMM process is gone.
+	ErrNotRunning = errors.New("VM is not running")
+	// ErrUnavailable means the driver cannot run on this host (binary
+	// missing, accelerator not usable).
+	ErrUnavailable = errors.New("hypervisor unavailable")
+)
+
+// Accel selects the CPU accelerator.
+type Accel string
+
+const (
+	AccelAuto Accel = "auto" // KVM if a test boot shows it works, else TCG
+	AccelKVM  Accel = "kvm"
+	AccelTCG  Accel = "tcg"
+)
+
+// Config describes a VM to start. Paths are absolute.
+type Config struct {
+	// Dir is the VM's directory: the driver puts its sockets, vmm.pid and
+	// logs here, and Attach finds them here again.
+	Dir string
+
+	Kernel    string
+	Initramfs string
+	Cmdline   string // appended to the driver's own console arguments
+
+	CPUs      int
+	MemoryMiB int
+
+	// Workspace is the raw ext4 image attached read-write as the first
+	// virtio-blk disk. Empty means no workspace disk.
+	Workspace string
+
+	Accel Accel
+
+	// Incoming, when set, names a memory snapshot to restore instead of
+	// booting (drivers that implement Snapshotter).
+	Incoming string
+}
+
+// State is what the hypervisor reports about a VM.
+type State string
+
+const (
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+	StateStopped State = "stopped" // process gone
+)
+
+// Driver starts and re-attaches VMs of one hypervisor.
+type Driver interface {
+	// Name is the driver's name as users type it ("qemu").
+	Name() string
+	// Start launches a VM from cfg as a detached process in its own process
+	// group and returns once the VMM answers on its control socket; the guest
+	// may still be booting. A workspace held by another VM yields ErrInUse.
+	Start(ctx context.Context, cfg Config) (VM, error)
+	// Attach connects to a VM that an earlier process started in dir,
+	// using the pid file and sockets there. A dead VM yields ErrNotRunning.
+	Attach(ctx context.Context, dir string) (VM, error)
+}
+
+// VM is a running (or paused) virtual machine. Methods are safe for
+// concurrent use. Closing a VM releases berth's handles; the VM keeps running.
+type VM interface {
+	// Pid is the VMM process id.
+	Pid() int
+	// Accel is the accelerator the VM runs on.
+	Accel() Accel
+	// DialAgent opens the raw agent channel. Only one connection can be open
+	// at a time; bytes from a previous connection may still arrive, which the
+	// guest package's handshake discards.
+	DialAgent(ctx context.Context) (net.Conn, error)
+	// Pause stops the vCPUs. It does not flush anything: guest dirty pages
+	// stay dirty. Pausing a paused VM returns nil.
+	Pause(ctx context.Context) error
+	// Resume continues a paused VM. Resuming a running VM returns nil.
+	Resume(ctx context.Context) error
+	// Status asks the VMM for the VM's state.
+	Status(ctx context.Context) (State, error)
+	// Kill stops the VM at once, like pulling the plug: writes the guest has
+	// not flushed are lost. Killing a stopped VM returns nil.
+	Kill(ctx context.Context) error
+	// Done is closed when the VMM process has exited.
+	Done() <-chan struct{}
+	// Exit describes how the VMM exited, once Done is closed.
+	Exit() Exit
+	// Close releases berth's connections to the VM without stopping it.
+	Close() error
+}
+
+// Exit describes a VMM process's end.
+type Exit struct {
+	Code   int    // -1 when unknown (not our child) or signalled
+	Signal string // set when killed by a signal
+	Time   time.Time
+	// LogTail holds the last lines of the VMM's log, for crash reports.
+	LogTail string
+}
+
+func (e Exit) String() string {
+	switch {
+	case e.Signal != "":
+		return "killed by " + e.Signal
+	case e.Code >= 0:
+		return fmt.Sprintf("exited with code %d", e.Code)
+	default:
+		return "exited"
+	}
+}
+
+// Snapshotter is implemented by VMs that can save their memory and device
+// state to a file and by drivers that can restore it (Config.Incoming).
+type Snapshotter interface {
+	// Snapshot saves a paused VM's memory and device state to path.
+	Snapshot(ctx context.Context, path string) error
+}
