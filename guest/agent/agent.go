@@ -1,0 +1,364 @@
+// Package agent is berth's guest agent: PID 1 inside every VM. It mounts the
+// workspace, then serves the host over the agent channel: executions with
+// streamed, resumable output; a durable file API confined to /workspace;
+// flush, stats and shutdown.
+//
+// The same code runs in host tests with a temporary directory standing in
+// for /workspace and without the PID 1 duties.
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/berthvm/berth/guest"
+)
+
+// Config configures an Agent. The zero value serves a test agent with no
+// workspace.
+type Config struct {
+	// Workspace is the directory served as /workspace. Empty means the
+	// workspace is not mounted and every exec or file call fails.
+	Workspace string
+	// WorkspaceError says why the workspace is not mounted.
+	WorkspaceError string
+	// Device and UUID describe the mounted volume, for Hello.
+	Device, UUID string
+	// Home is HOME for commands (on the VM's own disk, not durable).
+	Home string
+	// PID1 enables the init duties: reaping orphans, per-execution cgroups,
+	// power off on shutdown, setting the clock.
+	PID1 bool
+	// Build identifies the agent binary.
+	Build  string
+	Logger *slog.Logger
+	// PowerOff is called after a successful shutdown; nil does nothing.
+	PowerOff func()
+	// Mount mounts a workspace volume hot-plugged after boot; it returns
+	// the new Config fields. Nil refuses mount requests.
+	Mount func(uuid string) (dir, device string, err error)
+}
+
+// Agent serves the host.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	booted time.Time
+	execs  *execTable
+	reaper bool
+
+	mu      sync.Mutex
+	root    *os.Root // nil until the workspace is mounted
+	ws      guest.Workspace
+	wsDir   string
+	closing bool
+
+	sessMu  sync.Mutex
+	current *yamux.Session // at most one host session at a time
+}
+
+// New returns an agent. It opens the workspace directory when configured.
+func New(cfg Config) (*Agent, error) {
+	a := &Agent{cfg: cfg, log: cfg.Logger, booted: time.Now(), reaper: cfg.PID1}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	if a.cfg.Home == "" {
+		a.cfg.Home = "/root"
+	}
+	a.execs = newExecTable(a)
+	a.ws = guest.Workspace{Error: cfg.WorkspaceError}
+	if cfg.Workspace != "" {
+		if err := a.setWorkspace(cfg.Workspace, cfg.Device, cfg.UUID); err != nil {
+			return nil, err
+		}
+	} else if a.ws.Error == "" {
+		a.ws.Error = "no workspace volume attached"
+	}
+	return a, nil
+}
+
+func (a *Agent) setWorkspace(dir, device, uuid string) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("open workspace %s: %w", dir, err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.root != nil {
+		a.root.Close()
+	}
+	a.root, a.wsDir = root, dir
+	a.ws = guest.Workspace{Mounted: true, Device: device, UUID: uuid}
+	return nil
+}
+
+// workspace returns the open root, or ErrNoWorkspace with the reason.
+func (a *Agent) workspace() (*os.Root, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.root == nil {
+		return nil, fmt.Errorf("%w: %s; nothing runs until /workspace is the session's volume", guest.ErrNoWorkspace, a.ws.Error)
+	}
+	return a.root, nil
+}
+
+// Reap runs PID 1's zombie collector until ctx ends.
+func (a *Agent) Reap(ctx context.Context, sigchld <-chan os.Signal) {
+	a.execs.reap(sigchld, ctx.Done())
+}
+
+// yamuxConfig tunes yamux for one host on a local channel: no keepalives
+// (the channel's EOF tells us the host went away), and a large window so a
+// stream can fill the channel.
+func yamuxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.EnableKeepAlive = false
+	c.MaxStreamWindowSize = 4 << 20
+	c.ConnectionWriteTimeout = 30 * time.Second
+	c.StreamCloseTimeout = 30 * time.Second
+	c.LogOutput = io.Discard
+	c.Logger = nil
+	return c
+}
+
+// ServeConn serves one host connection (a vsock connection, or a test
+// pipe): handshake, then calls until the connection ends.
+func (a *Agent) ServeConn(ctx context.Context, conn net.Conn) error {
+	defer conn.Close()
+	br := bufio.NewReaderSize(conn, 64<<10)
+	r, err := guest.GuestHandshake(conn, br)
+	if err != nil {
+		return err
+	}
+	return a.serveSession(ctx, &readConn{Conn: conn, r: r})
+}
+
+// ServePort serves a virtio-serial port for the agent's lifetime. The port
+// stays open across host connections (closing it would drop queued data
+// and let another opener in); while no host is connected reads return EOF.
+func (a *Agent) ServePort(ctx context.Context, port *os.File) error {
+	for ctx.Err() == nil {
+		port.SetDeadline(time.Time{})
+		br := bufio.NewReaderSize(port, 64<<10)
+		r, err := guest.GuestHandshake(port, br)
+		if err != nil {
+			// EOF: no host connected. Polling is the portable wait here:
+			// the port reports POLLHUP continuously while disconnected.
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		a.log.Info("host connected", "channel", "virtio-serial")
+		err = a.serveSession(ctx, &portConn{f: port, r: r})
+		a.log.Info("host disconnected", "err", err)
+	}
+	return ctx.Err()
+}
+
+// serveSession runs yamux over rw and one goroutine per stream. It returns
+// when the host goes away. Executions keep running.
+func (a *Agent) serveSession(ctx context.Context, rw io.ReadWriteCloser) error {
+	sess, err := yamux.Server(rw, yamuxConfig())
+	if err != nil {
+		return err
+	}
+	a.sessMu.Lock()
+	if a.current != nil {
+		a.current.Close() // a newer host connection wins
+	}
+	a.current = sess
+	a.sessMu.Unlock()
+	defer func() {
+		a.sessMu.Lock()
+		if a.current == sess {
+			a.current = nil
+		}
+		a.sessMu.Unlock()
+		sess.Close()
+	}()
+	stop := context.AfterFunc(ctx, func() { sess.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		st, err := sess.AcceptStream()
+		if err != nil {
+			return err
+		}
+		wg.Go(func() {
+			defer st.Close()
+			a.handle(ctx, st)
+		})
+	}
+}
+
+// readConn reads through the handshake's buffer.
+type readConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *readConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// portConn adapts the virtio-serial port for one yamux session. Close must
+// not close the port: it only unblocks pending reads and writes.
+type portConn struct {
+	f *os.File
+	r io.Reader
+}
+
+func (c *portConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
+func (c *portConn) Write(p []byte) (int, error) { return c.f.Write(p) }
+func (c *portConn) Close() error                { return c.f.SetDeadline(time.Now()) }
+
+// stream is one call: a frame reader and a serialised frame writer.
+type stream struct {
+	fr  *guest.FrameReader
+	wmu sync.Mutex
+	w   io.Writer
+}
+
+func (s *stream) send(t guest.FrameType, p []byte) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return guest.WriteFrame(s.w, t, p)
+}
+
+func (s *stream) sendJSON(t guest.FrameType, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return s.send(t, b)
+}
+
+func (s *stream) fail(op, p string, err error) error {
+	return s.sendJSON(guest.FrameError, guest.ErrorFrom(op, p, err))
+}
+
+func (a *Agent) handle(ctx context.Context, rw io.ReadWriter) {
+	s := &stream{fr: guest.NewFrameReader(rw), w: rw}
+	t, p, err := s.fr.Next()
+	if err != nil {
+		return
+	}
+	var req guest.Request
+	if t != guest.FrameRequest || json.Unmarshal(p, &req) != nil {
+		s.sendJSON(guest.FrameError, &guest.Error{Code: guest.CodeBadRequest, Message: "first frame must be a request"})
+		return
+	}
+	result, err := a.dispatch(ctx, s, &req)
+	if err != nil {
+		s.fail(req.Op, req.Path, err)
+		return
+	}
+	if result != nil {
+		s.sendJSON(guest.FrameResult, result)
+	}
+}
+
+// errStreamed marks calls that already wrote their reply.
+var errStreamed = errors.New("reply streamed")
+
+func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (any, error) {
+	switch req.Op {
+	case guest.OpHello:
+		a.mu.Lock()
+		ws := a.ws
+		a.mu.Unlock()
+		return guest.Hello{Version: guest.Version, Agent: a.cfg.Build, Workspace: ws, Booted: a.booted}, nil
+	case guest.OpExec:
+		return nil, a.serveExec(ctx, s, req)
+	case guest.OpAttach:
+		return nil, a.serveAttach(ctx, s, req)
+	case guest.OpSignal:
+		e, err := a.execs.get(req.ID)
+		if err != nil {
+			return nil, err
+		}
+		return struct{}{}, e.signal(syscall.Signal(req.Signal))
+	case guest.OpExecs:
+		return a.execs.list(), nil
+	case guest.OpForget:
+		return struct{}{}, a.execs.forget(req.ID)
+	case guest.OpStat:
+		return a.stat(req.Path)
+	case guest.OpList:
+		return nil, a.list(s, req.Path)
+	case guest.OpRead:
+		return nil, a.read(s, req.Path)
+	case guest.OpWrite:
+		return a.write(s, req.Path, req.Mode)
+	case guest.OpMkdir:
+		return struct{}{}, a.mkdir(req.Path, req.All)
+	case guest.OpRemove:
+		return struct{}{}, a.remove(req.Path, req.All)
+	case guest.OpRename:
+		return struct{}{}, a.rename(req.Path, req.To)
+	case guest.OpFlush:
+		return a.flush()
+	case guest.OpStats:
+		return a.stats()
+	case guest.OpShutdown:
+		return a.shutdown(ctx, s, req.Wait)
+	case guest.OpSetTime:
+		return struct{}{}, a.setTime(req.Time, req.Data)
+	case guest.OpMount:
+		return a.mount(req.ID)
+	}
+	return nil, &guest.Error{Code: guest.CodeBadRequest, Op: req.Op, Message: "unknown operation; host and agent versions differ?"}
+}
+
+// env builds a command's environment.
+func (a *Agent) env(req *guest.ExecRequest) []string {
+	env := map[string]string{
+		"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+		"HOME": a.cfg.Home,
+		"USER": "root",
+		"LANG": "C.UTF-8",
+	}
+	if req.TTY {
+		env["TERM"] = "xterm-256color"
+	}
+	for k, v := range req.Env {
+		if k != "" && !strings.ContainsAny(k, "=\x00") {
+			env[k] = v
+		}
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+// cwd maps a requested working directory: relative paths are under the
+// workspace, "" is the workspace itself.
+func (a *Agent) cwd(dir string) string {
+	a.mu.Lock()
+	ws := a.wsDir
+	a.mu.Unlock()
+	switch {
+	case dir == "" || dir == "/workspace":
+		return ws
+	case strings.HasPrefix(dir, "/workspace/"):
+		return path.Join(ws, strings.TrimPrefix(dir, "/workspace/"))
+	case path.IsAbs(dir):
+		return dir
+	}
+	return path.Join(ws, dir)
+}

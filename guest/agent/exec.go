@@ -1,0 +1,389 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"github.com/berthvm/berth/guest"
+)
+
+const (
+	// outBufSize bounds the unacknowledged output per stream. It is what a
+	// disconnected host can catch up on without the command blocking.
+	outBufSize = 4 << 20
+	// keepFinished bounds how many finished executions the agent remembers
+	// for a host that has not fetched their end yet.
+	keepFinished = 64
+	// drainGrace is how long output is still read after the command's
+	// leader exited, for background children that hold the pipes open.
+	drainGrace = 200 * time.Millisecond
+)
+
+// execution is one command the agent started.
+type execution struct {
+	id      string
+	argv    []string
+	started time.Time
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	cmd    *exec.Cmd
+	pid    int
+	stdout *outBuf
+	stderr *outBuf // nil with a PTY: the terminal merges the streams
+	stdin  io.WriteCloser
+	tty    *os.File
+	cgroup string // cgroup directory, when the agent uses cgroups
+
+	exited bool
+	status syscall.WaitStatus
+	ended  time.Time
+	done   bool // exited and output drained
+	forgot bool
+}
+
+func (e *execution) abandoned() bool { return e.forgot }
+
+func (e *execution) infoLocked() guest.ExecInfo {
+	in := guest.ExecInfo{
+		ID: e.id, Pid: e.pid, Running: !e.done, Started: e.started,
+		StdoutEnd: e.stdout.end, StdoutStart: e.stdout.start(),
+	}
+	if e.stderr != nil {
+		in.StderrEnd, in.StderrStart = e.stderr.end, e.stderr.start()
+	}
+	if e.done {
+		in.Ended = e.ended
+		if e.status.Signaled() {
+			in.ExitCode = -1
+			in.Signal = unix.SignalName(e.status.Signal())
+		} else {
+			in.ExitCode = e.status.ExitStatus()
+		}
+	}
+	return in
+}
+
+// execTable owns every execution and reaps their processes.
+type execTable struct {
+	a  *Agent
+	mu sync.Mutex
+	m  map[string]*execution
+	// byPid routes exit statuses found by the PID 1 reaper. Processes are
+	// started and registered under mu, and the reaper looks pids up under
+	// mu, so a child that exits at once is still found.
+	byPid map[int]*execution
+}
+
+func newExecTable(a *Agent) *execTable {
+	return &execTable{a: a, m: map[string]*execution{}, byPid: map[int]*execution{}}
+}
+
+func (t *execTable) get(id string) (*execution, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[id]
+	if !ok {
+		return nil, fmt.Errorf("execution %q: %w", id, guest.ErrUnknownExec)
+	}
+	return e, nil
+}
+
+func (t *execTable) list() []guest.ExecInfo {
+	t.mu.Lock()
+	es := make([]*execution, 0, len(t.m))
+	for _, e := range t.m {
+		es = append(es, e)
+	}
+	t.mu.Unlock()
+	out := make([]guest.ExecInfo, 0, len(es))
+	for _, e := range es {
+		e.mu.Lock()
+		out = append(out, e.infoLocked())
+		e.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
+	return out
+}
+
+func (t *execTable) running() []*execution {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []*execution
+	for _, e := range t.m {
+		e.mu.Lock()
+		if !e.done {
+			out = append(out, e)
+		}
+		e.mu.Unlock()
+	}
+	return out
+}
+
+// start runs req. An id the table already knows returns that execution, so
+// a host retrying a start whose reply it lost does not run the command twice.
+func (t *execTable) start(req *guest.ExecRequest) (*execution, bool, error) {
+	if req.ID == "" || len(req.ID) > 64 || strings.ContainsAny(req.ID, "/\x00") {
+		return nil, false, &guest.Error{Code: guest.CodeBadRequest, Op: "exec", Message: "execution id must be 1-64 characters without '/'"}
+	}
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, false, &guest.Error{Code: guest.CodeBadRequest, Op: "exec", Message: "no command given"}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.m[req.ID]; ok {
+		return e, false, nil
+	}
+	e := &execution{id: req.ID, argv: req.Argv, started: time.Now(), stdout: newOutBuf(outBufSize)}
+	e.cond = sync.NewCond(&e.mu)
+
+	cmd := exec.Command(req.Argv[0], req.Argv[1:]...)
+	cmd.Env = t.a.env(req)
+	cmd.Dir = t.a.cwd(req.Cwd)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+
+	var closeAfter []io.Closer
+	defer func() {
+		for _, c := range closeAfter {
+			c.Close()
+		}
+	}()
+	var outR, errR *os.File
+	if req.TTY {
+		ptmx, tty, err := pty.Open()
+		if err != nil {
+			return nil, false, guest.ErrorFrom("exec", "", fmt.Errorf("open pty: %w", err))
+		}
+		if req.Rows > 0 && req.Cols > 0 {
+			pty.Setsize(ptmx, &pty.Winsize{Rows: uint16(req.Rows), Cols: uint16(req.Cols)})
+		}
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		closeAfter = append(closeAfter, tty)
+		e.tty, e.stdin, outR = ptmx, ptmx, ptmx
+	} else {
+		e.stderr = newOutBuf(outBufSize)
+		or, ow, err := os.Pipe()
+		if err != nil {
+			return nil, false, guest.ErrorFrom("exec", "", err)
+		}
+		er, ew, err := os.Pipe()
+		if err != nil {
+			or.Close()
+			ow.Close()
+			return nil, false, guest.ErrorFrom("exec", "", err)
+		}
+		cmd.Stdout, cmd.Stderr = ow, ew
+		closeAfter = append(closeAfter, ow, ew)
+		outR, errR = or, er
+		if req.Stdin {
+			ir, iw, err := os.Pipe()
+			if err != nil {
+				return nil, false, guest.ErrorFrom("exec", "", err)
+			}
+			cmd.Stdin = ir
+			closeAfter = append(closeAfter, ir)
+			e.stdin = iw
+		}
+	}
+	if cg := t.a.newCgroup(req.ID); cg != nil {
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(cg.Fd())
+		closeAfter = append(closeAfter, cg)
+		e.cgroup = cg.Name()
+	}
+	if err := cmd.Start(); err != nil {
+		for _, f := range []*os.File{outR, errR} {
+			if f != nil {
+				f.Close()
+			}
+		}
+		if e.stdin != nil {
+			e.stdin.Close()
+		}
+		if e.cgroup != "" {
+			os.Remove(e.cgroup)
+		}
+		return nil, false, guest.ErrorFrom("exec", req.Argv[0], err)
+	}
+	e.cmd, e.pid = cmd, cmd.Process.Pid
+	t.m[req.ID] = e
+	t.byPid[e.pid] = e
+	t.trimLocked()
+
+	var pumps sync.WaitGroup
+	read := func(f *os.File) func([]byte) (int, error) {
+		return func(p []byte) (int, error) {
+			n, err := f.Read(p)
+			if err != nil && errors.Is(err, syscall.EIO) && req.TTY {
+				err = io.EOF // the terminal's last writer closed it
+			}
+			return n, err
+		}
+	}
+	pumps.Go(func() { pump(&e.mu, e.cond, e.stdout, read(outR), e.abandoned) })
+	if errR != nil {
+		pumps.Go(func() { pump(&e.mu, e.cond, e.stderr, read(errR), e.abandoned) })
+	}
+	go t.finish(e, &pumps, outR, errR)
+	if !t.a.reaper {
+		go func() {
+			var st syscall.WaitStatus
+			for {
+				_, err := syscall.Wait4(e.pid, &st, 0, nil)
+				if err != syscall.EINTR {
+					break
+				}
+			}
+			e.exit(st)
+		}()
+	}
+	return e, true, nil
+}
+
+func (e *execution) exit(st syscall.WaitStatus) {
+	e.mu.Lock()
+	e.exited, e.status, e.ended = true, st, time.Now()
+	e.cond.Broadcast()
+	e.mu.Unlock()
+}
+
+// finish waits for the leader's exit and the pipes' end, then marks the
+// execution done. Background children may keep the pipes open forever, so
+// after the leader exits output is read only for drainGrace more.
+func (t *execTable) finish(e *execution, pumps *sync.WaitGroup, outR, errR *os.File) {
+	drained := make(chan struct{})
+	go func() { pumps.Wait(); close(drained) }()
+
+	e.mu.Lock()
+	for !e.exited {
+		e.cond.Wait()
+	}
+	e.mu.Unlock()
+	select {
+	case <-drained:
+	case <-time.After(drainGrace):
+		// Unblock the pumps: a closed read end makes a lingering writer
+		// get SIGPIPE, as it would after an ssh session ends.
+		outR.SetReadDeadline(time.Now())
+		if errR != nil {
+			errR.SetReadDeadline(time.Now())
+		}
+		<-drained
+	}
+	outR.Close()
+	if errR != nil {
+		errR.Close()
+	}
+	e.mu.Lock()
+	if e.stdin != nil {
+		e.stdin.Close()
+	}
+	e.done = true
+	e.cond.Broadcast()
+	e.mu.Unlock()
+	if e.cgroup != "" {
+		os.Remove(e.cgroup) // fails while stragglers live; harmless
+	}
+	t.mu.Lock()
+	delete(t.byPid, e.pid)
+	t.trimLocked()
+	t.mu.Unlock()
+}
+
+// trimLocked forgets the oldest finished executions beyond keepFinished.
+func (t *execTable) trimLocked() {
+	var finished []*execution
+	for _, e := range t.m {
+		e.mu.Lock()
+		if e.done {
+			finished = append(finished, e)
+		}
+		e.mu.Unlock()
+	}
+	if len(finished) <= keepFinished {
+		return
+	}
+	sort.Slice(finished, func(i, j int) bool { return finished[i].started.Before(finished[j].started) })
+	for _, e := range finished[:len(finished)-keepFinished] {
+		delete(t.m, e.id)
+	}
+}
+
+func (t *execTable) forget(id string) error {
+	t.mu.Lock()
+	e, ok := t.m[id]
+	if ok {
+		delete(t.m, id)
+	}
+	t.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("execution %q: %w", id, guest.ErrUnknownExec)
+	}
+	e.mu.Lock()
+	e.forgot = true
+	e.cond.Broadcast()
+	e.mu.Unlock()
+	return nil
+}
+
+// signal sends sig to the execution's whole process group, and with
+// SIGKILL also kills its cgroup, which catches children that left the group.
+func (e *execution) signal(sig syscall.Signal) error {
+	e.mu.Lock()
+	done, pid, cg := e.done, e.pid, e.cgroup
+	e.mu.Unlock()
+	if done {
+		return nil
+	}
+	err := syscall.Kill(-pid, sig)
+	if sig == syscall.SIGKILL && cg != "" {
+		if werr := os.WriteFile(filepath.Join(cg, "cgroup.kill"), []byte("1"), 0); werr == nil {
+			err = nil
+		}
+	}
+	if err == syscall.ESRCH {
+		return nil
+	}
+	return err
+}
+
+// reap is PID 1's zombie collector: every child, ours or orphaned, is
+// reaped here, and statuses of executions are routed to them.
+func (t *execTable) reap(sigchld <-chan os.Signal, stop <-chan struct{}) {
+	for {
+		for {
+			var st syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &st, syscall.WNOHANG, nil)
+			if err == syscall.EINTR {
+				continue
+			}
+			if pid <= 0 || err != nil {
+				break
+			}
+			t.mu.Lock()
+			e, ok := t.byPid[pid] // not found: an orphan, now reaped
+			t.mu.Unlock()
+			if ok {
+				e.exit(st)
+			}
+		}
+		select {
+		case <-sigchld:
+		case <-stop:
+			return
+		}
+	}
+}

@@ -1,0 +1,222 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berthvm/berth/guest"
+)
+
+var (
+	errNotDir = syscall.ENOTDIR
+	errIsDir  = syscall.EISDIR
+	errBusy   = syscall.EBUSY
+)
+
+// meminfo reads the named fields of /proc/meminfo, in bytes.
+func meminfo(fields ...string) map[string]int64 {
+	out := make(map[string]int64, len(fields))
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		name, rest, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		for _, want := range fields {
+			if name == want {
+				v, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+				out[name] = v << 10
+			}
+		}
+	}
+	return out
+}
+
+// dirty is the page cache not yet on the disk. The workspace is the only
+// block-backed filesystem in the guest (the root is in memory), so the
+// system-wide figures are the workspace's.
+func dirty() int64 {
+	m := meminfo("Dirty", "Writeback")
+	return m["Dirty"] + m["Writeback"]
+}
+
+// flush makes every pending workspace write durable: syncfs writes back
+// the filesystem and issues a cache flush, which QEMU turns into fdatasync
+// of the image. It reports writeback errors too (Linux ≥ 5.8).
+func (a *Agent) flush() (guest.FlushResult, error) {
+	root, err := a.workspace()
+	if err != nil {
+		return guest.FlushResult{}, err
+	}
+	start := time.Now()
+	before := dirty()
+	d, err := root.Open(".")
+	if err != nil {
+		return guest.FlushResult{}, err
+	}
+	defer d.Close()
+	if err := unix.Syncfs(int(d.Fd())); err != nil {
+		return guest.FlushResult{}, fmt.Errorf("syncfs /workspace: %w", err)
+	}
+	return guest.FlushResult{DirtyBefore: before, DirtyAfter: dirty(), Took: time.Since(start)}, nil
+}
+
+func (a *Agent) stats() (guest.Stats, error) {
+	m := meminfo("MemTotal", "MemAvailable", "Dirty", "Writeback")
+	st := guest.Stats{
+		MemTotal: m["MemTotal"], MemAvailable: m["MemAvailable"],
+		Dirty: m["Dirty"], Writeback: m["Writeback"],
+		Uptime: time.Since(a.booted),
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		f := strings.Fields(string(b))
+		for i := 0; i < 3 && i < len(f); i++ {
+			st.Load[i], _ = strconv.ParseFloat(f[i], 64)
+		}
+	}
+	if a.cfg.PID1 {
+		if b, err := os.ReadFile("/proc/uptime"); err == nil {
+			if f := strings.Fields(string(b)); len(f) > 0 {
+				secs, _ := strconv.ParseFloat(f[0], 64)
+				st.Uptime = time.Duration(secs * float64(time.Second))
+			}
+		}
+	}
+	a.mu.Lock()
+	dir := a.wsDir
+	a.mu.Unlock()
+	if dir != "" {
+		var fs unix.Statfs_t
+		if unix.Statfs(dir, &fs) == nil {
+			st.WorkspaceSize = int64(fs.Blocks) * fs.Bsize
+			st.WorkspaceUsed = int64(fs.Blocks-fs.Bfree) * fs.Bsize
+		}
+	}
+	st.Running = len(a.execs.running())
+	return st, nil
+}
+
+// shutdown stops every running command (TERM, then KILL after grace),
+// flushes and unmounts the workspace, replies, and powers off.
+func (a *Agent) shutdown(ctx context.Context, s *stream, grace time.Duration) (any, error) {
+	if grace <= 0 {
+		grace = 5 * time.Second
+	}
+	a.mu.Lock()
+	a.closing = true
+	a.mu.Unlock()
+	running := a.execs.running()
+	for _, e := range running {
+		e.signal(syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(grace)
+	for _, e := range running {
+		for time.Now().Before(deadline) {
+			e.mu.Lock()
+			done := e.done
+			e.mu.Unlock()
+			if done {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		e.signal(syscall.SIGKILL)
+	}
+	var res guest.FlushResult
+	if _, err := a.workspace(); err == nil {
+		var err error
+		if res, err = a.flush(); err != nil {
+			return nil, err
+		}
+		a.mu.Lock()
+		a.root.Close()
+		a.root = nil
+		a.ws = guest.Workspace{Error: "unmounted for shutdown"}
+		dir := a.wsDir
+		a.mu.Unlock()
+		if a.cfg.PID1 {
+			if err := unix.Unmount(dir, 0); err != nil {
+				return nil, fmt.Errorf("unmount /workspace: %w (a process still holds it)", err)
+			}
+		}
+	}
+	unix.Sync()
+	s.sendJSON(guest.FrameResult, res)
+	if a.cfg.PowerOff != nil {
+		time.Sleep(50 * time.Millisecond) // let the reply leave the channel
+		a.cfg.PowerOff()
+	}
+	return nil, nil
+}
+
+// setTime sets the clock after a snapshot restore and mixes host entropy
+// into the guest's RNG, so restored VMs neither live in the past nor share
+// random state.
+func (a *Agent) setTime(ns int64, seed []byte) error {
+	if !a.cfg.PID1 {
+		return nil
+	}
+	if ns > 0 {
+		tv := unix.NsecToTimeval(ns)
+		if err := unix.Settimeofday(&tv); err != nil {
+			return fmt.Errorf("set clock: %w", err)
+		}
+	}
+	if len(seed) > 0 {
+		if f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0); err == nil {
+			f.Write(seed)
+			f.Close()
+		}
+	}
+	return nil
+}
+
+func (a *Agent) mount(uuid string) (guest.Workspace, error) {
+	if a.cfg.Mount == nil {
+		return guest.Workspace{}, &guest.Error{Code: "EPERM", Op: "mount", Message: "this agent does not mount volumes after boot"}
+	}
+	dir, dev, err := a.cfg.Mount(uuid)
+	if err != nil {
+		return guest.Workspace{}, err
+	}
+	if err := a.setWorkspace(dir, dev, uuid); err != nil {
+		return guest.Workspace{}, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ws, nil
+}
+
+// cgroupRoot is where per-execution cgroups live in the guest.
+const cgroupRoot = "/sys/fs/cgroup/berth"
+
+// newCgroup creates a cgroup for one execution and returns its directory,
+// or nil when cgroups are not in use (host tests, or no cgroup2 mounted).
+func (a *Agent) newCgroup(id string) *os.File {
+	if !a.cfg.PID1 {
+		return nil
+	}
+	dir := filepath.Join(cgroupRoot, id)
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+		return nil
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil
+	}
+	return f
+}

@@ -1,0 +1,332 @@
+// Package guest is berth's host↔agent protocol: the resync handshake on the
+// raw channel, the framing used on each multiplexed stream, the request and
+// reply types, and the host-side Client. The agent itself (package
+// guest/agent) runs inside the VM and shares these definitions.
+//
+// Layers, bottom up: a raw byte stream (virtio-serial port or hybrid vsock);
+// a line-based resync handshake that discards bytes left over from an
+// earlier connection; hashicorp/yamux; one yamux stream per call, carrying
+// length-prefixed frames.
+package guest
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// Version is the protocol version. The handshake carries it, so a host and
+// an agent built from different berth releases refuse each other clearly
+// instead of misparsing frames.
+const Version = 1
+
+// VsockPort is the vsock port the agent listens on (Cloud Hypervisor).
+const VsockPort = 1024
+
+// PortName is the virtio-serial port name the agent looks for (QEMU).
+const PortName = "berth.agent"
+
+// MaxFrame bounds a frame's payload. Both sides refuse larger frames: the
+// guest is untrusted and a corrupt length must not make the host allocate
+// gigabytes.
+const MaxFrame = 1 << 20
+
+// DataChunk is the size of output and file data frames. Large enough that
+// per-frame overhead vanishes, small enough to interleave streams fairly.
+const DataChunk = 256 << 10
+
+// FrameType identifies a frame on a stream.
+type FrameType uint8
+
+const (
+	FrameRequest  FrameType = iota + 1 // JSON Request; first frame of every stream
+	FrameResult                        // JSON reply; ends a unary call
+	FrameError                         // JSON *Error; ends any call
+	FrameStarted                       // JSON ExecInfo; an exec has started or been attached
+	FrameStdout                        // 8-byte offset + bytes
+	FrameStderr                        // 8-byte offset + bytes
+	FrameExit                          // JSON ExecInfo with the exit; ends an exec stream
+	FrameStdin                         // bytes for the command's stdin
+	FrameStdinEOF                      // close the command's stdin
+	FrameResize                        // JSON WinSize
+	FrameAck                           // JSON Ack: output up to these offsets is stored by the host
+	FrameData                          // file bytes
+	FrameEnd                           // end of file bytes
+)
+
+// WriteFrame writes one frame. It is not safe for concurrent use on one
+// writer; callers serialise.
+func WriteFrame(w io.Writer, t FrameType, payload []byte) error {
+	if len(payload) > MaxFrame+8 {
+		return fmt.Errorf("frame of %d bytes exceeds the %d byte limit", len(payload), MaxFrame)
+	}
+	var hdr [5]byte
+	hdr[0] = byte(t)
+	binary.BigEndian.PutUint32(hdr[1:], uint32(len(payload)))
+	if len(payload) == 0 {
+		_, err := w.Write(hdr[:])
+		return err
+	}
+	// One write keeps the frame in one yamux data frame when it fits.
+	if len(payload) <= 4096 {
+		buf := make([]byte, 0, 5+len(payload))
+		buf = append(append(buf, hdr[:]...), payload...)
+		_, err := w.Write(buf)
+		return err
+	}
+	if _, err := w.Write(hdr[:]); err != nil {
+		return err
+	}
+	_, err := w.Write(payload)
+	return err
+}
+
+// WriteJSON writes a frame holding v as JSON.
+func WriteJSON(w io.Writer, t FrameType, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return WriteFrame(w, t, b)
+}
+
+// FrameReader reads frames, reusing its buffer: a payload is valid until
+// the next call to Next.
+type FrameReader struct {
+	r   io.Reader
+	hdr [5]byte
+	buf []byte
+}
+
+// NewFrameReader returns a FrameReader on r.
+func NewFrameReader(r io.Reader) *FrameReader { return &FrameReader{r: r} }
+
+// Next returns the next frame. A stream that ends between frames yields
+// io.EOF; one that ends inside a frame yields io.ErrUnexpectedEOF.
+func (fr *FrameReader) Next() (FrameType, []byte, error) {
+	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(fr.hdr[1:])
+	if n > MaxFrame+8 {
+		return 0, nil, fmt.Errorf("peer sent a frame of %d bytes, over the %d byte limit", n, MaxFrame)
+	}
+	if cap(fr.buf) < int(n) {
+		fr.buf = make([]byte, n)
+	}
+	p := fr.buf[:n]
+	if _, err := io.ReadFull(fr.r, p); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	return FrameType(fr.hdr[0]), p, nil
+}
+
+// Request is the first frame of every stream.
+type Request struct {
+	Op string `json:"op"`
+
+	Exec   *ExecRequest `json:"exec,omitempty"`
+	ID     string       `json:"id,omitempty"`     // exec id for attach, signal, forget
+	Signal int          `json:"signal,omitempty"` // for signal
+	// Offsets to attach from.
+	Stdout int64 `json:"stdout,omitempty"`
+	Stderr int64 `json:"stderr,omitempty"`
+
+	Path string   `json:"path,omitempty"`
+	To   string   `json:"to,omitempty"`   // rename target
+	Mode uint32   `json:"mode,omitempty"` // write/mkdir permission bits
+	All  bool     `json:"all,omitempty"`  // mkdir -p, rm -r
+	Time int64    `json:"time,omitempty"` // settime: unix nanoseconds
+	Data []byte   `json:"data,omitempty"` // small payloads (reseed)
+	Wait Duration `json:"wait,omitempty"` // shutdown grace
+}
+
+// Ops.
+const (
+	OpHello    = "hello"
+	OpExec     = "exec"
+	OpAttach   = "attach"
+	OpSignal   = "signal"
+	OpExecs    = "execs"
+	OpForget   = "forget"
+	OpStat     = "stat"
+	OpList     = "list"
+	OpRead     = "read"
+	OpWrite    = "write"
+	OpMkdir    = "mkdir"
+	OpRemove   = "remove"
+	OpRename   = "rename"
+	OpFlush    = "flush"
+	OpStats    = "stats"
+	OpShutdown = "shutdown"
+	OpSetTime  = "settime"
+	OpMount    = "mount"
+)
+
+// Duration is a time.Duration that travels as nanoseconds.
+type Duration = time.Duration
+
+// Hello is the agent's self-description.
+type Hello struct {
+	Version   int       `json:"version"`
+	Agent     string    `json:"agent"` // agent build id
+	Workspace Workspace `json:"workspace"`
+	Booted    time.Time `json:"booted"`
+	Channel   string    `json:"channel"` // "virtio-serial" or "vsock"
+}
+
+// Workspace reports the state of /workspace in the guest.
+type Workspace struct {
+	Mounted bool   `json:"mounted"`
+	Device  string `json:"device,omitempty"`
+	UUID    string `json:"uuid,omitempty"`
+	Error   string `json:"error,omitempty"` // why it is not mounted
+}
+
+// ExecRequest describes a command for the agent to run.
+type ExecRequest struct {
+	// ID is chosen by the host so that a retried start after a lost reply
+	// finds the same execution instead of running the command twice.
+	ID   string            `json:"id"`
+	Argv []string          `json:"argv"`
+	Env  map[string]string `json:"env,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	TTY  bool              `json:"tty,omitempty"`
+	Rows int               `json:"rows,omitempty"`
+	Cols int               `json:"cols,omitempty"`
+	// Stdin reports whether the host will send stdin; without it the
+	// command's stdin is /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
+}
+
+// ExecInfo describes an execution in the agent.
+type ExecInfo struct {
+	ID      string    `json:"id"`
+	Pid     int       `json:"pid"`
+	Running bool      `json:"running"`
+	Started time.Time `json:"started"`
+	// Set once the process has exited.
+	ExitCode int       `json:"exit_code"`
+	Signal   string    `json:"signal,omitempty"`
+	Ended    time.Time `json:"ended,omitzero"`
+	// Bytes produced so far on each stream, and the oldest offset the agent
+	// still holds for each.
+	StdoutEnd   int64 `json:"stdout_end"`
+	StderrEnd   int64 `json:"stderr_end"`
+	StdoutStart int64 `json:"stdout_start"`
+	StderrStart int64 `json:"stderr_start"`
+}
+
+// WinSize is a terminal size.
+type WinSize struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
+
+// Ack tells the agent the host has stored output up to these offsets, so
+// it may drop it.
+type Ack struct {
+	Stdout int64 `json:"stdout"`
+	Stderr int64 `json:"stderr"`
+}
+
+// FileInfo describes a file under /workspace.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Size    int64     `json:"size"`
+	Mode    uint32    `json:"mode"` // io/fs.FileMode bits
+	ModTime time.Time `json:"mtime"`
+	Link    string    `json:"link,omitempty"`
+}
+
+// WriteResult reports a durable write.
+type WriteResult struct {
+	Size int64 `json:"size"`
+}
+
+// FlushResult reports a flush of /workspace.
+type FlushResult struct {
+	DirtyBefore int64    `json:"dirty_before"`
+	DirtyAfter  int64    `json:"dirty_after"`
+	Took        Duration `json:"took"`
+}
+
+// Stats are the guest's live figures.
+type Stats struct {
+	MemTotal      int64      `json:"mem_total"`
+	MemAvailable  int64      `json:"mem_available"`
+	Dirty         int64      `json:"dirty"`
+	Writeback     int64      `json:"writeback"`
+	Uptime        Duration   `json:"uptime"`
+	Load          [3]float64 `json:"load"`
+	WorkspaceSize int64      `json:"workspace_size"`
+	WorkspaceUsed int64      `json:"workspace_used"`
+	Running       int        `json:"running"` // executions still running
+}
+
+// Error is an error reported by the agent. Code is an errno name (ENOENT,
+// ENOSPC…) or one of the berth codes below, so the host can tell a missing
+// file from a full disk without parsing text.
+type Error struct {
+	Code    string `json:"code"`
+	Op      string `json:"op,omitempty"`
+	Path    string `json:"path,omitempty"`
+	Message string `json:"message"`
+}
+
+// berth-specific error codes.
+const (
+	CodeNoWorkspace = "ENOWORKSPACE" // /workspace is not the session's volume
+	CodeEscape      = "EESCAPE"      // path leads outside /workspace
+	CodeUnknownExec = "ENOEXEC_ID"   // the agent does not know this execution
+	CodeBadRequest  = "EBADREQ"
+	CodeGap         = "EGAP" // requested output was already dropped
+)
+
+func (e *Error) Error() string {
+	msg := e.Message
+	if len(msg) > 512 { // guest text is bounded before it reaches a person
+		msg = msg[:512] + "…"
+	}
+	switch {
+	case e.Op != "" && e.Path != "":
+		return fmt.Sprintf("%s %s: %s", e.Op, e.Path, msg)
+	case e.Op != "":
+		return e.Op + ": " + msg
+	}
+	return msg
+}
+
+// Unwrap maps the code to a syscall errno or a berth error, so errors.Is
+// works with fs.ErrNotExist, syscall.ENOSPC, ErrEscape and friends.
+func (e *Error) Unwrap() error {
+	switch e.Code {
+	case CodeNoWorkspace:
+		return ErrNoWorkspace
+	case CodeEscape:
+		return ErrEscape
+	case CodeUnknownExec:
+		return ErrUnknownExec
+	case CodeGap:
+		return ErrGap
+	}
+	if errno, ok := errnoByName[e.Code]; ok {
+		return errno
+	}
+	return nil
+}
+
+// Errors the host can test for with errors.Is.
+var (
+	ErrNoWorkspace  = errors.New("workspace not mounted")
+	ErrEscape       = errors.New("path escapes /workspace")
+	ErrUnknownExec  = errors.New("agent does not know this execution")
+	ErrGap          = errors.New("output was dropped before it could be read")
+	ErrDisconnected = errors.New("agent channel disconnected")
+)
