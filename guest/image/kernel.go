@@ -1,0 +1,126 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Kernel is an unpacked Debian kernel package in berth's cache. It is never
+// installed on the host.
+type Kernel struct {
+	Package    string // e.g. linux-image-6.1.0-57-amd64
+	Version    string // e.g. 6.1.0-57-amd64
+	Vmlinuz    string
+	ModulesDir string // lib/modules/<version>
+}
+
+// metaPackage is Debian's package that depends on the current kernel.
+const metaPackage = "linux-image-amd64"
+
+// run runs a helper with SIGTERM on cancel and a bounded wait.
+func run(ctx context.Context, dir string, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 5 * time.Second
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if len(msg) > 400 {
+			msg = msg[len(msg)-400:]
+		}
+		return out, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+	}
+	return out, nil
+}
+
+// kernelPackage asks apt which kernel package the meta package points at.
+func kernelPackage(ctx context.Context) (string, error) {
+	out, err := run(ctx, "", "apt-cache", "depends", metaPackage)
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if dep, ok := strings.CutPrefix(strings.TrimSpace(line), "Depends: "); ok && strings.HasPrefix(dep, "linux-image-") {
+			return dep, nil
+		}
+	}
+	return "", fmt.Errorf("apt-cache knows no kernel behind %s: run `apt-get update` first", metaPackage)
+}
+
+// FetchKernel returns the current Debian kernel, downloading it with
+// `apt-get download` and unpacking it with `dpkg-deb -x` into cacheDir the
+// first time. Without apt (offline) the newest cached kernel is used.
+func FetchKernel(ctx context.Context, cacheDir string, progress io.Writer) (Kernel, error) {
+	base := filepath.Join(cacheDir, "kernel")
+	pkg, err := kernelPackage(ctx)
+	if err != nil {
+		if k, cerr := newestCached(base); cerr == nil {
+			fmt.Fprintf(progress, "apt unavailable (%v); using cached %s\n", err, k.Package)
+			return k, nil
+		}
+		return Kernel{}, fmt.Errorf("find the guest kernel package: %w", err)
+	}
+	dir := filepath.Join(base, pkg)
+	if k, err := openKernel(dir, pkg); err == nil {
+		return k, nil
+	}
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return Kernel{}, err
+	}
+	tmp, err := os.MkdirTemp(base, ".fetch-")
+	if err != nil {
+		return Kernel{}, err
+	}
+	defer os.RemoveAll(tmp)
+	fmt.Fprintf(progress, "downloading %s with apt-get download…\n", pkg)
+	if _, err := run(ctx, tmp, "apt-get", "download", "-q", pkg); err != nil {
+		return Kernel{}, fmt.Errorf("download the guest kernel: %w", err)
+	}
+	debs, _ := filepath.Glob(filepath.Join(tmp, "*.deb"))
+	if len(debs) != 1 {
+		return Kernel{}, fmt.Errorf("apt-get download %s left %d .deb files", pkg, len(debs))
+	}
+	fmt.Fprintf(progress, "unpacking %s (not installing it)…\n", filepath.Base(debs[0]))
+	root := filepath.Join(tmp, "root")
+	if _, err := run(ctx, tmp, "dpkg-deb", "-x", debs[0], root); err != nil {
+		return Kernel{}, fmt.Errorf("unpack the guest kernel: %w", err)
+	}
+	os.RemoveAll(dir)
+	if err := os.Rename(root, dir); err != nil {
+		return Kernel{}, err
+	}
+	return openKernel(dir, pkg)
+}
+
+func openKernel(dir, pkg string) (Kernel, error) {
+	vmlinuz, _ := filepath.Glob(filepath.Join(dir, "boot", "vmlinuz-*"))
+	mods, _ := filepath.Glob(filepath.Join(dir, "lib", "modules", "*"))
+	if len(vmlinuz) != 1 || len(mods) != 1 {
+		return Kernel{}, fmt.Errorf("%s holds no unpacked kernel", dir)
+	}
+	return Kernel{Package: pkg, Version: filepath.Base(mods[0]), Vmlinuz: vmlinuz[0], ModulesDir: mods[0]}, nil
+}
+
+func newestCached(base string) (Kernel, error) {
+	dirs, _ := filepath.Glob(filepath.Join(base, "linux-image-*"))
+	sort.Sort(sort.Reverse(sort.StringSlice(dirs)))
+	for _, d := range dirs {
+		if k, err := openKernel(d, filepath.Base(d)); err == nil {
+			return k, nil
+		}
+	}
+	return Kernel{}, errors.New("no cached kernel")
+}

@@ -1,0 +1,159 @@
+// Package api is the daemon's versioned HTTP/JSON API over a unix socket:
+// NewServer serves a session.Service, Dial returns a Client that is one.
+//
+// Plain calls are JSON in and out. Errors are a status code and
+// {"error": "...", "class": "not_found"}; the client turns them back into
+// errors that wrap the session error classes, with the message verbatim.
+// Streams (GET /v1/watch, exec and attach output) are NDJSON, one frame per
+// line, flushed as they happen. POST /v1/sessions/{name}/exec is full
+// duplex: the request body carries a request frame, then stdin, EOF and
+// resize frames while the response carries output frames and ends with the
+// execution's final record.
+//
+// The client names its caller in the X-Berth-By header; the server passes
+// it on with session.WithActor.
+//
+// Routes:
+//
+//	GET    /v1/version                        {"api":"v1","version":...}
+//	GET    /v1/watch                          NDJSON session.Event stream
+//	GET    /v1/sessions                       []Session
+//	POST   /v1/sessions                       CreateOptions → 201 Session
+//	GET    /v1/sessions/{name}                Session
+//	DELETE /v1/sessions/{name}                204
+//	POST   /v1/sessions/{name}/pause|resume|stop|start   Session
+//	POST   /v1/sessions/{name}/flush          FlushResult
+//	GET    /v1/sessions/{name}/timeline?limit=N          []Event
+//	POST   /v1/sessions/{name}/exec           full duplex NDJSON (see inFrame, outFrame)
+//	GET    /v1/sessions/{name}/executions?all=true       []Execution
+//	GET    /v1/execs/{id}                     Execution
+//	GET    /v1/execs/{id}/output?from=S&limit=N          OutputPage (at most 1000 chunks)
+//	GET    /v1/execs/{id}/attach?from=S       output stream; POST makes it duplex
+//	POST   /v1/execs/{id}/cancel              204
+//	GET    /v1/sessions/{name}/files/{path...}           content; ?op=stat FileInfo, ?op=list []FileInfo
+//	PUT    /v1/sessions/{name}/files/{path...}           body → {"written":N}, once durable
+//	POST   /v1/sessions/{name}/files/{path...}?op=mkdir  204; ?op=rename&to=PATH 204
+//	DELETE /v1/sessions/{name}/files/{path...}           204
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/berthvm/berth/session"
+)
+
+// HeaderBy carries who makes a call ("cli", "tui").
+const HeaderBy = "X-Berth-By"
+
+// Version is the API version, the first element of every path.
+const Version = "v1"
+
+// maxFrame bounds one NDJSON line in either direction; output chunks and
+// stdin frames are far smaller.
+const maxFrame = 4 << 20
+
+// maxStdinFrame bounds the stdin bytes in one frame.
+const maxStdinFrame = 32 << 10
+
+// maxJSONBody bounds a plain JSON request body.
+const maxJSONBody = 1 << 20
+
+// versionInfo is the body of GET /v1/version.
+type versionInfo struct {
+	API     string `json:"api"`
+	Version string `json:"version"`
+}
+
+// errorBody is an error on the wire.
+type errorBody struct {
+	Error string `json:"error"`
+	Class string `json:"class,omitempty"`
+}
+
+// inFrame is one line of an exec or attach request body. The exec body
+// starts with a Request frame.
+type inFrame struct {
+	Request *session.ExecRequest `json:"request,omitempty"`
+	Stdin   []byte               `json:"stdin,omitempty"`
+	EOF     bool                 `json:"eof,omitempty"`
+	Resize  *termSize            `json:"resize,omitempty"`
+}
+
+type termSize struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
+
+// outFrame is one line of an exec or attach response. The first frame
+// names the execution; the last is Exit or Error.
+type outFrame struct {
+	ID    string             `json:"id,omitempty"`
+	TTY   bool               `json:"tty,omitempty"`
+	Chunk *session.Chunk     `json:"chunk,omitempty"`
+	Exit  *session.Execution `json:"exit,omitempty"`
+	Error *errorBody         `json:"error,omitempty"`
+}
+
+// written is the body of a PUT to a file.
+type written struct {
+	Written int64 `json:"written"`
+}
+
+// frameReader reads NDJSON frames of bounded size.
+type frameReader struct {
+	r *bufio.Reader
+}
+
+func newFrameReader(r io.Reader) *frameReader {
+	return &frameReader{r: bufio.NewReaderSize(r, 64<<10)}
+}
+
+var errFrameTooLarge = fmt.Errorf("stream frame larger than %d bytes: %w", maxFrame, session.ErrInvalid)
+
+// next decodes the next non-empty line into v. At the end of the stream it
+// returns io.EOF; a cut-off line is io.ErrUnexpectedEOF.
+func (fr *frameReader) next(v any) error {
+	var line []byte
+	for {
+		part, err := fr.r.ReadSlice('\n')
+		if len(line)+len(part) > maxFrame {
+			return errFrameTooLarge
+		}
+		line = append(line, part...)
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		case errors.Is(err, io.EOF) && len(bytes.TrimSpace(line)) > 0:
+			return io.ErrUnexpectedEOF
+		case err != nil:
+			return err
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			line = line[:0]
+			continue
+		}
+		if err := json.Unmarshal(line, v); err != nil {
+			return fmt.Errorf("bad stream frame: %w", err)
+		}
+		return nil
+	}
+}
+
+// frame encodes v as one NDJSON line.
+func frame(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("api: encoding %T: %v", v, err)) // only our own wire types get here
+	}
+	return append(b, '\n')
+}
+
+// pollInterval is how often a client asks for an execution's state when it
+// cannot learn it from a stream.
+const pollInterval = 250 * time.Millisecond

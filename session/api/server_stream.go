@@ -1,0 +1,166 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/berthvm/berth/session"
+)
+
+// streamWriter writes NDJSON frames and flushes each one.
+type streamWriter struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func startStream(w http.ResponseWriter, rc *http.ResponseController) *streamWriter {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	return &streamWriter{w: w, rc: rc}
+}
+
+func (sw *streamWriter) send(v any) error {
+	if _, err := sw.w.Write(frame(v)); err != nil {
+		return err
+	}
+	return sw.rc.Flush()
+}
+
+func (s *server) watch(w http.ResponseWriter, r *http.Request) {
+	events, err := s.svc.Watch(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	out := startStream(w, http.NewResponseController(w))
+	if err := out.rc.Flush(); err != nil { // headers out now, before the first event
+		return
+	}
+	for ev := range events {
+		if err := out.send(ev); err != nil {
+			return // client gone: r.Context() ends, and with it the watch
+		}
+	}
+}
+
+// exec runs a command and streams it in full duplex: the request body
+// starts with {"request": ExecRequest}.
+func (s *server) exec(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	if err := rc.EnableFullDuplex(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.writeError(w, r, err)
+		return
+	}
+	in := newFrameReader(r.Body)
+	var first inFrame
+	if err := in.next(&first); err != nil || first.Request == nil {
+		s.writeError(w, r, errBadExecBody)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	p, err := s.svc.Exec(ctx, r.PathValue("name"), *first.Request)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.stream(ctx, cancel, w, rc, p, in, first.Request.TTY)
+}
+
+// attach follows an execution from ?from= (0 = live only). With POST the
+// request body may carry stdin and resize frames, as for exec.
+func (s *server) attach(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	if err := rc.EnableFullDuplex(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.writeError(w, r, err)
+		return
+	}
+	from, err := queryUint(r, "from")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	id := r.PathValue("id")
+	x, err := s.svc.Execution(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	p, err := s.svc.Attach(ctx, id, from)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.stream(ctx, cancel, w, rc, p, newFrameReader(r.Body), x.TTY)
+}
+
+// stream sends p's output, then its final record, while a goroutine feeds
+// request frames to p. Before it returns, stream stops that goroutine:
+// cancelling ctx unblocks a stdin write, a past read deadline unblocks a
+// body read.
+//
+// A command that does not read stdin holds back the request body, so a
+// client that vanished then is noticed only when output fails to send or
+// the command ends.
+func (s *server) stream(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, rc *http.ResponseController, p session.Process, in *frameReader, tty bool) {
+	out := startStream(w, rc)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		rc.SetReadDeadline(time.Now())
+		wg.Wait()
+	}()
+	if err := out.send(outFrame{ID: p.ID(), TTY: tty}); err != nil {
+		return
+	}
+	wg.Go(func() { s.feed(ctx, p, in) })
+
+	for c := range p.Output() {
+		if err := out.send(outFrame{Chunk: &c}); err != nil {
+			return
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	x, err := p.Wait(ctx)
+	if err != nil {
+		_, body := toWire(err)
+		out.send(outFrame{Error: &body})
+		return
+	}
+	out.send(outFrame{Exit: &x})
+}
+
+// feed applies request frames to p until the body ends or fails. Stdin that
+// the command no longer takes is dropped, so the client never blocks.
+func (s *server) feed(ctx context.Context, p session.Process, in *frameReader) {
+	stdin := p.Stdin()
+	stdinOK := true
+	for {
+		var f inFrame
+		if err := in.next(&f); err != nil {
+			return
+		}
+		switch {
+		case len(f.Stdin) > 0 && stdinOK:
+			if _, err := stdin.Write(f.Stdin); err != nil {
+				s.log.Debug("stdin write failed", "exec", p.ID(), "err", err)
+				stdinOK = false
+			}
+		case f.EOF && stdinOK:
+			stdin.Close()
+			stdinOK = false
+		case f.Resize != nil:
+			if err := p.Resize(ctx, f.Resize.Rows, f.Resize.Cols); err != nil {
+				s.log.Debug("resize failed", "exec", p.ID(), "err", err)
+			}
+		}
+	}
+}

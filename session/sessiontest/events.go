@@ -1,0 +1,117 @@
+package sessiontest
+
+import (
+	"context"
+	"sort"
+	"sync"
+
+	"github.com/berthvm/berth/session"
+)
+
+// watcher is one Watch subscription. The fake never blocks on a slow
+// watcher: events queue up until its goroutine delivers them.
+type watcher struct {
+	mu    sync.Mutex
+	queue []session.Event
+	wake  chan struct{} // capacity 1
+}
+
+func (w *watcher) push(ev session.Event) {
+	w.mu.Lock()
+	w.queue = append(w.queue, ev)
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (w *watcher) pop() (session.Event, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.queue) == 0 {
+		return session.Event{}, false
+	}
+	ev := w.queue[0]
+	w.queue = w.queue[1:]
+	return ev, true
+}
+
+// publishLocked stamps ev, records it in the session's timeline (except
+// stats) and queues it for every watcher.
+func (f *Fake) publishLocked(ctx context.Context, s *fakeSession, ev session.Event) {
+	f.eventSeq++
+	ev.Seq = f.eventSeq
+	ev.Time = f.now()
+	ev.Name = s.info.Name
+	if ev.By == "" {
+		ev.By = session.Actor(ctx)
+	}
+	if ev.Kind == session.EventState || ev.Kind == session.EventStats {
+		info := s.info
+		ev.Session = &info
+	}
+	if ev.Kind != session.EventStats {
+		s.timeline = append(s.timeline, cloneEvent(ev))
+	}
+	for w := range f.watchers {
+		w.push(cloneEvent(ev))
+	}
+}
+
+// Watch streams events: first one EventState (Seq 0) per existing session,
+// sorted by name, then every change. The channel is closed when ctx ends or
+// the Fake is closed.
+func (f *Fake) Watch(ctx context.Context) (<-chan session.Event, error) {
+	if err := f.checkOpen(ctx); err != nil {
+		return nil, err
+	}
+	w := &watcher{wake: make(chan struct{}, 1)}
+	f.mu.Lock()
+	names := make([]string, 0, len(f.sessions))
+	for name, s := range f.sessions {
+		if s.info.State != session.StateDeleting {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		info := f.sessions[name].info
+		w.queue = append(w.queue, session.Event{
+			Time: f.now(), Kind: session.EventState, Name: name, Message: info.Cause, Session: &info,
+		})
+	}
+	f.watchers[w] = struct{}{}
+	f.mu.Unlock()
+
+	ch := make(chan session.Event)
+	go func() {
+		defer close(ch)
+		defer func() {
+			f.mu.Lock()
+			delete(f.watchers, w)
+			f.mu.Unlock()
+		}()
+		for {
+			ev, ok := w.pop()
+			if !ok {
+				select {
+				case <-w.wake:
+					continue
+				case <-ctx.Done():
+					return
+				case <-f.life.Done():
+					return
+				}
+			}
+			select {
+			case ch <- ev:
+			case <-ctx.Done():
+				return
+			case <-f.life.Done():
+				return
+			}
+		}
+	}()
+	return ch, nil
+}

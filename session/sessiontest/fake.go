@@ -1,0 +1,227 @@
+// Package sessiontest provides Fake, an in-memory session.Service for tests,
+// and Suite, the conformance tests every session.Service must pass.
+//
+// The fake keeps the contract of the real Manager: names are validated, state
+// transitions are checked, errors wrap one of the session error classes with a
+// message saying what failed and what to do. Instead of VMs it runs commands
+// implemented in Go (see Commands) against an in-memory /workspace tree.
+package sessiontest
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/berthvm/berth/session"
+)
+
+// Options configure a Fake. The zero value is a valid configuration.
+type Options struct {
+	// Now is the clock stamped on records and events; nil means time.Now.
+	Now func() time.Time
+	// Defaults for zero CreateOptions fields: 1 CPU, 512 MiB, 4 GiB,
+	// image "mini", VMM "qemu".
+	CPUs      int
+	MemoryMiB int
+	DiskBytes int64
+	Image     string
+	VMM       string
+	// Images lists the images Create accepts; nil means just "mini".
+	Images []string
+	// OutputRetention bounds the output bytes kept per execution; older
+	// chunks are trimmed and reported as a gap. Zero keeps everything.
+	OutputRetention int64
+}
+
+// Fake is an in-memory session.Service. Create one with New and Close it
+// when done; Close ends running commands and every stream.
+type Fake struct {
+	opts     Options
+	life     context.Context
+	shutdown context.CancelFunc
+	wg       sync.WaitGroup // command goroutines
+
+	mu       sync.Mutex
+	sessions map[string]*fakeSession
+	execs    map[string]*fakeExec
+	watchers map[*watcher]struct{}
+	commands map[string]Command
+	eventSeq uint64
+	execSeq  int
+	pidSeq   int
+}
+
+type fakeSession struct {
+	info     session.Session
+	root     *node
+	timeline []session.Event
+	execs    []*fakeExec // in start order
+}
+
+var _ session.Service = (*Fake)(nil)
+
+// New returns an empty Fake.
+func New(opts Options) *Fake {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.CPUs == 0 {
+		opts.CPUs = 1
+	}
+	if opts.MemoryMiB == 0 {
+		opts.MemoryMiB = 512
+	}
+	if opts.DiskBytes == 0 {
+		opts.DiskBytes = 4 << 30
+	}
+	if opts.Image == "" {
+		opts.Image = "mini"
+	}
+	if opts.VMM == "" {
+		opts.VMM = "qemu"
+	}
+	if opts.Images == nil {
+		opts.Images = []string{"mini"}
+	}
+	life, shutdown := context.WithCancel(context.Background())
+	f := &Fake{
+		opts:     opts,
+		life:     life,
+		shutdown: shutdown,
+		sessions: map[string]*fakeSession{},
+		execs:    map[string]*fakeExec{},
+		watchers: map[*watcher]struct{}{},
+		commands: builtins(),
+	}
+	return f
+}
+
+// Close cancels running commands, ends every Watch and output stream, and
+// waits for the command goroutines. It is safe to call more than once.
+func (f *Fake) Close() error {
+	f.shutdown()
+	f.wg.Wait()
+	return nil
+}
+
+// Handle adds or replaces the command run for argv[0] == name (also inside
+// the fake sh).
+func (f *Fake) Handle(name string, cmd Command) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.commands[name] = cmd
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// validName reports whether name is a valid session name.
+func validName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("invalid session name %q: use 1-63 lowercase letters, digits and dashes, starting with a letter or digit: %w", name, session.ErrInvalid)
+	}
+	return nil
+}
+
+func (f *Fake) now() time.Time { return f.opts.Now() }
+
+// getLocked returns the named session or a wrapped ErrNotFound.
+func (f *Fake) getLocked(name string) (*fakeSession, error) {
+	s, ok := f.sessions[name]
+	if !ok || s.info.State == session.StateDeleting {
+		return nil, fmt.Errorf("session %q: %w", name, session.ErrNotFound)
+	}
+	return s, nil
+}
+
+// List returns every session, sorted by name.
+func (f *Fake) List(ctx context.Context) ([]session.Session, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]session.Session, 0, len(f.sessions))
+	for _, s := range f.sessions {
+		if s.info.State != session.StateDeleting {
+			out = append(out, s.info)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Get returns one session.
+func (f *Fake) Get(ctx context.Context, name string) (session.Session, error) {
+	if err := ctx.Err(); err != nil {
+		return session.Session{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, err := f.getLocked(name)
+	if err != nil {
+		return session.Session{}, err
+	}
+	return s.info, nil
+}
+
+// Timeline returns the session's recorded events (all but stats), oldest
+// first; limit > 0 keeps the newest limit events.
+func (f *Fake) Timeline(ctx context.Context, name string, limit int) ([]session.Event, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, err := f.getLocked(name)
+	if err != nil {
+		return nil, err
+	}
+	evs := s.timeline
+	if limit > 0 && len(evs) > limit {
+		evs = evs[len(evs)-limit:]
+	}
+	out := make([]session.Event, len(evs))
+	for i, ev := range evs {
+		out[i] = cloneEvent(ev)
+	}
+	return out, nil
+}
+
+func cloneEvent(ev session.Event) session.Event {
+	if ev.Session != nil {
+		s := *ev.Session
+		ev.Session = &s
+	}
+	if ev.Exec != nil {
+		x := cloneExec(*ev.Exec)
+		ev.Exec = &x
+	}
+	return ev
+}
+
+func cloneExec(x session.Execution) session.Execution {
+	x.Argv = slices.Clone(x.Argv)
+	x.EnvNames = slices.Clone(x.EnvNames)
+	if x.ExitCode != nil {
+		c := *x.ExitCode
+		x.ExitCode = &c
+	}
+	return x
+}
+
+// errClosed is returned once the Fake is closed.
+var errClosed = fmt.Errorf("berth fake is closed: %w", session.ErrUnavailable)
+
+func (f *Fake) checkOpen(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if f.life.Err() != nil {
+		return errClosed
+	}
+	return nil
+}

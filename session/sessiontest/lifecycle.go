@@ -1,0 +1,325 @@
+package sessiontest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/berthvm/berth/session"
+)
+
+// Create makes a session and boots it: the returned session is running.
+func (f *Fake) Create(ctx context.Context, opts session.CreateOptions) (session.Session, error) {
+	if err := f.checkOpen(ctx); err != nil {
+		return session.Session{}, err
+	}
+	if err := f.validateCreate(&opts); err != nil {
+		return session.Session{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.sessions[opts.Name]; ok {
+		return session.Session{}, fmt.Errorf("session %q already exists (pick another name or delete it first): %w", opts.Name, session.ErrExists)
+	}
+	now := f.now()
+	s := &fakeSession{
+		info: session.Session{
+			Name:      opts.Name,
+			State:     session.StateCreating,
+			Cause:     "created",
+			CPUs:      opts.CPUs,
+			MemoryMiB: opts.MemoryMiB,
+			DiskBytes: opts.DiskBytes,
+			Image:     opts.Image,
+			VMM:       opts.VMM,
+			CreatedAt: now,
+		},
+		root: newDir(now),
+	}
+	f.sessions[opts.Name] = s
+	f.publishLocked(ctx, s, session.Event{Kind: session.EventState})
+	f.bootLocked(ctx, s, causeBy(ctx, "created"))
+	return s.info, nil
+}
+
+func (f *Fake) validateCreate(opts *session.CreateOptions) error {
+	if err := validName(opts.Name); err != nil {
+		return err
+	}
+	switch {
+	case opts.CPUs < 0 || opts.CPUs > 64:
+		return fmt.Errorf("%d CPUs: want 1 to 64: %w", opts.CPUs, session.ErrInvalid)
+	case opts.MemoryMiB < 0 || (opts.MemoryMiB > 0 && opts.MemoryMiB < 64):
+		return fmt.Errorf("memory %d MiB: want at least 64 MiB: %w", opts.MemoryMiB, session.ErrInvalid)
+	case opts.DiskBytes < 0 || (opts.DiskBytes > 0 && opts.DiskBytes < 16<<20):
+		return fmt.Errorf("disk %d bytes: want at least 16 MiB: %w", opts.DiskBytes, session.ErrInvalid)
+	}
+	if opts.CPUs == 0 {
+		opts.CPUs = f.opts.CPUs
+	}
+	if opts.MemoryMiB == 0 {
+		opts.MemoryMiB = f.opts.MemoryMiB
+	}
+	if opts.DiskBytes == 0 {
+		opts.DiskBytes = f.opts.DiskBytes
+	}
+	if opts.Image == "" {
+		opts.Image = f.opts.Image
+	}
+	if opts.VMM == "" {
+		opts.VMM = f.opts.VMM
+	}
+	if !slices.Contains(f.opts.Images, opts.Image) {
+		return fmt.Errorf("image %q not found (build it with 'berth image build %s'): %w", opts.Image, opts.Image, session.ErrNotFound)
+	}
+	if opts.VMM != "qemu" && opts.VMM != "cloud-hypervisor" {
+		return fmt.Errorf("unknown VMM %q: want qemu or cloud-hypervisor: %w", opts.VMM, session.ErrInvalid)
+	}
+	return nil
+}
+
+// causeBy says what happened and who did it: "paused by cli".
+func causeBy(ctx context.Context, what string) string {
+	if who := session.Actor(ctx); who != "" {
+		return what + " by " + who
+	}
+	return what
+}
+
+// bootLocked makes s running on a new (fake) VM.
+func (f *Fake) bootLocked(ctx context.Context, s *fakeSession, cause string) {
+	f.pidSeq++
+	s.info.Pid = 4000 + f.pidSeq
+	s.info.Accel = "tcg"
+	s.info.StartedAt = f.now()
+	f.setStateLocked(ctx, s, session.StateRunning, cause)
+}
+
+func (f *Fake) setStateLocked(ctx context.Context, s *fakeSession, st session.State, cause string) {
+	s.info.State = st
+	s.info.Cause = cause
+	if st == session.StateStopped || st == session.StateCrashed || st == session.StateSleeping {
+		s.info.Pid = 0
+		s.info.Accel = ""
+		s.info.MemUsedBytes = 0
+	}
+	f.publishLocked(ctx, s, session.Event{Kind: session.EventState, Message: cause})
+}
+
+// invalidState says why verb cannot be done to s in its current state and
+// what to do instead.
+func invalidState(verb string, s *fakeSession) error {
+	hint := ""
+	switch s.info.State {
+	case session.StatePaused:
+		hint = " (resume it first)"
+	case session.StateStopped, session.StateCrashed:
+		hint = " (start it first)"
+	case session.StateRunning:
+		if verb == "start" || verb == "resume" {
+			hint = " (it is already running)"
+		}
+	}
+	return fmt.Errorf("cannot %s session %q: it is %s%s: %w", verb, s.info.Name, s.info.State, hint, session.ErrInvalidState)
+}
+
+// usableLocked checks that s can run commands and file operations, waking
+// it when it sleeps.
+func (f *Fake) usableLocked(ctx context.Context, name, verb string) (*fakeSession, error) {
+	s, err := f.getLocked(name)
+	if err != nil {
+		return nil, err
+	}
+	switch s.info.State {
+	case session.StateRunning:
+	case session.StateSleeping:
+		f.bootLocked(ctx, s, causeBy(ctx, "woken"))
+	default:
+		return nil, invalidState(verb, s)
+	}
+	s.info.LastActivity = f.now()
+	return s, nil
+}
+
+// Pause stops a running session's vCPUs. It does not flush.
+func (f *Fake) Pause(ctx context.Context, name string) (session.Session, error) {
+	return f.transition(ctx, name, "pause", func(s *fakeSession) error {
+		if s.info.State != session.StateRunning {
+			return invalidState("pause", s)
+		}
+		f.setStateLocked(ctx, s, session.StatePaused, causeBy(ctx, "paused"))
+		return nil
+	})
+}
+
+// Resume continues a paused session, or wakes a sleeping one.
+func (f *Fake) Resume(ctx context.Context, name string) (session.Session, error) {
+	return f.transition(ctx, name, "resume", func(s *fakeSession) error {
+		switch s.info.State {
+		case session.StatePaused:
+			f.setStateLocked(ctx, s, session.StateRunning, causeBy(ctx, "resumed"))
+		case session.StateSleeping:
+			f.bootLocked(ctx, s, causeBy(ctx, "woken"))
+		default:
+			return invalidState("resume", s)
+		}
+		return nil
+	})
+}
+
+// Start boots a new VM for a stopped, crashed or sleeping session.
+func (f *Fake) Start(ctx context.Context, name string) (session.Session, error) {
+	return f.transition(ctx, name, "start", func(s *fakeSession) error {
+		switch s.info.State {
+		case session.StateStopped, session.StateCrashed, session.StateSleeping:
+			f.bootLocked(ctx, s, causeBy(ctx, "started"))
+		default:
+			return invalidState("start", s)
+		}
+		return nil
+	})
+}
+
+func (f *Fake) transition(ctx context.Context, name, verb string, do func(*fakeSession) error) (session.Session, error) {
+	if err := f.checkOpen(ctx); err != nil {
+		return session.Session{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, err := f.getLocked(name)
+	if err != nil {
+		return session.Session{}, err
+	}
+	if err := do(s); err != nil {
+		return session.Session{}, err
+	}
+	return s.info, nil
+}
+
+// Stop ends the session's commands (they end cancelled), flushes and powers
+// the VM off.
+func (f *Fake) Stop(ctx context.Context, name string) (session.Session, error) {
+	if err := f.checkOpen(ctx); err != nil {
+		return session.Session{}, err
+	}
+	f.mu.Lock()
+	s, err := f.getLocked(name)
+	if err != nil {
+		f.mu.Unlock()
+		return session.Session{}, err
+	}
+	switch s.info.State {
+	case session.StateRunning, session.StatePaused, session.StateSleeping, session.StateCrashed:
+	default:
+		f.mu.Unlock()
+		return session.Session{}, invalidState("stop", s)
+	}
+	f.setStateLocked(ctx, s, session.StateStopping, causeBy(ctx, "stopping"))
+	running := f.endExecsLocked(s, errStopped)
+	f.mu.Unlock()
+
+	waitExecs(running)
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s.info.DirtyBytes = 0
+	f.setStateLocked(ctx, s, session.StateStopped, causeBy(ctx, "stopped"))
+	return s.info, nil
+}
+
+// Delete removes the session, its commands' records and its files.
+func (f *Fake) Delete(ctx context.Context, name string) error {
+	if err := f.checkOpen(ctx); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	s, err := f.getLocked(name)
+	if err != nil {
+		f.mu.Unlock()
+		return err
+	}
+	if s.info.State == session.StateCreating || s.info.State == session.StateStopping {
+		f.mu.Unlock()
+		return invalidState("delete", s)
+	}
+	f.setStateLocked(ctx, s, session.StateDeleting, causeBy(ctx, "deleting"))
+	running := f.endExecsLocked(s, errDeleted)
+	f.mu.Unlock()
+
+	waitExecs(running)
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range s.execs {
+		delete(f.execs, e.rec.ID)
+	}
+	delete(f.sessions, name)
+	f.publishLocked(ctx, s, session.Event{Kind: session.EventDeleted, Message: causeBy(ctx, "deleted")})
+	return nil
+}
+
+// Flush makes pending writes durable. A sleeping session is woken first;
+// paused and stopped sessions refuse.
+func (f *Fake) Flush(ctx context.Context, name string) (session.FlushResult, error) {
+	if err := f.checkOpen(ctx); err != nil {
+		return session.FlushResult{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, err := f.usableLocked(ctx, name, "flush")
+	if err != nil {
+		return session.FlushResult{}, err
+	}
+	res := session.FlushResult{DirtyBefore: s.info.DirtyBytes, Took: 3 * time.Millisecond}
+	s.info.DirtyBytes = 0
+	f.publishLocked(ctx, s, session.Event{Kind: session.EventFlush, Message: fmt.Sprintf("flushed %d bytes", res.DirtyBefore)})
+	return res, nil
+}
+
+// SetDirty sets the bytes a crash of the session's VM would lose now, as
+// the live figures from a guest would, and publishes a stats event.
+func (f *Fake) SetDirty(name string, n int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, err := f.getLocked(name)
+	if err != nil {
+		return err
+	}
+	s.info.DirtyBytes = n
+	f.publishLocked(context.Background(), s, session.Event{Kind: session.EventStats})
+	return nil
+}
+
+// Crash simulates the session's VM dying: the session becomes crashed and
+// its running commands end as lost.
+func (f *Fake) Crash(name, cause string) error {
+	f.mu.Lock()
+	s, err := f.getLocked(name)
+	if err != nil {
+		f.mu.Unlock()
+		return err
+	}
+	s.info.DirtyBytes = 0
+	f.setStateLocked(context.Background(), s, session.StateCrashed, cause)
+	running := f.endExecsLocked(s, errLost)
+	f.mu.Unlock()
+	waitExecs(running)
+	return nil
+}
+
+// Sleep simulates idle sleep: a running session with no running command
+// releases its VM; the next use wakes it.
+func (f *Fake) Sleep(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, err := f.getLocked(name)
+	if err != nil {
+		return err
+	}
+	if s.info.State != session.StateRunning || s.info.Running > 0 {
+		return invalidState("sleep", s)
+	}
+	f.setStateLocked(context.Background(), s, session.StateSleeping, "idle")
+	return nil
+}

@@ -1,0 +1,336 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/berthvm/berth/session"
+)
+
+func createCmd() *command {
+	return &command{
+		name: "create", group: "Sessions",
+		usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--vmm qemu|cloud-hypervisor]",
+		args:    []string{"NAME"},
+		summary: "create a session and boot it",
+		help:    "Creates the session's workspace volume and boots its VM. Unset flags take the daemon's defaults.",
+		example: "berth create demo --cpus 2 --memory 1G --disk 8G",
+		setup: func(fs *flag.FlagSet) runFunc {
+			cpus := fs.Int("cpus", 0, "number of virtual `N` CPUs")
+			var memory, disk sizeFlag
+			fs.Var(&memory, "memory", "guest memory `SIZE`, a whole number of MiB (512M, 2G)")
+			fs.Var(&disk, "disk", "workspace volume `SIZE` (4G)")
+			image := fs.String("image", "", "guest image `NAME` (mini)")
+			vmm := &choiceFlag{choices: []string{"qemu", "cloud-hypervisor"}}
+			fs.Var(vmm, "vmm", "hypervisor: `qemu` or cloud-hypervisor")
+			return func(ctx context.Context, c *cli, args []string) error {
+				if *cpus < 0 {
+					return usageErrorf("--cpus %d: want a positive number", *cpus)
+				}
+				if memory.n%(1<<20) != 0 {
+					return usageErrorf("--memory %d bytes: want a whole number of MiB, like 512M", memory.n)
+				}
+				opts := session.CreateOptions{
+					Name: args[0], CPUs: *cpus, MemoryMiB: int(memory.n >> 20), DiskBytes: disk.n,
+					Image: *image, VMM: vmm.value,
+				}
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				s, err := svc.Create(ctx, opts)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(c.env.Stdout, "created %s: %s, %s, %s memory, %s disk, image %s on %s\n",
+					s.Name, s.State, plural(s.CPUs, "CPU"), humanBytes(int64(s.MemoryMiB)<<20), humanBytes(s.DiskBytes), s.Image, s.VMM)
+				return nil
+			}
+		},
+	}
+}
+
+func lsCmd() *command {
+	return &command{
+		name: "ls", group: "Sessions", usage: "[--json]",
+		summary: "list sessions",
+		help:    "DIRTY is what a crash of the VM would lose now; 'berth flush' makes it durable.",
+		example: "berth ls\nberth ls --json | jq -r '.[].name'",
+		setup: func(fs *flag.FlagSet) runFunc {
+			asJSON := fs.Bool("json", false, "print JSON")
+			return func(ctx context.Context, c *cli, args []string) error {
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				list, err := svc.List(ctx)
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					if list == nil {
+						list = []session.Session{}
+					}
+					return writeJSON(c.env.Stdout, list)
+				}
+				if len(list) == 0 {
+					fmt.Fprintln(c.env.Stderr, "no sessions; create one with 'berth create NAME'")
+					return nil
+				}
+				now := c.env.Now()
+				t := newTable(c.env.Stdout, "NAME", "STATE", "CPUS", "MEMORY", "DISK", "USED", "DIRTY", "RUNNING", "CREATED")
+				for _, s := range list {
+					t.row(s.Name, string(s.State), fmt.Sprint(s.CPUs), humanBytes(int64(s.MemoryMiB)<<20),
+						humanBytes(s.DiskBytes), humanBytes(s.WorkspaceUsed), humanBytes(s.DirtyBytes),
+						fmt.Sprint(s.Running), ago(now, s.CreatedAt))
+				}
+				return t.flush()
+			}
+		},
+	}
+}
+
+func infoCmd() *command {
+	return &command{
+		name: "info", group: "Sessions", usage: "NAME [--json]", args: []string{"NAME"},
+		summary: "show one session in detail",
+		example: "berth info demo",
+		setup: func(fs *flag.FlagSet) runFunc {
+			asJSON := fs.Bool("json", false, "print JSON")
+			return func(ctx context.Context, c *cli, args []string) error {
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				s, err := svc.Get(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					return writeJSON(c.env.Stdout, s)
+				}
+				writeInfo(c.env.Stdout, c, s)
+				return nil
+			}
+		},
+	}
+}
+
+func writeInfo(w io.Writer, c *cli, s session.Session) {
+	now := c.env.Now()
+	t := newTable(w, "Name:", s.Name)
+	state := string(s.State)
+	if s.Cause != "" {
+		state += " (" + s.Cause + ")"
+	}
+	t.row("State:", state)
+	vm := s.VMM
+	if s.Accel != "" {
+		vm += ", " + s.Accel
+	}
+	if s.Pid != 0 {
+		vm += fmt.Sprintf(", pid %d", s.Pid)
+	}
+	t.row("VMM:", vm)
+	t.row("Image:", s.Image)
+	t.row("CPUs:", fmt.Sprint(s.CPUs))
+	mem := humanBytes(int64(s.MemoryMiB) << 20)
+	if s.MemUsedBytes > 0 {
+		mem += fmt.Sprintf(" (%s used)", humanBytes(s.MemUsedBytes))
+	}
+	t.row("Memory:", mem)
+	t.row("Workspace:", fmt.Sprintf("%s used of %s", humanBytes(s.WorkspaceUsed), humanBytes(s.DiskBytes)))
+	t.row("Dirty:", humanBytes(s.DirtyBytes)+" not yet durable")
+	t.row("Running:", plural(s.Running, "command"))
+	stamp := func(at time.Time) string {
+		return at.In(now.Location()).Format("2006-01-02 15:04:05") + " (" + ago(now, at) + ")"
+	}
+	t.row("Created:", stamp(s.CreatedAt))
+	if !s.StartedAt.IsZero() {
+		t.row("Started:", stamp(s.StartedAt))
+	}
+	if !s.LastActivity.IsZero() {
+		t.row("Last active:", stamp(s.LastActivity))
+	}
+	t.flush()
+}
+
+// lifecycleCmd makes pause, resume, stop and start.
+func lifecycleCmd(name, summary, help string) *command {
+	return &command{
+		name: name, group: "Sessions", usage: "NAME", args: []string{"NAME"},
+		summary: summary, help: help,
+		example: "berth " + name + " demo",
+		setup: func(fs *flag.FlagSet) runFunc {
+			return func(ctx context.Context, c *cli, args []string) error {
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				call := map[string]func(context.Context, string) (session.Session, error){
+					"pause": svc.Pause, "resume": svc.Resume, "stop": svc.Stop, "start": svc.Start,
+				}[name]
+				s, err := call(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(c.env.Stdout, "%s: %s\n", s.Name, s.State)
+				return nil
+			}
+		},
+	}
+}
+
+func flushCmd() *command {
+	return &command{
+		name: "flush", group: "Sessions", usage: "NAME", args: []string{"NAME"},
+		summary: "make every pending write in /workspace durable",
+		help:    "Writes by commands can sit in the guest's page cache until flushed; a crash loses them.\nFlush syncs /workspace down to the host's disk and prints how much it wrote.",
+		example: "berth flush demo",
+		setup: func(fs *flag.FlagSet) runFunc {
+			return func(ctx context.Context, c *cli, args []string) error {
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				res, err := svc.Flush(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				flushed := res.DirtyBefore - res.DirtyAfter
+				fmt.Fprintf(c.env.Stdout, "%s: flushed %d bytes (%s) in %s", args[0], flushed, humanBytes(flushed), shortDuration(res.Took))
+				if res.DirtyAfter > 0 {
+					fmt.Fprintf(c.env.Stdout, "; %s written since is not yet durable", humanBytes(res.DirtyAfter))
+				}
+				fmt.Fprintln(c.env.Stdout)
+				return nil
+			}
+		},
+	}
+}
+
+func deleteCmd() *command {
+	return &command{
+		name: "delete", group: "Sessions", usage: "NAME [--yes]", args: []string{"NAME"},
+		summary: "delete a session: its VM and all its storage, permanently",
+		help:    "Without --yes, asks you to type the session's name; without a terminal, --yes is required.",
+		example: "berth delete demo\nberth delete demo --yes",
+		setup: func(fs *flag.FlagSet) runFunc {
+			yes := fs.Bool("yes", false, "do not ask for confirmation")
+			return func(ctx context.Context, c *cli, args []string) error {
+				name := args[0]
+				if !*yes && !c.env.StdinTTY {
+					return usageErrorf("refusing to delete %q without confirmation: stdin is not a terminal; add --yes", name)
+				}
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				s, err := svc.Get(ctx, name)
+				if err != nil {
+					return err
+				}
+				if !*yes {
+					fmt.Fprintf(c.env.Stderr, "Session %s is %s, with %s in /workspace (%s not yet flushed).\n"+
+						"Deleting removes its VM and all its files permanently.\n"+
+						"Type the session name to confirm: ", name, s.State, humanBytes(s.WorkspaceUsed), humanBytes(s.DirtyBytes))
+					answer, err := readLine(c.env.Stdin)
+					if err != nil && answer == "" {
+						return fmt.Errorf("delete %s: no confirmation (%v); nothing was deleted", name, err)
+					}
+					if answer != name {
+						return fmt.Errorf("delete %s: confirmation %q does not match; nothing was deleted", name, answer)
+					}
+				}
+				if err := svc.Delete(ctx, name); err != nil {
+					return err
+				}
+				fmt.Fprintf(c.env.Stdout, "deleted %s\n", name)
+				return nil
+			}
+		},
+	}
+}
+
+// readLine reads one line byte by byte, so nothing after it is consumed.
+func readLine(r io.Reader) (string, error) {
+	var b strings.Builder
+	buf := make([]byte, 1)
+	for b.Len() < 1024 {
+		n, err := r.Read(buf)
+		if n == 1 {
+			if buf[0] == '\n' {
+				break
+			}
+			b.WriteByte(buf[0])
+		}
+		if err != nil {
+			return strings.TrimSpace(b.String()), err
+		}
+	}
+	return strings.TrimSpace(b.String()), nil
+}
+
+func eventsCmd() *command {
+	return &command{
+		name: "events", group: "Sessions", usage: "NAME [-n N] [--json]", args: []string{"NAME"},
+		summary: "show a session's timeline",
+		example: "berth events demo -n 20",
+		setup: func(fs *flag.FlagSet) runFunc {
+			limit := fs.Int("n", 0, "show only the last `N` events")
+			asJSON := fs.Bool("json", false, "print JSON")
+			return func(ctx context.Context, c *cli, args []string) error {
+				if *limit < 0 {
+					return usageErrorf("-n %d: want a positive number", *limit)
+				}
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				evs, err := svc.Timeline(ctx, args[0], *limit)
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					if evs == nil {
+						evs = []session.Event{}
+					}
+					return writeJSON(c.env.Stdout, evs)
+				}
+				loc := c.env.Now().Location()
+				t := newTable(c.env.Stdout, "TIME", "KIND", "BY", "WHAT")
+				for _, ev := range evs {
+					t.row(ev.Time.In(loc).Format("2006-01-02 15:04:05"), string(ev.Kind), dash(ev.By), describeEvent(ev))
+				}
+				return t.flush()
+			}
+		},
+	}
+}
+
+func describeEvent(ev session.Event) string {
+	switch {
+	case ev.Kind == session.EventState && ev.Session != nil:
+		if strings.HasPrefix(ev.Message, string(ev.Session.State)) {
+			return oneLine(ev.Message)
+		}
+		if ev.Message != "" {
+			return fmt.Sprintf("%s (%s)", ev.Session.State, oneLine(ev.Message))
+		}
+		return string(ev.Session.State)
+	case ev.Exec != nil:
+		return ev.Exec.ID + " " + oneLine(ev.Message)
+	}
+	return oneLine(ev.Message)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,389 @@
+package cloudhypervisor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berthvm/berth/vmm"
+)
+
+// Files the driver keeps in Config.Dir. Attach finds a VM again through
+// them, so the names are part of the on-disk format.
+const (
+	// PidFile holds the VMM's process id in decimal.
+	PidFile = "vmm.pid"
+	// APISocket is CH's REST API socket (--api-socket).
+	APISocket = "ch-api.sock"
+	// VsockSocket is the host side of the VM's hybrid vsock device.
+	VsockSocket = "vsock.sock"
+	// LogFile receives CH's stdout and stderr.
+	LogFile = "vmm.log"
+	// ConsoleLog receives the guest's serial console (ttyS0).
+	ConsoleLog = "console.log"
+)
+
+// Bounds on log handling.
+const (
+	logTailLines = 20
+	logTailBytes = 16 << 10
+	// A log past this size is moved to LogFile+".1" at the next start, so
+	// a session restarted for months keeps one previous run and no more.
+	maxLogSize = 1 << 20
+)
+
+// sunPathMax is the longest unix socket path Linux accepts (sun_path is
+// 108 bytes including the terminating NUL).
+const sunPathMax = 107
+
+// paths are the files of one VM directory.
+type paths struct {
+	dir, pid, api, vsock, log, console string
+}
+
+func pathsIn(dir string) paths {
+	return paths{
+		dir:     dir,
+		pid:     filepath.Join(dir, PidFile),
+		api:     filepath.Join(dir, APISocket),
+		vsock:   filepath.Join(dir, VsockSocket),
+		log:     filepath.Join(dir, LogFile),
+		console: filepath.Join(dir, ConsoleLog),
+	}
+}
+
+// checkSocketPaths fails early and clearly where CH would fail to bind.
+func (p paths) checkSocketPaths() error {
+	if strings.Contains(p.dir, ",") {
+		// CH splits its --api-socket option on commas.
+		return fmt.Errorf("VM directory %s contains a comma, which cloud-hypervisor's option parser cannot take: rename it", p.dir)
+	}
+	for _, s := range []string{p.api, p.vsock} {
+		if len(s) > sunPathMax {
+			return fmt.Errorf("socket path %s is %d bytes, over the unix socket limit of %d: use a shorter data directory", s, len(s), sunPathMax)
+		}
+	}
+	return nil
+}
+
+// process is a VMM process berth watches: either its own child, or one an
+// earlier berth started, watched through a pidfd.
+type process struct {
+	pid     int
+	child   bool
+	logPath string
+
+	done chan struct{} // closed once the process has exited
+	exit vmm.Exit      // set before done is closed
+
+	// signal sends sig; a process that has already exited is not an error.
+	signal func(sig syscall.Signal) error
+	// release stops watching (attached processes only); done then never
+	// closes. Nil for children, whose watcher ends with the child.
+	release func()
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// startProcess launches the VMM detached: its own process group, so a
+// terminal's ^C or the daemon's exit does not reach it, stdio on the log
+// file, and no context, because the VMM outlives the request that
+// started it.
+func startProcess(binary string, args []string, p paths) (*process, error) {
+	if err := rotateLog(p.log); err != nil {
+		return nil, err
+	}
+	logf, err := os.OpenFile(p.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open VMM log: %w", err)
+	}
+	defer logf.Close() // the child has its own copy
+	fmt.Fprintf(logf, "berth: %s starting %s %s\n", time.Now().Format(time.RFC3339), binary, strings.Join(args, " "))
+
+	cmd := exec.Command(binary, args...)
+	cmd.Dir = p.dir
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", binary, err)
+	}
+	proc := &process{
+		pid:     cmd.Process.Pid,
+		child:   true,
+		logPath: p.log,
+		done:    make(chan struct{}),
+		signal: func(sig syscall.Signal) error {
+			if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+				return err
+			}
+			return nil
+		},
+	}
+	// Ends when the child exits; it reaps the child, so it runs even after
+	// the VM handle is closed.
+	go func() {
+		_ = cmd.Wait()
+		proc.exit = childExit(cmd.ProcessState)
+		proc.exit.LogTail = logTail(p.log)
+		close(proc.done)
+	}()
+	return proc, nil
+}
+
+func childExit(ps *os.ProcessState) vmm.Exit {
+	e := vmm.Exit{Code: -1, Time: time.Now()}
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	switch {
+	case ok && ws.Signaled():
+		e.Signal = unix.SignalName(ws.Signal())
+		if e.Signal == "" {
+			e.Signal = ws.Signal().String()
+		}
+	default:
+		e.Code = ps.ExitCode()
+	}
+	return e
+}
+
+// watchProcess follows a VMM that is not berth's child. Only a child's
+// exit status can be collected, so Exit.Code stays -1; the pidfd still
+// says when the process ends, and signals through it cannot hit a
+// recycled pid.
+func watchProcess(pid int, logPath string) (*process, error) {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return nil, fmt.Errorf("process %d has exited: %w", pid, vmm.ErrNotRunning)
+		}
+		return nil, fmt.Errorf("pidfd_open(%d): %w", pid, err)
+	}
+	// A non-blocking pidfd joins the runtime poller, so waiting for the
+	// exit costs no thread.
+	f := os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", pid))
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("pidfd for %d: %w", pid, err)
+	}
+	proc := &process{
+		pid:     pid,
+		logPath: logPath,
+		done:    make(chan struct{}),
+	}
+	proc.signal = func(sig syscall.Signal) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.PidfdSendSignal(int(fd), sig, nil, 0)
+		}); err != nil {
+			return fmt.Errorf("signal %d: %w", pid, err)
+		}
+		if serr != nil && !errors.Is(serr, unix.ESRCH) {
+			return fmt.Errorf("signal %d: %w", pid, serr)
+		}
+		return nil
+	}
+	var once sync.Once
+	proc.release = func() { once.Do(func() { f.Close() }) }
+	// Ends when the process exits, or when release closes the pidfd.
+	go func() {
+		err := rc.Read(func(fd uintptr) bool {
+			// A pidfd turns readable when its process has exited.
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, err := unix.Poll(pfd, 0)
+			return err == nil && n > 0
+		})
+		if err != nil {
+			return // released
+		}
+		proc.exit = vmm.Exit{Code: -1, Time: time.Now(), LogTail: logTail(logPath)}
+		close(proc.done)
+		proc.release()
+	}()
+	return proc, nil
+}
+
+// rotateLog moves an oversized log aside (replacing the previous one).
+func rotateLog(path string) error {
+	st, err := os.Stat(path)
+	if err != nil || st.Size() <= maxLogSize {
+		return nil
+	}
+	if err := os.Rename(path, path+".1"); err != nil {
+		return fmt.Errorf("rotate VMM log: %w", err)
+	}
+	return nil
+}
+
+// logTail returns the last lines of the log for crash reports, or "" if
+// the log cannot be read.
+func logTail(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := max(st.Size()-logTailBytes, 0)
+	buf, err := io.ReadAll(io.NewSectionReader(f, off, st.Size()-off))
+	if err != nil {
+		return ""
+	}
+	if off > 0 {
+		// Drop the line the window starts in the middle of.
+		if i := bytes.IndexByte(buf, '\n'); i >= 0 {
+			buf = buf[i+1:]
+		}
+	}
+	lines := strings.Split(strings.TrimRight(string(buf), "\n"), "\n")
+	if len(lines) > logTailLines {
+		lines = lines[len(lines)-logTailLines:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// writePidFile records pid with its start time ("<pid> <starttime>\n",
+// the format package vmm uses for every driver), so a later berth can tell
+// the VMM from a process that reused its pid.
+func writePidFile(path string, pid int) error {
+	st, err := startTime(pid)
+	if err != nil {
+		st = "0"
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(pid)+" "+st+"\n"), 0o644); err != nil {
+		return fmt.Errorf("write pid file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write pid file: %w", err)
+	}
+	return nil
+}
+
+// readPidFile returns the pid recorded in path. It fails with
+// vmm.ErrNotRunning if the recorded start time shows the pid now belongs
+// to another process.
+func readPidFile(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	var pid int
+	if len(f) == 1 || len(f) == 2 {
+		pid, err = strconv.Atoi(f[0])
+	}
+	if len(f) == 0 || len(f) > 2 || err != nil || pid <= 1 {
+		return 0, fmt.Errorf("%s does not hold a pid: %q", path, bytes.TrimSpace(b))
+	}
+	if len(f) == 2 && f[1] != "0" {
+		if st, err := startTime(pid); err == nil && st != f[1] {
+			return 0, fmt.Errorf("process %d is not the VMM recorded in %s (it started later): %w", pid, path, vmm.ErrNotRunning)
+		}
+	}
+	return pid, nil
+}
+
+// startTime is field 22 of /proc/<pid>/stat, the process's start time in
+// clock ticks since boot: with the pid, it names one process.
+func startTime(pid int) (string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", err
+	}
+	// The command name (field 2) may hold spaces and parentheses: count
+	// fields from its closing parenthesis.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return "", errors.New("unreadable /proc stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return "", errors.New("short /proc stat")
+	}
+	return f[19], nil
+}
+
+// removeStaleSocket deletes a socket file left by a VMM that died without
+// cleaning up: CH binds its vsock socket without unlinking first and then
+// fails with EADDRINUSE. Call it only once no live VMM owns the directory.
+func removeStaleSocket(path string) error {
+	st, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if st.Mode().Type() != fs.ModeSocket {
+		return fmt.Errorf("%s exists and is not a socket: move it away", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove stale socket: %w", err)
+	}
+	return nil
+}
+
+// locked reports whether any process holds an OFD or POSIX lock on path.
+// CH locks disk images (and, since v53.0, <api socket>.lock) with OFD
+// locks over the whole file; QEMU locks some bytes of its images. A write
+// lock probe over the whole file conflicts with any of them.
+func locked(path string) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
+		return false, fmt.Errorf("probe lock on %s: %w", path, err)
+	}
+	return lk.Type != unix.F_UNLCK, nil
+}
+
+// liveVMM reports the pid of a VMM still serving dir, so Start never
+// deletes the sockets of a live VM. A VMM is live when vmm.pid names a
+// running process and either its API answers or its socket lock is held.
+func liveVMM(ctx context.Context, p paths) (int, bool) {
+	pid, err := readPidFile(p.pid)
+	if err != nil || unix.Kill(pid, 0) == unix.ESRCH {
+		return 0, false
+	}
+	if held, err := locked(p.api + ".lock"); err == nil && held {
+		return pid, true
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	ping, err := newAPIClient(p.api).ping(ctx)
+	if err != nil {
+		return 0, false
+	}
+	if ping.Pid != nil && int(*ping.Pid) != pid {
+		// Someone else's CH answers here; still not ours to remove.
+		return int(*ping.Pid), true
+	}
+	return pid, true
+}
