@@ -596,3 +596,22 @@ func (e *Exec) Close() error {
 // IsDisconnected reports whether err means the agent connection was lost
 // (as opposed to the agent refusing the call).
 func IsDisconnected(err error) bool { return errors.Is(err, ErrDisconnected) }
+
+// Dial connects to an agent that may still be booting: it retries dial
+// until it succeeds, then runs the handshake, which waits for the guest to
+// answer. ctx bounds the whole wait.
+func Dial(ctx context.Context, dial func(context.Context) (net.Conn, error)) (*Client, error) {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		conn, err := dial(ctx)
+		if err == nil {
+			return Connect(ctx, conn)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connect to agent: %w (last error: %v)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}

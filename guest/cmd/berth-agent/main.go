@@ -70,6 +70,8 @@ func serveDev() error {
 // sees a clear error instead of a VM that never answers.
 func initVM() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	// The kernel starts init without PATH; commands are looked up in it.
+	os.Setenv("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
 	if err := agent.MountBase(); err != nil {
 		log.Error("base mounts", "err", err)
 	}

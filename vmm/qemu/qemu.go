@@ -1,0 +1,281 @@
+// Package qemu is berth's QEMU driver: VMs are qemu-system-x86_64 processes
+// controlled over QMP, with the agent channel on a virtio-serial port.
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/vmm"
+)
+
+// Files in a VM's directory.
+const (
+	qmpSock   = "qmp.sock"
+	agentSock = "agent.sock"
+	logFile   = "vmm.log"
+	consoleF  = "console.log"
+	accelFile = "accel"
+)
+
+// Driver starts QEMU VMs.
+type Driver struct {
+	// Binary is the QEMU executable; default qemu-system-x86_64 on PATH.
+	Binary string
+	// KVM reports whether KVM works, for Accel auto; nil means it does not.
+	KVM    func(ctx context.Context) bool
+	Logger *slog.Logger
+}
+
+var _ vmm.Driver = (*Driver)(nil)
+
+func (d *Driver) Name() string { return "qemu" }
+
+func (d *Driver) binary() string {
+	if d.Binary != "" {
+		return d.Binary
+	}
+	return "qemu-system-x86_64"
+}
+
+func (d *Driver) log() *slog.Logger {
+	if d.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return d.Logger
+}
+
+// Available reports whether QEMU can run here.
+func (d *Driver) Available() error {
+	if _, err := exec.LookPath(d.binary()); err != nil {
+		return fmt.Errorf("%w: %s not found on PATH (install Debian's qemu-system-x86)", vmm.ErrUnavailable, d.binary())
+	}
+	return nil
+}
+
+func (d *Driver) accel(ctx context.Context, a vmm.Accel) (vmm.Accel, error) {
+	switch a {
+	case vmm.AccelTCG:
+		return a, nil
+	case vmm.AccelKVM:
+		if err := vmm.KVMDevice(); err != nil {
+			return "", fmt.Errorf("%w: accel kvm: %v", vmm.ErrUnavailable, err)
+		}
+		return a, nil
+	case "", vmm.AccelAuto:
+		if d.KVM != nil && d.KVM(ctx) {
+			return vmm.AccelKVM, nil
+		}
+		return vmm.AccelTCG, nil
+	}
+	return "", fmt.Errorf("unknown accelerator %q (auto, kvm or tcg)", a)
+}
+
+// Args returns QEMU's command line for cfg, with sockets relative to the
+// VM's directory (QEMU runs there, and unix socket paths are short).
+func Args(cfg vmm.Config, accel vmm.Accel) []string {
+	cpus := max(cfg.CPUs, 1)
+	mem := cfg.MemoryMiB
+	if mem <= 0 {
+		mem = 512
+	}
+	args := []string{"-name", "berth-" + filepath.Base(cfg.Dir), "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"}
+	if accel == vmm.AccelKVM {
+		args = append(args, "-accel", "kvm", "-cpu", "host")
+	} else {
+		args = append(args, "-accel", "tcg,thread=multi", "-cpu", "max")
+	}
+	args = append(args,
+		"-smp", strconv.Itoa(cpus), "-m", strconv.Itoa(mem),
+		"-kernel", cfg.Kernel, "-initrd", cfg.Initramfs,
+		"-append", strings.TrimSpace("console=ttyS0 quiet panic=-1 "+cfg.Cmdline),
+		"-serial", "file:"+consoleF,
+		"-device", "virtio-serial-pci,id=vser",
+		"-chardev", "socket,id=agent,path="+agentSock+",server=on,wait=off",
+		"-device", "virtserialport,bus=vser.0,chardev=agent,name="+guest.PortName,
+		"-qmp", "unix:"+qmpSock+",server=on,wait=off",
+	)
+	if cfg.Workspace != "" {
+		// cache=writeback: a guest FLUSH becomes fdatasync of the image.
+		// locking=on: a second QEMU on the same image is refused.
+		args = append(args,
+			"-drive", "file="+cfg.Workspace+",if=none,id=ws,format=raw,cache=writeback,file.locking=on,discard=unmap",
+			"-device", "virtio-blk-pci,drive=ws,id=wsdev")
+	}
+	if cfg.Incoming != "" {
+		args = append(args, "-incoming", "defer")
+	}
+	return args
+}
+
+// Start launches QEMU for cfg and returns once QMP answers.
+func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.VM, error) {
+	if err := d.Available(); err != nil {
+		return nil, err
+	}
+	accel, err := d.accel(ctx, cfg.Accel)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	// Stale sockets from a dead VM would make QEMU fail to bind.
+	for _, f := range []string{qmpSock, agentSock, vmm.PidFile} {
+		os.Remove(filepath.Join(cfg.Dir, f))
+	}
+	os.Remove(filepath.Join(cfg.Dir, consoleF))
+	os.WriteFile(filepath.Join(cfg.Dir, accelFile), []byte(accel), 0o644)
+	proc, err := vmm.StartProcess(cfg.Dir, d.binary(), Args(cfg, accel), filepath.Join(cfg.Dir, logFile))
+	if err != nil {
+		return nil, err
+	}
+	vm, err := d.connect(ctx, cfg.Dir, proc, accel)
+	if err != nil {
+		proc.Kill(5 * time.Second)
+		<-proc.Done()
+		return nil, d.explain(cfg, proc, err)
+	}
+	d.log().Info("VM started", "dir", cfg.Dir, "pid", proc.Pid, "accel", accel)
+	return vm, nil
+}
+
+// explain turns QEMU's early failures into berth's words.
+func (d *Driver) explain(cfg vmm.Config, proc *vmm.Process, err error) error {
+	tail := proc.Exit().LogTail
+	if strings.Contains(tail, `Failed to get "write" lock`) || strings.Contains(tail, "Is another process using the image") {
+		holder := ""
+		if pid := vmm.HolderPid(cfg.Workspace); pid > 0 {
+			holder = fmt.Sprintf(" by VM pid %d", pid)
+		}
+		return fmt.Errorf("workspace %s is in use%s: %w", cfg.Workspace, holder, vmm.ErrInUse)
+	}
+	return err
+}
+
+func (d *Driver) connect(ctx context.Context, dir string, proc *vmm.Process, accel vmm.Accel) (*VM, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := vmm.WaitDial(ctx, filepath.Join(dir, qmpSock), proc)
+	if err != nil {
+		return nil, err
+	}
+	mon, err := NewMonitor(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	return &VM{dir: dir, proc: proc, mon: mon, accel: accel}, nil
+}
+
+// Attach re-connects to a QEMU started earlier in dir.
+func (d *Driver) Attach(ctx context.Context, dir string) (vmm.VM, error) {
+	proc, err := vmm.AttachProcess(dir, filepath.Join(dir, logFile))
+	if err != nil {
+		return nil, err
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, accelFile))
+	vm, err := d.connect(ctx, dir, proc, vmm.Accel(strings.TrimSpace(string(b))))
+	if err != nil {
+		return nil, fmt.Errorf("attach to VM pid %d: %w", proc.Pid, err)
+	}
+	return vm, nil
+}
+
+// VM is a running QEMU.
+type VM struct {
+	dir   string
+	proc  *vmm.Process
+	accel vmm.Accel
+
+	mu  sync.Mutex
+	mon *Monitor
+}
+
+var (
+	_ vmm.VM          = (*VM)(nil)
+	_ vmm.Snapshotter = (*VM)(nil)
+)
+
+func (v *VM) Pid() int              { return v.proc.Pid }
+func (v *VM) Accel() vmm.Accel      { return v.accel }
+func (v *VM) Done() <-chan struct{} { return v.proc.Done() }
+func (v *VM) Exit() vmm.Exit        { return v.proc.Exit() }
+func (v *VM) Dir() string           { return v.dir }
+func (v *VM) Monitor() *Monitor     { v.mu.Lock(); defer v.mu.Unlock(); return v.mon }
+func (v *VM) ConsoleLog() string    { return filepath.Join(v.dir, consoleF) }
+func (v *VM) alive() bool           { return v.proc.Alive() }
+func (v *VM) notRunning() error {
+	return fmt.Errorf("%w: VMM pid %d %s", vmm.ErrNotRunning, v.proc.Pid, v.proc.Exit())
+}
+func (v *VM) exec(ctx context.Context, cmd string, args, out any) error {
+	if !v.alive() {
+		return v.notRunning()
+	}
+	err := v.Monitor().Execute(ctx, cmd, args, out)
+	if err != nil && !v.alive() {
+		return v.notRunning()
+	}
+	return err
+}
+
+func (v *VM) DialAgent(ctx context.Context) (net.Conn, error) {
+	if !v.alive() {
+		return nil, v.notRunning()
+	}
+	return vmm.DialUnix(ctx, filepath.Join(v.dir, agentSock))
+}
+
+func (v *VM) Pause(ctx context.Context) error  { return v.exec(ctx, "stop", nil, nil) }
+func (v *VM) Resume(ctx context.Context) error { return v.exec(ctx, "cont", nil, nil) }
+
+func (v *VM) Status(ctx context.Context) (vmm.State, error) {
+	if !v.alive() {
+		return vmm.StateStopped, nil
+	}
+	var st struct {
+		Status  string `json:"status"`
+		Running bool   `json:"running"`
+	}
+	if err := v.exec(ctx, "query-status", nil, &st); err != nil {
+		if errors.Is(err, vmm.ErrNotRunning) {
+			return vmm.StateStopped, nil
+		}
+		return "", err
+	}
+	switch {
+	case st.Running:
+		return vmm.StateRunning, nil
+	case st.Status == "shutdown" || st.Status == "guest-panicked" || st.Status == "internal-error":
+		return vmm.StateStopped, nil
+	}
+	return vmm.StatePaused, nil
+}
+
+// Kill asks QEMU to quit at once and falls back to SIGKILL.
+func (v *VM) Kill(ctx context.Context) error {
+	if !v.alive() {
+		return nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	v.exec(qctx, "quit", nil, nil)
+	select {
+	case <-v.proc.Done():
+		return nil
+	case <-qctx.Done():
+	}
+	return v.proc.Kill(5 * time.Second)
+}
+
+func (v *VM) Close() error { return v.Monitor().Close() }
