@@ -1,0 +1,667 @@
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/store"
+)
+
+// run is an execution the Manager records: it owns the stream from the
+// agent, writes output to the store and acknowledges it to the agent only
+// once stored, so a daemon killed at any point resumes from the stored
+// offsets with nothing lost or duplicated.
+type run struct {
+	m  *Manager
+	s  *sess
+	id string
+
+	mu      sync.Mutex
+	rec     store.Exec
+	gx      *guest.Exec   // current stream; nil while reattaching
+	changed chan struct{} // closed and replaced whenever output or state changes
+	reason  ExecState     // cancelled or timed-out when berth ended it
+	why     string
+	timer   *time.Timer
+}
+
+func newExecID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return "x" + hex.EncodeToString(b[:])
+}
+
+func (r *run) notifyLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+func (r *run) snapshot() (store.Exec, <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rec, r.changed
+}
+
+func toExecution(e store.Exec) Execution {
+	return Execution{
+		ID: e.ID, Session: e.Session, Argv: e.Argv, EnvNames: e.EnvNames, Cwd: e.Cwd, TTY: e.TTY, By: e.By,
+		Outside: e.Outside, State: ExecState(e.State), ExitCode: e.ExitCode, Signal: e.Signal, Error: e.Error,
+		StartedAt: e.StartedAt, EndedAt: e.EndedAt, StdoutBytes: e.StdoutBytes, StderrBytes: e.StderrBytes,
+	}
+}
+
+func (m *Manager) runningCount(name string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, r := range m.runs {
+		if r.s.name == name {
+			n++
+		}
+	}
+	return n
+}
+
+func (m *Manager) runsOf(name string) []*run {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*run
+	for _, r := range m.runs {
+		if r.s.name == name {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Exec records and starts a command. The record exists before the command
+// starts; a command that cannot start ends as failed. The returned Process
+// follows the output; ending ctx stops following, not the command.
+func (m *Manager) Exec(ctx context.Context, name string, req ExecRequest) (Process, error) {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, fmt.Errorf("no command given: %w", ErrInvalid)
+	}
+	s, err := m.get(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkTransition(name, "exec", s.state()); err != nil {
+		return nil, err
+	}
+	c, err := s.connectedAgent()
+	if err != nil {
+		return nil, err
+	}
+	s.touch()
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = "/workspace"
+	}
+	var envNames []string
+	for k := range req.Env {
+		envNames = append(envNames, k)
+	}
+	sort.Strings(envNames)
+	by := Actor(ctx)
+	if by == "" {
+		by = "api"
+	}
+	rec := store.Exec{
+		ID: newExecID(), Session: name, Argv: req.Argv, EnvNames: envNames, Cwd: cwd, TTY: req.TTY,
+		By: by, State: string(ExecStarting), StartedAt: time.Now(),
+	}
+	if err := m.st.PutExec(rec); err != nil {
+		return nil, fmt.Errorf("record execution: %w", err)
+	}
+	r := &run{m: m, s: s, id: rec.ID, rec: rec, changed: make(chan struct{})}
+	m.mu.Lock()
+	m.runs[r.id] = r
+	m.mu.Unlock()
+
+	gx, err := c.Exec(m.ctx, guest.ExecRequest{
+		ID: rec.ID, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, Stdin: req.Stdin,
+	}, guest.ManualAck())
+	if err != nil {
+		var ge *guest.Error
+		if errors.As(err, &ge) || errors.Is(err, guest.ErrNoWorkspace) {
+			// The agent refused: the command never ran.
+			r.finish(ExecFailed, nil, "", agentErr(name, err).Error())
+			return m.follow(ctx, r, 1), nil
+		}
+		r.finish(ExecLost, nil, "", "the agent connection failed while starting: "+err.Error())
+		return nil, agentErr(name, err)
+	}
+	r.mu.Lock()
+	r.gx = gx
+	r.rec.State = string(ExecRunning)
+	if req.Timeout > 0 {
+		r.timer = time.AfterFunc(req.Timeout, func() { r.cancel(ExecTimedOut, fmt.Sprintf("timed out after %s", req.Timeout)) })
+	}
+	rec = r.rec
+	r.mu.Unlock()
+	m.st.PutExec(rec)
+	ex := toExecution(rec)
+	m.event(Event{Kind: EventExec, Name: name, By: by, Exec: &ex, Message: "started " + quoteArgv(req.Argv)})
+	m.wg.Go(func() { r.record(gx) })
+	return m.follow(ctx, r, 1), nil
+}
+
+func quoteArgv(argv []string) string {
+	s := fmt.Sprintf("%q", argv)
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// storeBatch bounds the output written in one store transaction.
+const storeBatch = 1 << 20
+
+// record moves output from the agent stream into the store until the
+// execution ends, reattaching when the stream breaks but the VM lives.
+func (r *run) record(gx *guest.Exec) {
+	for {
+		exit, err := r.drain(gx)
+		if exit != nil {
+			state, why := ExecExited, ""
+			r.mu.Lock()
+			if r.reason != "" {
+				state, why = r.reason, r.why
+			}
+			r.mu.Unlock()
+			code := &exit.ExitCode
+			if exit.Signal != "" {
+				code = nil
+			}
+			r.finish(state, code, exit.Signal, why)
+			if c, cerr := r.s.connectedAgent(); cerr == nil {
+				fctx, cancel := context.WithTimeout(r.m.ctx, 5*time.Second)
+				c.Forget(fctx, r.id)
+				cancel()
+			}
+			return
+		}
+		if r.m.ctx.Err() != nil {
+			return // the daemon is shutting down: the next one reattaches
+		}
+		// The stream broke. If the VM is alive, pick up from what is stored.
+		gx, err = r.reattach(err)
+		if err != nil {
+			r.finish(ExecLost, nil, "", err.Error())
+			return
+		}
+	}
+}
+
+// drain stores gx's output; it returns the exit, or the stream's error.
+func (r *run) drain(gx *guest.Exec) (*guest.ExecInfo, error) {
+	out := gx.Output()
+	for {
+		o, ok := <-out
+		if !ok {
+			return gx.Result()
+		}
+		batch := []guest.Output{o}
+		size := len(o.Data)
+	more:
+		for size < storeBatch {
+			select {
+			case o, ok := <-out:
+				if !ok {
+					break more
+				}
+				batch = append(batch, o)
+				size += len(o.Data)
+			default:
+				break more
+			}
+		}
+		if err := r.store(gx, batch); err != nil {
+			r.m.log.Error("store output", "exec", r.id, "err", err)
+			gx.Close()
+			return nil, err
+		}
+	}
+}
+
+func (r *run) store(gx *guest.Exec, batch []guest.Output) error {
+	r.mu.Lock()
+	outOff, errOff := r.rec.StdoutOffset, r.rec.StderrOffset
+	r.mu.Unlock()
+	chunks := make([]store.Chunk, 0, len(batch))
+	now := time.Now()
+	for _, o := range batch {
+		off, stream := &outOff, uint8(Stdout)
+		if o.Stream == guest.FrameStderr {
+			off, stream = &errOff, uint8(Stderr)
+		}
+		data := o.Data
+		if o.Offset < *off { // already stored before a reattach
+			skip := *off - o.Offset
+			if skip >= int64(len(data)) {
+				continue
+			}
+			data = data[skip:]
+		}
+		chunks = append(chunks, store.Chunk{Exec: r.id, Stream: stream, Time: now, Data: data})
+		*off = max(*off, o.Offset+int64(len(o.Data)))
+	}
+	if len(chunks) == 0 {
+		return nil
+	}
+	rec, err := r.m.st.AppendOutput(r.id, chunks, outOff, errOff)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	rec.State, rec.ExitCode, rec.Signal, rec.Error, rec.EndedAt = r.rec.State, r.rec.ExitCode, r.rec.Signal, r.rec.Error, r.rec.EndedAt
+	r.rec = rec
+	r.notifyLocked()
+	r.mu.Unlock()
+	gx.Ack(outOff, errOff)
+	return nil
+}
+
+func (r *run) reattach(cause error) (*guest.Exec, error) {
+	for attempt := 0; ; attempt++ {
+		if r.m.ctx.Err() != nil {
+			return nil, r.m.ctx.Err()
+		}
+		r.s.mu.Lock()
+		vm := r.s.vm
+		r.s.mu.Unlock()
+		if vm == nil {
+			return nil, fmt.Errorf("the VM is gone (%v)", cause)
+		}
+		select {
+		case <-vm.Done():
+			return nil, fmt.Errorf("the VM %s while the command ran", vm.Exit())
+		default:
+		}
+		if r.s.state() == StatePaused {
+			return nil, errPaused
+		}
+		c, err := r.s.connectedAgent()
+		if err == nil {
+			r.mu.Lock()
+			outOff, errOff := r.rec.StdoutOffset, r.rec.StderrOffset
+			r.mu.Unlock()
+			// The stream lives as long as the Manager: its context must
+			// not be a short-lived one, which would close it when done.
+			gx, aerr := c.Attach(r.m.ctx, r.id, outOff, errOff, guest.ManualAck())
+			if aerr == nil {
+				r.mu.Lock()
+				r.gx = gx
+				r.mu.Unlock()
+				return gx, nil
+			}
+			if errors.Is(aerr, guest.ErrUnknownExec) {
+				return nil, errors.New("the agent no longer knows this execution (the VM restarted?)")
+			}
+			err = aerr
+		}
+		if attempt >= 5 {
+			return nil, fmt.Errorf("could not reattach: %v", err)
+		}
+		select {
+		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+		case <-r.m.ctx.Done():
+		}
+	}
+}
+
+var errPaused = errors.New("session paused")
+
+// finish makes the execution final, exactly once.
+func (r *run) finish(state ExecState, code *int, signal, why string) {
+	r.mu.Lock()
+	if ExecState(r.rec.State).Done() {
+		r.mu.Unlock()
+		return
+	}
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+	r.rec.State, r.rec.ExitCode, r.rec.Signal, r.rec.Error, r.rec.EndedAt = string(state), code, signal, why, time.Now()
+	r.gx = nil
+	rec := r.rec
+	r.notifyLocked()
+	r.mu.Unlock()
+	if err := r.m.st.PutExec(rec); err != nil {
+		r.m.log.Error("record execution end", "exec", r.id, "err", err)
+	}
+	r.m.mu.Lock()
+	delete(r.m.runs, r.id)
+	r.m.mu.Unlock()
+	ex := toExecution(rec)
+	msg := string(state)
+	switch {
+	case code != nil:
+		msg += fmt.Sprintf(" with code %d", *code)
+	case signal != "":
+		msg += " by " + signal
+	}
+	if why != "" {
+		msg += ": " + why
+	}
+	r.m.event(Event{Kind: EventExec, Name: r.s.name, Exec: &ex, Message: quoteArgv(rec.Argv) + " " + msg})
+}
+
+// cancel kills the command's process group and records why.
+func (r *run) cancel(state ExecState, why string) error {
+	r.mu.Lock()
+	if ExecState(r.rec.State).Done() {
+		r.mu.Unlock()
+		return nil
+	}
+	if r.reason == "" {
+		r.reason, r.why = state, why
+	}
+	r.mu.Unlock()
+	c, err := r.s.connectedAgent()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(r.m.ctx, 10*time.Second)
+	defer cancel()
+	return agentErr(r.s.name, c.Signal(ctx, r.id, int(syscall.SIGKILL)))
+}
+
+// cancelRuns marks every execution of a session as ended by berth, so that
+// their exit (the agent TERMs them on shutdown) records the right state.
+func (m *Manager) cancelRuns(name string, state ExecState, why string) {
+	for _, r := range m.runsOf(name) {
+		r.mu.Lock()
+		if r.reason == "" {
+			r.reason, r.why = state, why
+		}
+		r.mu.Unlock()
+	}
+}
+
+// loseRuns ends every open execution of a session as lost: their VM is
+// gone, so their outcome is unknown. Records left open by an earlier
+// daemon are included.
+func (m *Manager) loseRuns(name, why string) {
+	for _, r := range m.runsOf(name) {
+		r.mu.Lock()
+		reason, rwhy := r.reason, r.why
+		r.mu.Unlock()
+		if reason != "" {
+			r.finish(reason, nil, "", rwhy)
+		} else {
+			r.finish(ExecLost, nil, "", why)
+		}
+	}
+	execs, err := m.st.ListExecs(name)
+	if err != nil {
+		return
+	}
+	for _, e := range execs {
+		if !ExecState(e.State).Done() {
+			m.mu.Lock()
+			_, live := m.runs[e.ID]
+			m.mu.Unlock()
+			if live {
+				continue
+			}
+			e.State, e.Error, e.EndedAt = string(ExecLost), why, time.Now()
+			m.st.PutExec(e)
+		}
+	}
+}
+
+// resumeRuns reattaches the open executions of a running session recorded
+// by an earlier daemon, catching up their output from the stored offsets.
+func (m *Manager) resumeRuns(s *sess) {
+	execs, err := m.st.ListExecs(s.name)
+	if err != nil {
+		return
+	}
+	for _, e := range execs {
+		if ExecState(e.State).Done() {
+			continue
+		}
+		m.mu.Lock()
+		_, live := m.runs[e.ID]
+		m.mu.Unlock()
+		if live {
+			continue
+		}
+		r := &run{m: m, s: s, id: e.ID, rec: e, changed: make(chan struct{})}
+		m.mu.Lock()
+		m.runs[r.id] = r
+		m.mu.Unlock()
+		m.wg.Go(func() {
+			gx, err := r.reattach(errors.New("daemon restarted"))
+			if err != nil {
+				if errors.Is(err, errPaused) {
+					m.mu.Lock()
+					delete(m.runs, r.id)
+					m.mu.Unlock()
+					return
+				}
+				r.finish(ExecLost, nil, "", err.Error())
+				return
+			}
+			r.mu.Lock()
+			r.rec.State = string(ExecRunning)
+			r.mu.Unlock()
+			r.record(gx)
+		})
+	}
+}
+
+// Attach follows an execution's output from seq (0: from now on).
+func (m *Manager) Attach(ctx context.Context, execID string, fromSeq uint64) (Process, error) {
+	m.mu.Lock()
+	r, ok := m.runs[execID]
+	m.mu.Unlock()
+	if !ok {
+		rec, err := m.st.GetExec(execID)
+		if err != nil {
+			return nil, fmt.Errorf("execution %q: %w", execID, ErrNotFound)
+		}
+		s, _ := m.get(rec.Session)
+		r = &run{m: m, s: s, id: execID, rec: rec, changed: make(chan struct{})}
+	}
+	if fromSeq == 0 {
+		rec, _ := r.snapshot()
+		fromSeq = rec.NextSeq + 1
+	}
+	return m.follow(ctx, r, fromSeq), nil
+}
+
+// Executions lists a session's executions, oldest first: the open ones, or
+// with all every recorded one.
+func (m *Manager) Executions(ctx context.Context, name string, all bool) ([]Execution, error) {
+	if _, err := m.get(name); err != nil {
+		return nil, err
+	}
+	recs, err := m.st.ListExecs(name)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Execution, 0, len(recs))
+	for i := len(recs) - 1; i >= 0; i-- { // the store lists newest first
+		e := recs[i]
+		m.mu.Lock()
+		if r, ok := m.runs[e.ID]; ok {
+			e, _ = r.snapshot()
+		}
+		m.mu.Unlock()
+		if !all && ExecState(e.State).Done() {
+			continue
+		}
+		out = append(out, toExecution(e))
+	}
+	return out, nil
+}
+
+// Execution returns one execution's record.
+func (m *Manager) Execution(ctx context.Context, execID string) (Execution, error) {
+	m.mu.Lock()
+	r, ok := m.runs[execID]
+	m.mu.Unlock()
+	if ok {
+		rec, _ := r.snapshot()
+		return toExecution(rec), nil
+	}
+	rec, err := m.st.GetExec(execID)
+	if err != nil {
+		return Execution{}, fmt.Errorf("execution %q: %w", execID, ErrNotFound)
+	}
+	return toExecution(rec), nil
+}
+
+// Output reads recorded output.
+func (m *Manager) Output(ctx context.Context, execID string, fromSeq uint64, limit int) (OutputPage, error) {
+	if limit <= 0 || limit > 4096 {
+		limit = 256
+	}
+	// The store numbers chunks from 0; the Service from 1.
+	chunks, gap, next, err := m.st.ReadOutput(execID, max(fromSeq, 1)-1, limit)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return OutputPage{}, fmt.Errorf("execution %q: %w", execID, ErrNotFound)
+		}
+		return OutputPage{}, err
+	}
+	page := OutputPage{Gap: gap, Next: next + 1, Chunks: make([]Chunk, 0, len(chunks))}
+	for _, c := range chunks {
+		page.Chunks = append(page.Chunks, Chunk{Exec: c.Exec, Seq: c.Seq + 1, Stream: Stream(c.Stream), Time: c.Time, Data: c.Data})
+	}
+	return page, nil
+}
+
+// Cancel kills a running execution's whole process group.
+func (m *Manager) Cancel(ctx context.Context, execID string) error {
+	m.mu.Lock()
+	r, ok := m.runs[execID]
+	m.mu.Unlock()
+	if !ok {
+		rec, err := m.st.GetExec(execID)
+		if err != nil {
+			return fmt.Errorf("execution %q: %w", execID, ErrNotFound)
+		}
+		return fmt.Errorf("execution %q already %s: %w", execID, rec.State, ErrInvalidState)
+	}
+	return r.cancel(ExecCancelled, "cancelled by "+orAPI(Actor(ctx)))
+}
+
+func orAPI(s string) string {
+	if s == "" {
+		return "api"
+	}
+	return s
+}
+
+// process follows one execution for one caller: output comes from the
+// store (the source of truth), woken by the recorder after each batch.
+type process struct {
+	r      *run
+	out    chan Chunk
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func (m *Manager) follow(ctx context.Context, r *run, from uint64) *process {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(m.ctx, cancel)
+	p := &process{r: r, out: make(chan Chunk, 64), ctx: ctx, cancel: cancel}
+	m.wg.Go(func() {
+		defer stop()
+		defer close(p.out)
+		next := from
+		for {
+			rec, changed := r.snapshot()
+			page, err := m.Output(ctx, r.id, next, 256)
+			if err != nil {
+				return
+			}
+			for _, c := range page.Chunks {
+				select {
+				case p.out <- c:
+				case <-ctx.Done():
+					return
+				}
+			}
+			if page.Next > next {
+				next = page.Next
+				continue
+			}
+			if ExecState(rec.State).Done() && next > rec.NextSeq {
+				return
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return
+			}
+		}
+	})
+	return p
+}
+
+func (p *process) ID() string            { return p.r.id }
+func (p *process) Output() <-chan Chunk  { return p.out }
+func (p *process) Stdin() io.WriteCloser { return stdinWriter{p.r} }
+
+func (p *process) Resize(ctx context.Context, rows, cols int) error {
+	gx := p.r.stream()
+	if gx == nil {
+		return fmt.Errorf("execution %q is not attached: %w", p.r.id, ErrUnavailable)
+	}
+	return gx.Resize(rows, cols)
+}
+
+func (p *process) Cancel(ctx context.Context) error {
+	return p.r.cancel(ExecCancelled, "cancelled by "+orAPI(Actor(ctx)))
+}
+
+func (p *process) Wait(ctx context.Context) (Execution, error) {
+	for {
+		rec, changed := p.r.snapshot()
+		if ExecState(rec.State).Done() {
+			return toExecution(rec), nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return Execution{}, ctx.Err()
+		}
+	}
+}
+
+func (r *run) stream() *guest.Exec {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.gx
+}
+
+type stdinWriter struct{ r *run }
+
+func (w stdinWriter) Write(p []byte) (int, error) {
+	gx := w.r.stream()
+	if gx == nil {
+		return 0, fmt.Errorf("execution %q is not running: %w", w.r.id, ErrUnavailable)
+	}
+	return gx.Write(p)
+}
+
+func (w stdinWriter) Close() error {
+	gx := w.r.stream()
+	if gx == nil {
+		return nil
+	}
+	return gx.CloseStdin()
+}

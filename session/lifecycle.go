@@ -1,0 +1,314 @@
+package session
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berthvm/berth/store"
+	"github.com/berthvm/berth/vmm"
+)
+
+// hostMemAvailable reads MemAvailable from /proc/meminfo.
+func hostMemAvailable() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return n << 10
+		}
+	}
+	return 0
+}
+
+func (m *Manager) checkResources(opts CreateOptions) error {
+	if opts.CPUs < 1 || opts.CPUs > 64 {
+		return fmt.Errorf("--cpus %d: use 1 to 64: %w", opts.CPUs, ErrInvalid)
+	}
+	if opts.CPUs > runtime.NumCPU()*4 {
+		return fmt.Errorf("--cpus %d is more than 4x this host's %d CPUs: %w", opts.CPUs, runtime.NumCPU(), ErrInvalid)
+	}
+	if opts.MemoryMiB < 128 {
+		return fmt.Errorf("--memory %dM is below the 128M a guest needs: %w", opts.MemoryMiB, ErrInvalid)
+	}
+	if avail := hostMemAvailable(); avail > 0 && int64(opts.MemoryMiB)<<20 > avail {
+		return fmt.Errorf("--memory %dM exceeds the host's available memory (%dM): %w", opts.MemoryMiB, avail>>20, ErrInvalid)
+	}
+	if opts.DiskBytes < 16<<20 {
+		return fmt.Errorf("--disk %d bytes is below the 16M minimum: %w", opts.DiskBytes, ErrInvalid)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(m.cfg.DataDir, &fs); err == nil {
+		if free := int64(fs.Bavail) * fs.Bsize; opts.DiskBytes > free {
+			return fmt.Errorf("--disk %dM exceeds the free space under %s (%dM): %w", opts.DiskBytes>>20, m.cfg.DataDir, free>>20, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// Create makes a session: its workspace volume, then its VM. A failure at
+// any step removes everything the create made.
+func (m *Manager) Create(ctx context.Context, opts CreateOptions) (Session, error) {
+	if err := ValidateName(opts.Name); err != nil {
+		return Session{}, err
+	}
+	d := m.cfg.Defaults
+	if opts.CPUs == 0 {
+		opts.CPUs = d.CPUs
+	}
+	if opts.MemoryMiB == 0 {
+		opts.MemoryMiB = d.MemoryMiB
+	}
+	if opts.DiskBytes == 0 {
+		opts.DiskBytes = d.DiskBytes
+	}
+	if opts.Image == "" {
+		opts.Image = d.Image
+	}
+	if opts.VMM == "" {
+		opts.VMM = d.VMM
+	}
+	if _, err := m.driver(opts.VMM); err != nil {
+		return Session{}, err
+	}
+	if err := m.checkResources(opts); err != nil {
+		return Session{}, err
+	}
+	now := time.Now()
+	rec := store.Session{
+		Name: opts.Name, State: string(StateCreating), Cause: "created", Image: opts.Image, VMM: opts.VMM,
+		CPUs: opts.CPUs, MemoryMiB: opts.MemoryMiB, DiskBytes: opts.DiskBytes, CreatedAt: now, LastActivity: now,
+		Retention: d.Retention, Extra: map[string]string{"uuid": vmm.NewUUID()},
+	}
+	s := m.newSess(rec)
+	s.op.Lock()
+	defer s.op.Unlock()
+	m.mu.Lock()
+	if _, ok := m.sessions[opts.Name]; ok {
+		m.mu.Unlock()
+		return Session{}, fmt.Errorf("session %q: %w", opts.Name, ErrExists)
+	}
+	m.sessions[opts.Name] = s
+	m.mu.Unlock()
+
+	by := Actor(ctx)
+	fail := func(err error) (Session, error) {
+		m.removeSession(s, "")
+		return Session{}, err
+	}
+	if err := s.setState(StateCreating, "create requested", by); err != nil {
+		return fail(err)
+	}
+	if err := os.MkdirAll(s.vmDir(), 0o755); err != nil {
+		return fail(fmt.Errorf("create session directory: %w", err))
+	}
+	if err := vmm.CreateWorkspace(ctx, s.wsPath(), opts.DiskBytes, rec.Extra["uuid"]); err != nil {
+		return fail(err)
+	}
+	if err := s.boot(ctx); err != nil {
+		return fail(err)
+	}
+	if err := s.setState(StateRunning, "created", by); err != nil {
+		return fail(err)
+	}
+	return s.snapshot(), nil
+}
+
+// removeSession deletes a session's VM files, workspace and records.
+func (m *Manager) removeSession(s *sess, why string) {
+	s.detach()
+	os.RemoveAll(s.dir())
+	if err := m.st.DeleteSession(s.name); err != nil && !errors.Is(err, store.ErrNotFound) {
+		m.log.Warn("delete session records", "session", s.name, "err", err)
+	}
+	m.mu.Lock()
+	if m.sessions[s.name] == s {
+		delete(m.sessions, s.name)
+	}
+	m.mu.Unlock()
+	m.hub.publish(Event{Time: time.Now(), Kind: EventDeleted, Name: s.name, Message: why})
+}
+
+// lifecycle runs fn for an allowed transition under the session's op lock.
+func (m *Manager) lifecycle(ctx context.Context, name, action string, fn func(s *sess) error) (Session, error) {
+	s, err := m.get(name)
+	if err != nil {
+		return Session{}, err
+	}
+	s.op.Lock()
+	defer s.op.Unlock()
+	if err := checkTransition(name, action, s.state()); err != nil {
+		return Session{}, err
+	}
+	s.touch()
+	if err := fn(s); err != nil {
+		return Session{}, err
+	}
+	return s.snapshot(), nil
+}
+
+func (s *sess) currentVM() (vmm.VM, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.vm == nil {
+		return nil, fmt.Errorf("session %q has no running VM: %w", s.name, ErrUnavailable)
+	}
+	return s.vm, nil
+}
+
+// Pause stops the session's vCPUs. It does not flush: dirty pages stay in
+// the guest until a flush or a clean stop.
+func (m *Manager) Pause(ctx context.Context, name string) (Session, error) {
+	return m.lifecycle(ctx, name, "pause", func(s *sess) error {
+		vm, err := s.currentVM()
+		if err != nil {
+			return err
+		}
+		if err := vm.Pause(ctx); err != nil {
+			return fmt.Errorf("pause %q: %w", name, err)
+		}
+		return s.setState(StatePaused, "paused (not flushed)", Actor(ctx))
+	})
+}
+
+// Resume continues a paused session.
+func (m *Manager) Resume(ctx context.Context, name string) (Session, error) {
+	return m.lifecycle(ctx, name, "resume", func(s *sess) error {
+		vm, err := s.currentVM()
+		if err != nil {
+			return err
+		}
+		if err := vm.Resume(ctx); err != nil {
+			return fmt.Errorf("resume %q: %w", name, err)
+		}
+		if err := s.setState(StateRunning, "resumed", Actor(ctx)); err != nil {
+			return err
+		}
+		m.resumeRuns(s) // executions recovered while paused resume now
+		return nil
+	})
+}
+
+// stopGrace is how long running commands get between TERM and KILL.
+const stopGrace = 5 * time.Second
+
+// Stop shuts the session down cleanly: commands get TERM then KILL, the
+// workspace is flushed and unmounted, the VM powers off. A VM that does
+// not answer is killed, and the event says so.
+func (m *Manager) Stop(ctx context.Context, name string) (Session, error) {
+	return m.lifecycle(ctx, name, "stop", func(s *sess) error {
+		by := Actor(ctx)
+		prev := s.state()
+		if err := s.setState(StateStopping, "stop requested", by); err != nil {
+			return err
+		}
+		cause := "stopped cleanly (commands ended, workspace flushed and unmounted)"
+		s.mu.Lock()
+		vm := s.vm
+		s.intended = true
+		s.mu.Unlock()
+		if vm != nil {
+			if prev == StatePaused {
+				vm.Resume(ctx)
+			}
+			m.cancelRuns(name, ExecCancelled, "session stopped")
+			if err := s.shutdownVM(ctx, vm); err != nil {
+				cause = "stopped by killing the VM: " + err.Error()
+				vm.Kill(context.Background())
+			}
+			<-vm.Done()
+		}
+		s.detach()
+		s.mu.Lock()
+		s.vm, s.agent = nil, nil
+		s.mu.Unlock()
+		m.loseRuns(name, "the session stopped")
+		return s.setState(StateStopped, cause, by)
+	})
+}
+
+func (s *sess) shutdownVM(ctx context.Context, vm vmm.VM) error {
+	c, err := s.connectedAgent()
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, stopGrace+30*time.Second)
+	defer cancel()
+	if _, err := c.Shutdown(sctx, stopGrace); err != nil {
+		return fmt.Errorf("agent shutdown: %w", err)
+	}
+	select {
+	case <-vm.Done():
+		return nil
+	case <-time.After(20 * time.Second):
+		return errors.New("the VM did not power off within 20s of a clean shutdown")
+	}
+}
+
+// Start boots a new VM on the session's retained workspace: how a stopped
+// or crashed session comes back. VM-local state is gone; files are not.
+func (m *Manager) Start(ctx context.Context, name string) (Session, error) {
+	return m.lifecycle(ctx, name, "start", func(s *sess) error {
+		if err := s.boot(ctx); err != nil {
+			return err
+		}
+		return s.setState(StateRunning, "started on its retained workspace", Actor(ctx))
+	})
+}
+
+// Delete removes the session's VM and all its storage, permanently.
+func (m *Manager) Delete(ctx context.Context, name string) error {
+	_, err := m.lifecycle(ctx, name, "delete", func(s *sess) error {
+		if err := s.setState(StateDeleting, "delete requested", Actor(ctx)); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		vm := s.vm
+		s.intended = true
+		s.mu.Unlock()
+		if vm != nil {
+			vm.Kill(ctx)
+		}
+		m.cancelRuns(name, ExecCancelled, "session deleted")
+		m.loseRuns(name, "the session was deleted")
+		m.removeSession(s, "deleted by "+Actor(ctx))
+		return nil
+	})
+	return err
+}
+
+// Flush makes every pending workspace write durable.
+func (m *Manager) Flush(ctx context.Context, name string) (FlushResult, error) {
+	var res FlushResult
+	_, err := m.lifecycle(ctx, name, "flush", func(s *sess) error {
+		c, err := s.connectedAgent()
+		if err != nil {
+			return err
+		}
+		r, err := c.Flush(ctx)
+		if err != nil {
+			return agentErr(name, err)
+		}
+		res = FlushResult{DirtyBefore: r.DirtyBefore, DirtyAfter: r.DirtyAfter, Took: r.Took}
+		m.event(Event{Kind: EventFlush, Name: name, By: Actor(ctx),
+			Message: fmt.Sprintf("flushed %d bytes in %s", r.DirtyBefore-r.DirtyAfter, r.Took.Round(time.Millisecond))})
+		s.mu.Lock()
+		s.stats.Dirty, s.stats.Writeback = r.DirtyAfter, 0
+		s.mu.Unlock()
+		return nil
+	})
+	return res, err
+}

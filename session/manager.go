@@ -1,0 +1,285 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/store"
+	"github.com/berthvm/berth/vmm"
+)
+
+// Defaults are the settings of new sessions when Create leaves them zero.
+type Defaults struct {
+	Image     string // default "mini"
+	CPUs      int    // default 1
+	MemoryMiB int    // default 512
+	DiskBytes int64  // default 4 GiB
+	VMM       string // default "qemu"
+	Accel     vmm.Accel
+	Retention int64 // recorded output per session; default 256 MiB
+}
+
+func (d Defaults) withFallbacks() Defaults {
+	if d.Image == "" {
+		d.Image = "mini"
+	}
+	if d.CPUs == 0 {
+		d.CPUs = 1
+	}
+	if d.MemoryMiB == 0 {
+		d.MemoryMiB = 512
+	}
+	if d.DiskBytes == 0 {
+		d.DiskBytes = 4 << 30
+	}
+	if d.VMM == "" {
+		d.VMM = "qemu"
+	}
+	if d.Accel == "" {
+		d.Accel = vmm.AccelAuto
+	}
+	if d.Retention == 0 {
+		d.Retention = 256 << 20
+	}
+	return d
+}
+
+// Image is what a VM boots.
+type Image struct {
+	Kernel, Initramfs string
+}
+
+// Config configures a Manager. Zero values take the documented defaults.
+type Config struct {
+	// DataDir holds sessions/<name>/ (workspace.img and the VM's files).
+	DataDir  string
+	Defaults Defaults
+	// Drivers by name; Defaults.VMM picks one.
+	Drivers map[string]vmm.Driver
+	// Images resolves an image name to its files (building it if needed).
+	Images func(ctx context.Context, name string) (Image, error)
+	// StatsInterval is how often live figures are refreshed; default 2s.
+	StatsInterval time.Duration
+	// BootTimeout bounds a VM boot until its agent answers; default 2 min
+	// (TCG boots take ~6 s, but a loaded host can take much longer).
+	BootTimeout time.Duration
+	Logger      *slog.Logger
+}
+
+// Manager runs sessions: it owns their VMs, agent connections and
+// recorded executions. It is the Service the daemon serves. VMs outlive the
+// Manager: Close stops watching them, it does not stop them.
+type Manager struct {
+	cfg Config
+	st  *store.Store
+	log *slog.Logger
+	hub *hub
+
+	ctx    context.Context // the Manager's lifetime
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // every goroutine the Manager starts
+
+	mu       sync.Mutex
+	sessions map[string]*sess
+	runs     map[string]*run // executions being recorded, by id
+}
+
+var _ Service = (*Manager)(nil)
+
+// NewManager opens the sessions recorded in st and re-attaches to every VM
+// that still runs: running executions are caught up from the agent, and
+// those whose VM died meanwhile end as lost.
+func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, error) {
+	cfg.Defaults = cfg.Defaults.withFallbacks()
+	if cfg.StatsInterval == 0 {
+		cfg.StatsInterval = 2 * time.Second
+	}
+	if cfg.BootTimeout == 0 {
+		cfg.BootTimeout = 2 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("session manager: no data directory")
+	}
+	m := &Manager{cfg: cfg, st: st, log: cfg.Logger, hub: newHub(), sessions: map[string]*sess{}, runs: map[string]*run{}}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	recs, err := st.ListSessions()
+	if err != nil {
+		return nil, err
+	}
+	for _, rec := range recs {
+		s := m.newSess(rec)
+		m.sessions[rec.Name] = s
+	}
+	var wg sync.WaitGroup
+	for _, s := range m.sessions {
+		wg.Go(func() { s.recover(ctx) })
+	}
+	wg.Wait()
+	return m, nil
+}
+
+// Close stops the Manager's goroutines and connections. VMs and the
+// commands in them keep running; a new Manager re-attaches.
+func (m *Manager) Close() error {
+	m.cancel()
+	m.mu.Lock()
+	ss := make([]*sess, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		ss = append(ss, s)
+	}
+	m.mu.Unlock()
+	for _, s := range ss {
+		s.detach()
+	}
+	m.wg.Wait()
+	return nil
+}
+
+func (m *Manager) sessionDir(name string) string { return filepath.Join(m.cfg.DataDir, "sessions", name) }
+
+func (m *Manager) get(name string) (*sess, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sessions[name]
+	if !ok {
+		return nil, fmt.Errorf("session %q: %w", name, ErrNotFound)
+	}
+	return s, nil
+}
+
+func (m *Manager) driver(name string) (vmm.Driver, error) {
+	d, ok := m.cfg.Drivers[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown VMM %q: %w", name, ErrInvalid)
+	}
+	return d, nil
+}
+
+// event records ev in the session's timeline (unless it is live-only) and
+// publishes it.
+func (m *Manager) event(ev Event) {
+	if ev.Time.IsZero() {
+		ev.Time = time.Now()
+	}
+	if ev.Kind != EventStats && ev.Kind != EventDeleted {
+		rec, err := m.st.AppendEvent(store.Event{Time: ev.Time, Session: ev.Name, Kind: string(ev.Kind), Message: ev.Message, By: ev.By})
+		if err != nil {
+			m.log.Warn("record event", "session", ev.Name, "err", err)
+		}
+		ev.Seq = rec.Seq
+	}
+	m.hub.publish(ev)
+}
+
+// List returns every session, by name.
+func (m *Manager) List(ctx context.Context) ([]Session, error) {
+	m.mu.Lock()
+	ss := make([]*sess, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		ss = append(ss, s)
+	}
+	m.mu.Unlock()
+	out := make([]Session, 0, len(ss))
+	for _, s := range ss {
+		out = append(out, s.snapshot())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Get returns one session.
+func (m *Manager) Get(ctx context.Context, name string) (Session, error) {
+	s, err := m.get(name)
+	if err != nil {
+		return Session{}, err
+	}
+	return s.snapshot(), nil
+}
+
+// Watch streams every change, starting with the current sessions.
+func (m *Manager) Watch(ctx context.Context) (<-chan Event, error) {
+	list, _ := m.List(ctx)
+	initial := make([]Event, 0, len(list))
+	for i := range list {
+		initial = append(initial, Event{Time: time.Now(), Kind: EventState, Name: list[i].Name, Session: &list[i]})
+	}
+	// A watch also ends with the Manager.
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(m.ctx, cancel)
+	ch := m.hub.watch(ctx, &m.wg, initial)
+	m.wg.Go(func() { <-ctx.Done(); stop(); cancel() })
+	return ch, nil
+}
+
+// Timeline returns a session's recorded events.
+func (m *Manager) Timeline(ctx context.Context, name string, limit int) ([]Event, error) {
+	if _, err := m.get(name); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = 1000
+	}
+	recs, err := m.st.Events(name, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Event, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, Event{Seq: r.Seq, Time: r.Time, Kind: EventKind(r.Kind), Name: r.Session, Message: r.Message, By: r.By})
+	}
+	return out, nil
+}
+
+// agentErr maps an agent error to the Service's error classes, keeping the
+// agent's own error (and its errno) in the chain.
+func agentErr(name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var class error
+	switch {
+	case errors.Is(err, guest.ErrEscape):
+		class = ErrInvalid
+	case errors.Is(err, os.ErrNotExist):
+		class = ErrNotFound
+	case errors.Is(err, os.ErrExist):
+		class = ErrExists
+	case errors.Is(err, guest.ErrNoWorkspace):
+		class = ErrUnavailable
+	case errors.Is(err, guest.ErrDisconnected), errors.Is(err, vmm.ErrNotRunning):
+		class = ErrUnavailable
+	default:
+		var ge *guest.Error
+		if errors.As(err, &ge) {
+			switch ge.Code {
+			case "ENOSPC", "EDQUOT":
+				return classed{ErrConflict, fmt.Errorf("workspace of %q is full (free space in it, or create a session with a larger --disk): %w", name, err)}
+			case "EISDIR", "ENOTDIR", "ENOTEMPTY", "EINVAL", "ENAMETOOLONG", "EBUSY":
+				class = ErrInvalid
+			case "EACCES", "EPERM":
+				class = ErrPermission
+			}
+		}
+	}
+	if class == nil {
+		return err
+	}
+	return classed{class, err}
+}
+
+// classed gives an error a Service error class without changing its text.
+type classed struct{ class, err error }
+
+func (c classed) Error() string   { return c.err.Error() }
+func (c classed) Unwrap() []error { return []error{c.class, c.err} }

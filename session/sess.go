@@ -1,0 +1,352 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/store"
+	"github.com/berthvm/berth/vmm"
+)
+
+// sess is one session's runtime state.
+type sess struct {
+	m    *Manager
+	name string
+
+	// op serialises lifecycle changes; held for their whole duration, so
+	// a pause during a boot waits instead of racing it.
+	op sync.Mutex
+
+	mu       sync.Mutex
+	rec      store.Session
+	vm       vmm.VM
+	agent    *guest.Client
+	intended bool // the VM is being stopped on purpose: its exit is no crash
+	supStop  context.CancelFunc
+	stats    guest.Stats
+	statsAt  time.Time
+	agentMu  sync.Mutex // serialises (re)connecting the agent
+}
+
+func (m *Manager) newSess(rec store.Session) *sess {
+	return &sess{m: m, name: rec.Name, rec: rec}
+}
+
+func (s *sess) dir() string   { return s.m.sessionDir(s.name) }
+func (s *sess) vmDir() string { return filepath.Join(s.dir(), "vm") }
+func (s *sess) wsPath() string {
+	return filepath.Join(s.dir(), "workspace.img")
+}
+
+func (s *sess) state() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return State(s.rec.State)
+}
+
+// snapshot converts the record and live figures.
+func (s *sess) snapshot() Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.snapshotLocked()
+}
+
+func (s *sess) snapshotLocked() Session {
+	r := s.rec
+	out := Session{
+		Name: r.Name, State: State(r.State), Cause: r.Cause,
+		CPUs: r.CPUs, MemoryMiB: r.MemoryMiB, DiskBytes: r.DiskBytes, Image: r.Image, VMM: r.VMM,
+		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, LastActivity: r.LastActivity,
+	}
+	if out.State == StateRunning || out.State == StatePaused {
+		out.Accel, out.Pid = r.Accel, r.Pid
+		out.DirtyBytes = s.stats.Dirty + s.stats.Writeback
+		out.MemUsedBytes = s.stats.MemTotal - s.stats.MemAvailable
+	}
+	out.WorkspaceUsed = s.stats.WorkspaceUsed
+	out.Running = s.m.runningCount(s.name)
+	return out
+}
+
+// setState records a transition with its cause and publishes it.
+func (s *sess) setState(st State, cause, by string) error {
+	s.mu.Lock()
+	s.rec.State, s.rec.Cause = string(st), cause
+	if st != StateRunning && st != StatePaused {
+		s.rec.Pid = 0
+	}
+	rec := s.rec
+	snap := s.snapshotLocked()
+	s.mu.Unlock()
+	if err := s.m.st.PutSession(rec); err != nil {
+		return fmt.Errorf("record state of %q: %w", s.name, err)
+	}
+	msg := string(st)
+	if cause != "" {
+		msg += ": " + cause
+	}
+	s.m.event(Event{Kind: EventState, Name: s.name, Message: msg, By: by, Session: &snap})
+	return nil
+}
+
+func (s *sess) touch() {
+	s.mu.Lock()
+	s.rec.LastActivity = time.Now()
+	s.mu.Unlock()
+}
+
+// boot starts a VM on the session's workspace and waits for its agent.
+func (s *sess) boot(ctx context.Context) error {
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	d, err := s.m.driver(rec.VMM)
+	if err != nil {
+		return err
+	}
+	im, err := s.m.cfg.Images(ctx, rec.Image)
+	if err != nil {
+		return err
+	}
+	cfg := vmm.Config{
+		Dir: s.vmDir(), Kernel: im.Kernel, Initramfs: im.Initramfs,
+		Cmdline: "berth.ws=" + rec.Extra["uuid"], CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB,
+		Workspace: s.wsPath(), Accel: s.m.cfg.Defaults.Accel,
+	}
+	bctx, cancel := context.WithTimeout(ctx, s.m.cfg.BootTimeout)
+	defer cancel()
+	vm, err := d.Start(bctx, cfg)
+	if err != nil {
+		if errors.Is(err, vmm.ErrInUse) {
+			return fmt.Errorf("session %q: %w: %w", s.name, ErrConflict, err)
+		}
+		return fmt.Errorf("start VM for %q: %w", s.name, err)
+	}
+	c, err := guest.Dial(bctx, vm.DialAgent)
+	if err == nil {
+		var h guest.Hello
+		if h, err = c.Hello(bctx); err == nil && !h.Workspace.Mounted {
+			err = fmt.Errorf("the VM booted but /workspace is not the session's volume: %s", h.Workspace.Error)
+		}
+		if err != nil {
+			c.Close()
+		}
+	}
+	if err != nil {
+		vm.Kill(context.Background())
+		tail := vm.Exit().LogTail
+		vm.Close()
+		if ctx.Err() == nil && bctx.Err() != nil {
+			return fmt.Errorf("VM for %q did not answer within %s: %w (console: %s)", s.name, s.m.cfg.BootTimeout, ErrUnavailable, lastLines(filepath.Join(s.vmDir(), "console.log")))
+		}
+		return fmt.Errorf("VM for %q: %w %s", s.name, err, tail)
+	}
+	s.mu.Lock()
+	s.vm, s.agent, s.intended = vm, c, false
+	s.rec.Pid, s.rec.Accel, s.rec.StartedAt = vm.Pid(), string(vm.Accel()), time.Now()
+	s.stats = guest.Stats{}
+	s.mu.Unlock()
+	s.supervise(vm)
+	return nil
+}
+
+// supervise watches the VM: an exit nobody asked for is a crash, and while
+// it runs the live figures are refreshed.
+func (s *sess) supervise(vm vmm.VM) {
+	ctx, cancel := context.WithCancel(s.m.ctx)
+	s.mu.Lock()
+	if s.supStop != nil {
+		s.supStop()
+	}
+	s.supStop = cancel
+	s.mu.Unlock()
+	s.m.wg.Go(func() {
+		t := time.NewTicker(s.m.cfg.StatsInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-vm.Done():
+				s.vmExited(vm)
+				return
+			case <-t.C:
+				s.refreshStats(ctx)
+			}
+		}
+	})
+}
+
+func (s *sess) refreshStats(ctx context.Context) {
+	if s.state() != StateRunning {
+		return
+	}
+	c, err := s.connectedAgent()
+	if err != nil {
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := c.Stats(sctx)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	s.stats, s.statsAt = st, time.Now()
+	snap := s.snapshotLocked()
+	s.mu.Unlock()
+	s.m.event(Event{Kind: EventStats, Name: s.name, Session: &snap})
+}
+
+// vmExited handles the end of the VMM process.
+func (s *sess) vmExited(vm vmm.VM) {
+	s.mu.Lock()
+	if s.vm != vm {
+		s.mu.Unlock()
+		return
+	}
+	intended := s.intended
+	s.vm = nil
+	if s.agent != nil {
+		s.agent.Close()
+		s.agent = nil
+	}
+	s.mu.Unlock()
+	vm.Close()
+	s.m.loseRuns(s.name, "the VM exited: "+vm.Exit().String())
+	if intended {
+		return
+	}
+	ex := vm.Exit()
+	cause := "VMM " + ex.String()
+	if tail := strings.TrimSpace(ex.LogTail); tail != "" {
+		cause += "; last log lines:\n" + tail
+	}
+	s.m.log.Warn("VM crashed", "session", s.name, "exit", ex.String())
+	s.setState(StateCrashed, cause, "")
+}
+
+// connectedAgent returns the agent connection, reconnecting if it broke.
+func (s *sess) connectedAgent() (*guest.Client, error) {
+	s.mu.Lock()
+	c, vm := s.agent, s.vm
+	s.mu.Unlock()
+	if c != nil {
+		select {
+		case <-c.Done():
+		default:
+			return c, nil
+		}
+	}
+	if vm == nil {
+		return nil, fmt.Errorf("session %q has no VM: %w", s.name, ErrUnavailable)
+	}
+	s.agentMu.Lock()
+	defer s.agentMu.Unlock()
+	s.mu.Lock()
+	c = s.agent
+	s.mu.Unlock()
+	if c != nil {
+		select {
+		case <-c.Done():
+			c.Close()
+		default:
+			return c, nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(s.m.ctx, 20*time.Second)
+	defer cancel()
+	c, err := guest.Dial(ctx, vm.DialAgent)
+	if err != nil {
+		return nil, fmt.Errorf("agent of %q does not answer: %w: %w", s.name, ErrUnavailable, err)
+	}
+	s.mu.Lock()
+	s.agent = c
+	s.mu.Unlock()
+	return c, nil
+}
+
+// detach drops berth's handles on the VM without stopping it.
+func (s *sess) detach() {
+	s.mu.Lock()
+	if s.supStop != nil {
+		s.supStop()
+	}
+	vm, c := s.vm, s.agent
+	s.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+	if vm != nil {
+		vm.Close()
+	}
+}
+
+// recover brings a session recorded by an earlier daemon back under
+// supervision.
+func (s *sess) recover(ctx context.Context) {
+	st := s.state()
+	d, derr := s.m.driver(s.rec.VMM)
+	var vm vmm.VM
+	if derr == nil && (st == StateRunning || st == StatePaused || st == StateCreating || st == StateStopping || st == StateDeleting) {
+		var err error
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		vm, err = d.Attach(actx, s.vmDir())
+		cancel()
+		if err != nil {
+			vm = nil
+		}
+	}
+	switch st {
+	case StateCreating:
+		// A create that never finished: undo it, as a failed create would.
+		if vm != nil {
+			vm.Kill(ctx)
+			vm.Close()
+		}
+		s.m.removeSession(s, "creation was interrupted by a daemon restart")
+		return
+	case StateDeleting:
+		if vm != nil {
+			vm.Kill(ctx)
+			vm.Close()
+		}
+		s.m.removeSession(s, "")
+		return
+	case StateStopping:
+		if vm != nil {
+			vm.Kill(ctx)
+			vm.Close()
+		}
+		s.m.loseRuns(s.name, "the daemon restarted while the session was stopping")
+		s.setState(StateStopped, "stop finished after a daemon restart", "")
+		return
+	case StateRunning, StatePaused:
+	default:
+		s.m.loseRuns(s.name, "the VM is not running")
+		return
+	}
+	if vm == nil {
+		s.m.loseRuns(s.name, "the VM exited while the daemon was down")
+		s.setState(StateCrashed, "the VM exited while the daemon was down", "")
+		return
+	}
+	s.mu.Lock()
+	s.vm = vm
+	s.rec.Pid = vm.Pid()
+	s.mu.Unlock()
+	s.supervise(vm)
+	if st == StateRunning {
+		s.m.resumeRuns(s)
+	}
+}
+
+func lastLines(path string) string {
+	return strings.ReplaceAll(vmm.LogTail(path, 5), "\n", " | ")
+}

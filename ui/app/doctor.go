@@ -1,0 +1,63 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"text/tabwriter"
+
+	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/ui/daemon"
+	"github.com/berthvm/berth/vmm"
+	"github.com/berthvm/berth/vmm/cloudhypervisor"
+	"github.com/berthvm/berth/vmm/qemu"
+)
+
+// Doctor reports which hypervisors and accelerators work here, and why not.
+func Doctor(ctx context.Context, g Globals) int {
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	defer w.Flush()
+	ok := func(name string, err error, good string) {
+		if err != nil {
+			fmt.Fprintf(w, "%s\tno\t%v\n", name, err)
+		} else {
+			fmt.Fprintf(w, "%s\tyes\t%s\n", name, good)
+		}
+	}
+	qerr := (&qemu.Driver{}).Available()
+	qpath, _ := exec.LookPath("qemu-system-x86_64")
+	ok("qemu", qerr, qpath)
+
+	im, imErr := image.Load(filepath.Join(g.Data, "images"), "mini")
+	ok("image mini", imErr, im.Dir)
+
+	kvmWorks := false
+	switch {
+	case vmm.KVMDevice() != nil:
+		ok("kvm", fmt.Errorf("%v — using TCG", vmm.KVMDevice()), "")
+	case imErr != nil || qerr != nil:
+		ok("kvm", fmt.Errorf("/dev/kvm present; a test boot needs qemu and the mini image"), "")
+	default:
+		r := vmm.KVMProbe{QEMU: qpath, Kernel: im.Kernel, Initramfs: im.Initramfs, CacheDir: g.Cache}.Run(ctx)
+		kvmWorks = r.Works
+		if r.Works {
+			ok("kvm", nil, r.Reason)
+		} else {
+			ok("kvm", fmt.Errorf("%s — using TCG", r.Reason), "")
+		}
+	}
+	ok("tcg", qerr, "software emulation (about 6 s to boot a VM)")
+	ok("cloud-hypervisor", cloudhypervisor.Available("", kvmWorks), "found, with a working KVM")
+	for _, tool := range []string{"mkfs.ext4", "apt-get", "dpkg-deb"} {
+		p, err := exec.LookPath(tool)
+		ok(tool, err, p)
+	}
+	if _, err := os.Stat(daemon.DefaultAgent()); err != nil {
+		ok("berth-agent", fmt.Errorf("not next to berth (%v): build with make", err), "")
+	} else {
+		ok("berth-agent", nil, daemon.DefaultAgent())
+	}
+	return 0
+}

@@ -1,0 +1,104 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/berthvm/berth/assets"
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/vmm"
+)
+
+// File is the configuration file, <data>/config.toml. Every key is
+// optional; assets/config.toml documents them with their defaults.
+type File struct {
+	Image       string `toml:"image"`
+	CPUs        int    `toml:"cpus"`
+	Memory      string `toml:"memory"`
+	Disk        string `toml:"disk"`
+	VMM         string `toml:"vmm"`
+	Accel       string `toml:"accel"`
+	Retention   string `toml:"retention"`
+	IdleTimeout string `toml:"idle_timeout"`
+}
+
+// Config is the parsed configuration.
+type Config struct {
+	Defaults    session.Defaults
+	IdleTimeout time.Duration
+}
+
+// LoadConfig reads <data>/config.toml, writing the documented defaults
+// there first if it does not exist.
+func LoadConfig(dataDir string) (Config, error) {
+	path := filepath.Join(dataDir, "config.toml")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		b = []byte(assets.DefaultConfig())
+		os.WriteFile(path, b, 0o644)
+	} else if err != nil {
+		return Config{}, err
+	}
+	return ParseConfig(path, b)
+}
+
+// ParseConfig parses a config file's content; path is for messages.
+func ParseConfig(path string, b []byte) (Config, error) {
+	var f File
+	md, err := toml.Decode(string(b), &f)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		return Config{}, fmt.Errorf("%s: unknown key %q (see the comments in a fresh config.toml)", path, und[0].String())
+	}
+	var c Config
+	d := &c.Defaults
+	d.Image, d.CPUs, d.VMM = f.Image, f.CPUs, f.VMM
+	size := func(key, v string) (int64, error) {
+		if v == "" {
+			return 0, nil
+		}
+		n, err := session.ParseSize(v)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %s = %q: %v", path, key, v, err)
+		}
+		return n, nil
+	}
+	mem, err := size("memory", f.Memory)
+	if err != nil {
+		return c, err
+	}
+	d.MemoryMiB = int(mem >> 20)
+	if d.DiskBytes, err = size("disk", f.Disk); err != nil {
+		return c, err
+	}
+	if d.Retention, err = size("retention", f.Retention); err != nil {
+		return c, err
+	}
+	switch vmm.Accel(f.Accel) {
+	case "", vmm.AccelAuto, vmm.AccelKVM, vmm.AccelTCG:
+		d.Accel = vmm.Accel(f.Accel)
+	default:
+		return c, fmt.Errorf("%s: accel = %q: use auto, kvm or tcg", path, f.Accel)
+	}
+	switch f.VMM {
+	case "", "qemu", "cloud-hypervisor":
+	default:
+		return c, fmt.Errorf("%s: vmm = %q: use qemu or cloud-hypervisor", path, f.VMM)
+	}
+	if f.IdleTimeout != "" {
+		if c.IdleTimeout, err = time.ParseDuration(f.IdleTimeout); err != nil {
+			return c, fmt.Errorf("%s: idle_timeout = %q: %v", path, f.IdleTimeout, err)
+		}
+	} else {
+		c.IdleTimeout = 15 * time.Minute
+	}
+	return c, nil
+}

@@ -1,0 +1,251 @@
+// Package daemon runs `berth serve`: it holds the data directory's lock,
+// opens the store, runs the session Manager, and serves the API socket
+// (and the SSH server), shutting them down in order. VMs keep running
+// when the daemon stops.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/api"
+	"github.com/berthvm/berth/store"
+	"github.com/berthvm/berth/vmm"
+	"github.com/berthvm/berth/vmm/cloudhypervisor"
+	"github.com/berthvm/berth/vmm/qemu"
+)
+
+// Options configure the daemon.
+type Options struct {
+	DataDir  string
+	CacheDir string
+	// Agent is the guest agent binary images are built from; default
+	// berth-agent next to the running executable.
+	Agent string
+	// CHBinary is the cloud-hypervisor binary (name on PATH or a path).
+	CHBinary string
+	Version  string
+	Logger   *slog.Logger
+	// Out receives the lines meant for the person who started the daemon.
+	Out io.Writer
+	// Ready, if set, is called once the socket accepts calls.
+	Ready func()
+	// Extra services that run with the daemon (the SSH server). Each runs
+	// until its context ends; the Manager is their Service.
+	Extra []func(ctx context.Context, m *session.Manager) error
+}
+
+// SocketPath is where the daemon's API socket lives in a data directory.
+func SocketPath(dataDir string) string { return filepath.Join(dataDir, "berth.sock") }
+
+// Lock holds the data directory for one daemon.
+type Lock struct{ f *os.File }
+
+// LockDataDir takes the data directory's lock, or says which daemon holds it.
+func LockDataDir(dataDir string) (*Lock, error) {
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dataDir, "daemon.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		b, _ := os.ReadFile(path)
+		f.Close()
+		holder := strings.TrimSpace(string(b))
+		if holder == "" {
+			holder = "another process"
+		} else {
+			holder = "berth daemon pid " + holder
+		}
+		return nil, fmt.Errorf("data directory %s is in use by %s: %w", dataDir, holder, session.ErrConflict)
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return &Lock{f: f}, nil
+}
+
+// Unlock releases the lock.
+func (l *Lock) Unlock() {
+	l.f.Truncate(0)
+	unix.Flock(int(l.f.Fd()), unix.LOCK_UN)
+	l.f.Close()
+}
+
+// DefaultAgent is berth-agent next to the running executable.
+func DefaultAgent() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "berth-agent"
+	}
+	return filepath.Join(filepath.Dir(exe), "berth-agent")
+}
+
+// Images returns the image resolver the Manager uses: a built image, or
+// one built now from the agent binary.
+func Images(o Options, log *slog.Logger) func(ctx context.Context, name string) (session.Image, error) {
+	var mu sync.Mutex
+	imagesDir := filepath.Join(o.DataDir, "images")
+	return func(ctx context.Context, name string) (session.Image, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		im, err := image.Load(imagesDir, name)
+		if err != nil {
+			log.Info("building image", "image", name)
+			var pw progressLog
+			pw.log = log
+			im, _, err = image.Build(ctx, image.Options{Name: name, ImagesDir: imagesDir, CacheDir: o.CacheDir, Agent: o.Agent, Progress: &pw})
+			if err != nil {
+				return session.Image{}, fmt.Errorf("image %q: %w", name, err)
+			}
+		}
+		return session.Image{Kernel: im.Kernel, Initramfs: im.Initramfs}, nil
+	}
+}
+
+type progressLog struct{ log *slog.Logger }
+
+func (p *progressLog) Write(b []byte) (int, error) {
+	p.log.Info(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+// Drivers builds the VMM drivers. KVM is probed once per host boot by a
+// test boot of the mini image.
+func Drivers(o Options, images func(context.Context, string) (session.Image, error), log *slog.Logger) map[string]vmm.Driver {
+	var once sync.Once
+	var works bool
+	kvm := func(ctx context.Context) bool {
+		once.Do(func() {
+			if vmm.KVMDevice() != nil {
+				return
+			}
+			im, err := images(ctx, "mini")
+			if err != nil {
+				return
+			}
+			r := vmm.KVMProbe{QEMU: "qemu-system-x86_64", Kernel: im.Kernel, Initramfs: im.Initramfs, CacheDir: o.CacheDir}.Run(ctx)
+			log.Info("KVM probe", "works", r.Works, "reason", r.Reason)
+			works = r.Works
+		})
+		return works
+	}
+	return map[string]vmm.Driver{
+		"qemu": &qemu.Driver{KVM: kvm, Logger: log.With("component", "qemu")},
+		"cloud-hypervisor": cloudhypervisor.New(cloudhypervisor.Options{
+			Binary: o.CHBinary, Logger: log.With("component", "cloud-hypervisor"),
+			KVMWorks: func() bool { return kvm(context.Background()) },
+		}),
+	}
+}
+
+// Run runs the daemon until ctx ends (SIGTERM), then shuts down in order:
+// listeners, streams, the Manager, the store, the lock. VMs keep running.
+func Run(ctx context.Context, o Options) error {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	if o.Agent == "" {
+		o.Agent = DefaultAgent()
+	}
+	lock, err := LockDataDir(o.DataDir)
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock()
+	cfg, err := LoadConfig(o.DataDir)
+	if err != nil {
+		return err
+	}
+	st, err := store.Open(filepath.Join(o.DataDir, "store"), log.With("component", "store"))
+	if err != nil {
+		return fmt.Errorf("open the store: %w", err)
+	}
+	defer st.Close()
+	images := Images(o, log)
+	mgr, err := session.NewManager(ctx, st, session.Config{
+		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
+		Logger: log.With("component", "session"),
+	})
+	if err != nil {
+		return err
+	}
+	defer mgr.Close()
+
+	life, stop := context.WithCancel(context.Background())
+	defer stop()
+	sock := SocketPath(o.DataDir)
+	ln, err := api.Listen(sock)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           api.NewServer(mgr, log.With("component", "api"), api.WithVersion(o.Version)),
+		BaseContext:       func(net.Listener) context.Context { return life },
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("API server", "err", err)
+		}
+	})
+	extraErr := make(chan error, len(o.Extra))
+	for _, x := range o.Extra {
+		wg.Go(func() {
+			if err := x(life, mgr); err != nil {
+				extraErr <- err
+			}
+		})
+	}
+	wg.Go(func() {
+		t := time.NewTicker(10 * time.Minute)
+		defer t.Stop()
+		for {
+			select {
+			case <-life.Done():
+				return
+			case <-t.C:
+				st.GC()
+			}
+		}
+	})
+	fmt.Fprintf(o.Out, "berth daemon %s (pid %d): data %s, socket %s\n", o.Version, os.Getpid(), o.DataDir, sock)
+	if o.Ready != nil {
+		o.Ready()
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-extraErr:
+	}
+	log.Info("shutting down; VMs keep running")
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stop() // ends watch and exec streams, and the extras
+	srv.Shutdown(sctx)
+	srv.Close()
+	wg.Wait()
+	return runErr
+}
