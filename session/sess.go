@@ -224,9 +224,18 @@ func (s *sess) vmExited(vm vmm.VM) {
 		return
 	}
 	ex := vm.Exit()
-	cause := "VMM " + ex.String()
-	if tail := strings.TrimSpace(ex.LogTail); tail != "" {
-		cause += "; last log lines:\n" + tail
+	cause := fmt.Sprintf("VMM pid %d %s", vm.Pid(), ex.String())
+	if ex.Code < 0 && ex.Signal == "" {
+		cause = fmt.Sprintf("VMM pid %d exited unexpectedly (its exit status is unknown: an earlier daemon started it)", vm.Pid())
+	}
+	var lines []string
+	for _, l := range strings.Split(ex.LogTail, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "--- ") {
+			lines = append(lines, l) // skip berth's own start markers
+		}
+	}
+	if len(lines) > 0 {
+		cause += "; last log lines:\n" + strings.Join(lines, "\n")
 	}
 	s.m.log.Warn("VM crashed", "session", s.name, "exit", ex.String())
 	s.setState(StateCrashed, cause, "")

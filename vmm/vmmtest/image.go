@@ -104,3 +104,63 @@ func buildImage() (image.Image, error) {
 	})
 	return im, err
 }
+
+// Berth builds the berth command with the agent next to it (where the
+// daemon looks for it) and returns the command's path.
+func Berth(t testing.TB) string {
+	t.Helper()
+	berthOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		dir, err := os.MkdirTemp("", "berth-bin-")
+		if err != nil {
+			berthErr = err
+			return
+		}
+		agent, err := AgentBinary(ctx)
+		if err != nil {
+			berthErr = err
+			return
+		}
+		b, err := os.ReadFile(agent)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, "berth-agent"), b, 0o755)
+		}
+		if err != nil {
+			berthErr = err
+			return
+		}
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, "berth"), ".")
+		cmd.Dir = RepoRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			berthErr = &buildError{err: err, out: string(out)}
+			return
+		}
+		berthPath = filepath.Join(dir, "berth")
+	})
+	if berthErr != nil {
+		t.Fatalf("build berth: %v", berthErr)
+	}
+	return berthPath
+}
+
+var (
+	berthOnce sync.Once
+	berthPath string
+	berthErr  error
+)
+
+// DataDir returns a fresh data directory whose mini image is the shared
+// test image, so daemons under test do not rebuild it.
+func DataDir(t testing.TB) string {
+	t.Helper()
+	im := Image(t)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "images"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(im.Dir, filepath.Join(dir, "images", "mini")); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
