@@ -46,7 +46,7 @@ test: deps build vet
 	$(GO) test -count=1 -timeout 14m ./...
 
 bench: deps build
-	BERTH_BENCH=1 $(GO) test -count=1 -timeout 30m -run 'Bench' -v ./bench/ 2>&1 | grep -E '^(bench|BENCH|---|ok|FAIL|PASS)|ratio|p50|p99' || true
+	BERTH_BENCH=1 $(GO) test -count=1 -p 1 -timeout 40m -run 'TestBench' -v ./... 2>&1 | grep -E 'BENCH|^(--- FAIL|FAIL)' || true
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./ui/ ./store/ 2>&1 | grep -E 'Benchmark|ok' || true
 
 clean:

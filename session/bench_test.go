@@ -1,0 +1,119 @@
+package session_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/store"
+	"github.com/berthvm/berth/vmm"
+	"github.com/berthvm/berth/vmm/qemu"
+	"github.com/berthvm/berth/vmm/vmmtest"
+)
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+// TestBenchSessions prints issue 3's figures against limits measured in
+// the same run. It runs only under `make bench`.
+func TestBenchSessions(t *testing.T) {
+	if os.Getenv("BERTH_BENCH") == "" {
+		t.Skip("set BERTH_BENCH=1 (make bench)")
+	}
+	ctx := context.Background()
+
+	// Limits, on a VM of their own: the raw channel's throughput and the
+	// agent-level exec round trip.
+	dir := t.TempDir()
+	b := vmmtest.Boot(t, &qemu.Driver{}, filepath.Join(dir, "vm"), filepath.Join(dir, "ws.img"), vmm.NewUUID())
+	var agentRT []time.Duration
+	for i := 0; i < 100; i++ {
+		start := time.Now()
+		r := vmmtest.Run(t, b.Agent, "", "true")
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		agentRT = append(agentRT, time.Since(start))
+	}
+	b.Agent.Close()
+	conn, err := b.VM.DialAgent(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bulk = 512 << 20
+	rawBulk, err := guest.RawBulk(ctx, conn, bufio.NewReaderSize(conn, 256<<10), bulk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	b.VM.Kill(ctx)
+
+	e := newEnv(t)
+	e.startDaemon()
+	e.ok("create", "bench", "--disk", "256M")
+
+	start := time.Now()
+	id := e.ok("exec", "bench", "--detach", "--", "head", "-c", fmt.Sprint(bulk), "/dev/zero")
+	_ = id
+	for {
+		var l []session.Execution
+		json.Unmarshal([]byte(e.ok("ps", "bench", "--all", "--json")), &l)
+		if len(l) > 0 && l[len(l)-1].State.Done() {
+			if l[len(l)-1].StdoutBytes != bulk {
+				t.Fatalf("recorded %d bytes", l[len(l)-1].StdoutBytes)
+			}
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ingest := time.Since(start)
+	mbs := func(d time.Duration) float64 { return float64(bulk) / d.Seconds() / 1e6 }
+	t.Logf("BENCH %-40s %7.0f MB/s vs raw %7.0f MB/s  ratio %.2fx  (target ≥ 0.6x)", "output ingest 512 MB into the store", mbs(ingest), mbs(rawBulk), mbs(ingest)/mbs(rawBulk))
+
+	var cliRT []time.Duration
+	for i := 0; i < 40; i++ {
+		start := time.Now()
+		e.ok("exec", "bench", "--", "true")
+		cliRT = append(cliRT, time.Since(start))
+	}
+	t.Logf("BENCH %-40s %10s vs agent %10s  ratio %.2fx  (target ≤ 5x)", "berth exec -- true p50", median(cliRT).Round(time.Microsecond), median(agentRT).Round(time.Microsecond), float64(median(cliRT))/float64(median(agentRT)))
+	e.ok("delete", "bench", "--yes")
+	e.killDaemon()
+
+	// berth ls with 1,000 stopped sessions, against berth version.
+	st, err := store.Open(filepath.Join(e.data, "store"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 1000; i++ {
+		if err := st.PutSession(store.Session{Name: fmt.Sprintf("s%04d", i), State: "stopped", Image: "mini", VMM: "qemu", CPUs: 1, MemoryMiB: 512, DiskBytes: 4 << 30, CreatedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Close()
+	e.startDaemon()
+	var ls, ver []time.Duration
+	for i := 0; i < 20; i++ {
+		start := time.Now()
+		e.ok("version")
+		ver = append(ver, time.Since(start))
+		start = time.Now()
+		out := e.ok("ls")
+		ls = append(ls, time.Since(start))
+		if i == 0 && len(out) < 1000*20 {
+			t.Fatalf("ls printed %d bytes", len(out))
+		}
+	}
+	t.Logf("BENCH %-40s %10s vs version %10s  ratio %.2fx  (target ≤ 2x)", "berth ls, 1,000 sessions (median)", median(ls).Round(time.Microsecond), median(ver).Round(time.Microsecond), float64(median(ls))/float64(median(ver)))
+}
