@@ -359,9 +359,9 @@ func (r *run) finish(state ExecState, code *int, signal, why string) {
 // cancel kills the command's process group and records why.
 func (r *run) cancel(state ExecState, why string) error {
 	r.mu.Lock()
-	if ExecState(r.rec.State).Done() {
+	if st := ExecState(r.rec.State); st.Done() {
 		r.mu.Unlock()
-		return nil
+		return fmt.Errorf("execution %q already %s: %w", r.id, st, ErrInvalidState)
 	}
 	if r.reason == "" {
 		r.reason, r.why = state, why

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -236,7 +237,13 @@ func (m *Manager) Timeline(ctx context.Context, name string, limit int) ([]Event
 	}
 	out := make([]Event, 0, len(recs))
 	for _, r := range recs {
-		out = append(out, Event{Seq: r.Seq, Time: r.Time, Kind: EventKind(r.Kind), Name: r.Session, Message: r.Message, By: r.By})
+		ev := Event{Seq: r.Seq, Time: r.Time, Kind: EventKind(r.Kind), Name: r.Session, Message: r.Message, By: r.By}
+		if ev.Kind == EventState {
+			// State events are recorded as "<state>: <cause>".
+			st, cause, _ := strings.Cut(r.Message, ": ")
+			ev.Session = &Session{Name: r.Session, State: State(st), Cause: cause}
+		}
+		out = append(out, ev)
 	}
 	return out, nil
 }

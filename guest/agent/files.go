@@ -282,6 +282,11 @@ func (a *Agent) remove(p string, all bool) error {
 		return &fs.PathError{Op: "remove", Path: p, Err: errBusy}
 	}
 	if all {
+		// RemoveAll succeeds on a missing path; a caller removing
+		// something that is not there should hear so.
+		if _, err := root.Lstat(r); err != nil {
+			return escapeErr(err)
+		}
 		err = root.RemoveAll(r)
 	} else {
 		err = root.Remove(r)

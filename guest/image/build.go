@@ -23,7 +23,7 @@ import (
 
 // builderVersion changes whenever the layout the builder writes changes,
 // so old images are rebuilt.
-const builderVersion = "1"
+const builderVersion = "2"
 
 // Image is a built guest image.
 type Image struct {
@@ -137,6 +137,7 @@ func Build(ctx context.Context, o Options) (Image, bool, error) {
 			cw.Symlink("bin/"+a, "busybox")
 		}
 	}
+	cw.File("bin/printenv", 0o755, []byte(printenv))
 	cw.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\n"))
 	cw.File("etc/group", 0o644, []byte("root:x:0:\n"))
 	cw.File("etc/hostname", 0o644, []byte("berth\n"))
@@ -195,6 +196,17 @@ func Build(ctx context.Context, o Options) (Image, bool, error) {
 		o.Name, digest, time.Since(start).Round(time.Millisecond), k.Version, len(order), mb(len(agent)), len(applets), float64(im.Size)/1e6, dst)
 	return im, true, nil
 }
+
+// printenv is the one common tool busybox lacks.
+const printenv = `#!/bin/sh
+[ $# -eq 0 ] && exec env
+rc=0
+for n in "$@"; do
+	case $n in ''|[!A-Za-z_]*|*[!A-Za-z0-9_]*) rc=1; continue;; esac
+	if eval "[ \"\${$n+set}\" = set ]"; then eval "printf '%s\n' \"\$$n\""; else rc=1; fi
+done
+exit $rc
+`
 
 func mb(n int) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
 

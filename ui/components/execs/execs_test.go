@@ -1,0 +1,99 @@
+package execs
+
+import (
+	"flag"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/colorprofile"
+	"github.com/charmbracelet/x/ansi"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/ui/common"
+	"github.com/berthvm/berth/ui/internal/fakesvc"
+	"github.com/berthvm/berth/ui/internal/uitest"
+)
+
+var keys uitest.Coverage
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := m.Run()
+	if code == 0 {
+		code = uitest.CheckCoverage(&keys, flag.Lookup("test.run").Value.String(), map[string]any{"execs.KeyMap": DefaultKeyMap()})
+	}
+	os.Exit(code)
+}
+
+var t0 = time.Date(2026, 3, 14, 15, 0, 0, 0, time.UTC)
+
+func setup(t *testing.T, n int) (*Model, *fakesvc.Service, *uitest.Driver) {
+	f := fakesvc.New(func() time.Time { return t0 })
+	f.AddSession(session.Session{Name: "s", State: session.StateRunning})
+	for i := range n {
+		code := i % 3
+		f.AddExecution(session.Execution{ID: "x" + string(rune('a'+i)), Session: "s", Argv: []string{"cmd", string(rune('a' + i))},
+			State: session.ExecExited, ExitCode: &code, StartedAt: t0.Add(time.Duration(i) * time.Minute), EndedAt: t0.Add(time.Duration(i)*time.Minute + time.Second)})
+	}
+	c := &common.Common{Ctx: t.Context(), Svc: f, Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0.Add(time.Hour) }}
+	m := New(c)
+	m.SetSize(100, 8)
+	d := uitest.NewDriver(&uitest.Component{C: m})
+	d.Quiet = 5 * time.Millisecond
+	t.Cleanup(d.Close)
+	d.Exec(m.SetSession("s"))
+	return m, f, d
+}
+
+func TestNewestFirstNavigationAndOpen(t *testing.T) {
+	m, f, d := setup(t, 10)
+	if e, _ := m.Selected(); e.ID != "xj" || m.Len() != 10 {
+		t.Fatalf("selected %s of %d", e.ID, m.Len())
+	}
+	for _, c := range []struct {
+		key  string
+		want string
+	}{{"j", "xi"}, {"down", "xh"}, {"k", "xi"}, {"up", "xj"}, {"G", "xa"}, {"g", "xj"}, {"end", "xa"}, {"home", "xj"},
+		{"ctrl+d", "xg"}, {"pgdown", "xd"}, {"ctrl+u", "xg"}, {"pgup", "xj"}} {
+		d.Send(keys.Key(c.key))
+		if e, _ := m.Selected(); e.ID != c.want {
+			t.Fatalf("%s: %s, want %s", c.key, e.ID, c.want)
+		}
+	}
+	cmd := m.Update(keys.Key("enter"))
+	if msg, ok := cmd().(common.OpenOutputMsg); !ok || msg.Exec.ID != "xj" {
+		t.Fatalf("enter: %#v", cmd())
+	}
+	// A new execution appears at the top; the cursor stays on its row.
+	d.Send(keys.Key("j"))
+	m.ApplyExec(session.Execution{ID: "xz", Session: "s", State: session.ExecRunning, StartedAt: t0.Add(time.Hour)})
+	if e, _ := m.Selected(); e.ID != "xi" || m.list[0].ID != "xz" {
+		t.Fatalf("after new exec: selected %s first %s", e.ID, m.list[0].ID)
+	}
+	f.AddExecution(session.Execution{ID: "xy", Session: "s", State: session.ExecLost, StartedAt: t0.Add(2 * time.Hour)})
+	d.Send(keys.Key("r"))
+	if m.Len() != 11 || !strings.Contains(ansi.Strip(m.View()), "lost") {
+		t.Fatalf("refresh: %d\n%s", m.Len(), ansi.Strip(m.View()))
+	}
+	m.Update(tea.MouseClickMsg{Y: 2, Button: tea.MouseLeft})
+	if m.cursor != m.offset+1 {
+		t.Fatalf("click: %d", m.cursor)
+	}
+	m.Update(tea.MouseWheelMsg{Button: tea.MouseWheelDown})
+	m.Update(tea.MouseWheelMsg{Button: tea.MouseWheelUp})
+}
+
+func TestEmptyAndError(t *testing.T) {
+	m, f, d := setup(t, 0)
+	if !strings.Contains(ansi.Strip(m.View()), "No executions yet") {
+		t.Fatal("no empty message")
+	}
+	f.FailNext("Executions", session.ErrUnavailable)
+	d.Send(keys.Key("r"))
+	if !strings.Contains(ansi.Strip(m.View()), "unavailable") {
+		t.Fatalf("no error:\n%s", ansi.Strip(m.View()))
+	}
+}

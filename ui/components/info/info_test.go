@@ -1,0 +1,79 @@
+package info
+
+import (
+	"flag"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/charmbracelet/colorprofile"
+	"github.com/charmbracelet/x/ansi"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/ui/common"
+	"github.com/berthvm/berth/ui/internal/fakesvc"
+	"github.com/berthvm/berth/ui/internal/uitest"
+)
+
+var keys uitest.Coverage
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := m.Run()
+	if code == 0 {
+		code = uitest.CheckCoverage(&keys, flag.Lookup("test.run").Value.String(), map[string]any{"info.KeyMap": DefaultKeyMap()})
+	}
+	os.Exit(code)
+}
+
+var t0 = time.Date(2026, 3, 14, 15, 0, 0, 0, time.UTC)
+
+func TestTimelineAndConfig(t *testing.T) {
+	f := fakesvc.New(func() time.Time { return t0 })
+	f.AddSession(session.Session{Name: "s", State: session.StateRunning, Pid: 77, Accel: "kvm", Image: "mini", VMM: "qemu", DirtyBytes: 4096, StartedAt: t0.Add(-time.Hour)})
+	f.SetState("s", session.StateCrashed, "VMM killed by SIGKILL: oom")
+	f.Note("s", session.EventFlush, "flushed 4096 bytes")
+	for i := range 30 {
+		f.Note("s", session.EventNote, "note "+string(rune('a'+i%26)))
+	}
+	c := &common.Common{Ctx: t.Context(), Svc: f, Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0 }}
+	m := New(c)
+	m.SetSize(100, 20)
+	d := uitest.NewDriver(&uitest.Component{C: m})
+	d.Quiet = 5 * time.Millisecond
+	t.Cleanup(d.Close)
+	s, _ := f.Get(t.Context(), "s")
+	d.Exec(m.Open(s))
+	if len(m.Events()) != 33 {
+		t.Fatalf("%d events", len(m.Events()))
+	}
+	v := ansi.Strip(m.View())
+	for _, want := range []string{"vm pid     —", "accel kvm", "note", "TIMELINE"} {
+		if !strings.Contains(v, want) {
+			t.Errorf("missing %q:\n%s", want, v)
+		}
+	}
+	for _, k := range []string{"G", "g", "j", "down", "k", "up", "ctrl+d", "pgdown", "ctrl+u", "pgup", "end", "home"} {
+		d.Send(keys.Key(k))
+	}
+	d.Send(keys.Key("G"))
+	v = ansi.Strip(m.View())
+	if !strings.Contains(v, "VMM killed by SIGKILL: oom") || !strings.Contains(v, "flushed 4096 bytes") {
+		t.Fatalf("oldest events not reachable:\n%s", v)
+	}
+	// Live events: new ones are added once, snapshots and stats skipped.
+	m.AddEvent(session.Event{Seq: 1000, Kind: session.EventNote, Name: "s", Message: "live"})
+	m.AddEvent(session.Event{Seq: 1000, Kind: session.EventNote, Name: "s", Message: "dup"})
+	m.AddEvent(session.Event{Seq: 0, Kind: session.EventState, Name: "s"})
+	m.AddEvent(session.Event{Seq: 1001, Kind: session.EventStats, Name: "s"})
+	m.AddEvent(session.Event{Seq: 1002, Kind: session.EventNote, Name: "other"})
+	if len(m.Events()) != 34 || m.Events()[0].Message != "live" {
+		t.Fatalf("live events: %d first %q", len(m.Events()), m.Events()[0].Message)
+	}
+	f.Note("s", session.EventNote, "after reload")
+	d.Send(keys.Key("r"))
+	if m.Events()[0].Message != "live" && m.Events()[0].Message != "after reload" {
+		t.Fatalf("reload: first %q", m.Events()[0].Message)
+	}
+}

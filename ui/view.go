@@ -1,0 +1,301 @@
+package ui
+
+import (
+	"strconv"
+	"strings"
+
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+	"charm.land/lipgloss/v2"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/ui/common"
+)
+
+// View implements tea.Model. Only the root sets program-level view
+// options; components return strings.
+func (m *Model) View() tea.View {
+	v := tea.NewView(m.Render())
+	v.AltScreen = true
+	v.MouseMode = tea.MouseModeCellMotion
+	v.WindowTitle = "berth"
+	return v
+}
+
+// Render returns the screen's content: exactly height lines of width
+// cells.
+func (m *Model) Render() string {
+	if m.width <= 0 || m.height <= 0 {
+		return ""
+	}
+	if m.width < minW || m.height < minH {
+		return common.Block("berth needs at least "+strconv.Itoa(minW)+"x"+strconv.Itoa(minH)+
+			" (80x24 recommended); this window is "+strconv.Itoa(m.width)+"x"+strconv.Itoa(m.height), m.width, m.height)
+	}
+	lines := make([]string, 0, m.height)
+	lines = append(lines, m.headerView())
+	if m.page == pageDetail {
+		lines = append(lines, m.tabsView())
+	}
+	bh := m.bodyHeight()
+	var body string
+	if m.showHelp {
+		body = m.fullHelpView(bh)
+	} else {
+		// Components render exactly their size; re-fit only if one did
+		// not (measuring every cell twice per frame is not free).
+		body = m.active().View()
+		if strings.Count(body, "\n") != bh-1 {
+			body = common.Block(body, m.width, bh)
+		}
+	}
+	if m.dialog != nil {
+		dv := m.dialog.View()
+		w, h := common.Size(dv)
+		x, y := common.Center(m.width, bh, w, h)
+		body = common.Overlay(body, dv, x, y)
+	}
+	lines = append(lines, body, m.statusView(), m.footerView())
+	return strings.Join(lines, "\n")
+}
+
+func (m *Model) headerView() string {
+	st := m.c.Styles
+	left := st.Title.Render("berth")
+	sep := st.Muted.Render(" › ")
+	if m.page == pageDetail {
+		s, _ := m.detailSession()
+		left += sep + st.Bold.Render(common.SanitizeLine(s.Name)) + "  " + st.StateBadge(s.State)
+		facts := []string{strconv.Itoa(s.CPUs) + " vCPU", common.MiB(s.MemoryMiB) + " mem",
+			"ws " + common.Bytes(s.WorkspaceUsed) + "/" + common.Bytes(s.DiskBytes)}
+		dirty := "dirty " + common.Bytes(s.DirtyBytes)
+		if s.DirtyBytes > 0 {
+			dirty = lipgloss.NewStyle().Foreground(st.Palette.Warn).Render(dirty)
+		}
+		facts = append(facts, dirty)
+		if !s.StartedAt.IsZero() && (s.State == session.StateRunning || s.State == session.StatePaused) {
+			facts = append(facts, "up "+common.Duration(m.c.Now().Sub(s.StartedAt)))
+		}
+		left += "  " + strings.Join(facts, st.Muted.Render(" · "))
+	} else {
+		left += sep + st.Bold.Render("sessions") + "  " + m.countsView()
+	}
+	var right []string
+	if m.c.ReadOnly {
+		right = append(right, st.DialogWarn.Render("read-only"))
+	}
+	switch {
+	case m.connected:
+		right = append(right, st.FlashOK.Render("● live"))
+	case m.watchErr != "":
+		right = append(right, st.FlashErr.Render("○ reconnecting: "+m.watchErr))
+	default:
+		right = append(right, st.Muted.Render("○ connecting…"))
+	}
+	return spread(left, strings.Join(right, "  "), m.width)
+}
+
+func (m *Model) countsView() string {
+	st := m.c.Styles
+	counts := m.sessions.Counts()
+	parts := []string{strconv.Itoa(m.sessions.Len()) + " total"}
+	if v := m.sessions.Visible(); v != m.sessions.Len() {
+		parts[0] = strconv.Itoa(v) + " of " + strconv.Itoa(m.sessions.Len()) + " shown"
+	}
+	for _, s := range []session.State{session.StateRunning, session.StatePaused, session.StateSleeping,
+		session.StateStopped, session.StateCrashed, session.StateCreating, session.StateStopping, session.StateDeleting} {
+		if n := counts[s]; n > 0 {
+			parts = append(parts, lipgloss.NewStyle().Foreground(st.StateColor(s)).Render(strconv.Itoa(n)+" "+string(s)))
+		}
+	}
+	return strings.Join(parts, st.Muted.Render(" · "))
+}
+
+// tabRanges returns each tab's [start, end) columns in the tabs row; the
+// mouse handler uses the same numbers as the renderer.
+func (m *Model) tabRanges() [][2]int {
+	var out [][2]int
+	x := 1
+	for t := range numTabs {
+		w := lipgloss.Width(tabLabel(t)) + 2 // padding
+		out = append(out, [2]int{x, x + w})
+		x += w + 1
+	}
+	return out
+}
+
+func tabLabel(t tab) string { return strconv.Itoa(int(t)+1) + " " + t.String() }
+
+func (m *Model) tabsView() string {
+	st := m.c.Styles
+	var b strings.Builder
+	b.WriteString(" ")
+	for t := range numTabs {
+		if t == m.tab {
+			b.WriteString(st.TabActive.Render(tabLabel(t)))
+		} else {
+			b.WriteString(st.Tab.Render(tabLabel(t)))
+		}
+		b.WriteString(st.Subtle.Render("│"))
+	}
+	return common.Fit(b.String(), m.width)
+}
+
+func (m *Model) statusView() string {
+	st := m.c.Styles
+	if m.cmdActive {
+		return common.Fit(m.cmdline.View(), m.width)
+	}
+	var parts []string
+	if n := len(m.pending); n > 0 {
+		label := ""
+		for id, l := range m.pending { // newest label
+			if label == "" || id == m.opSeq {
+				label = l
+			}
+		}
+		p := m.spinner.View() + " " + label + "…"
+		if n > 1 {
+			p += " (+" + strconv.Itoa(n-1) + " more)"
+		}
+		parts = append(parts, st.Accent.Render(p))
+	}
+	if m.flash.text != "" {
+		style := st.FlashInfo
+		switch m.flash.kind {
+		case common.FlashOK:
+			style = st.FlashOK
+		case common.FlashError:
+			style = st.FlashErr
+		}
+		parts = append(parts, style.Render(common.SanitizeLine(m.flash.text)))
+	}
+	return common.Fit(" "+strings.Join(parts, "  "), m.width)
+}
+
+// footerBindings are the keys the footer advertises: the focused
+// component's most useful ones, the view's first actions, help and quit.
+func (m *Model) footerBindings() []key.Binding {
+	var bs []key.Binding
+	switch {
+	case m.dialog != nil:
+		return m.dialog.ShortHelp()
+	case m.cmdActive:
+		return []key.Binding{m.cmdKeys.Run, m.cmdKeys.Cancel}
+	case m.showHelp:
+		return []key.Binding{key.NewBinding(key.WithKeys("esc"), key.WithHelp("any key", "close help"))}
+	}
+	comp := m.active()
+	bs = append(bs, comp.ShortHelp()...)
+	if c, ok := comp.(common.Capturer); ok && c.Capturing() {
+		return bs
+	}
+	if m.page == pageDetail {
+		bs = append(bs, m.keys.Back)
+	}
+	// Actions go last: when the line is too narrow they drop first, so
+	// "? help" always shows.
+	return append(append(bs, m.keys.Help, m.keys.Quit), m.actionBindings()...)
+}
+
+func (m *Model) footerView() string {
+	st := m.c.Styles
+	var right []string
+	if m.opts.Who != "" {
+		right = append(right, common.SanitizeLine(m.opts.Who))
+	}
+	if m.daemon != "" {
+		right = append(right, "daemon: "+m.daemon)
+	}
+	r := st.Muted.Render(strings.Join(right, " · "))
+	rw := lipgloss.Width(r)
+	bs := m.footerBindings()
+	// The footer changes only with the view and the width; cache it.
+	var kb strings.Builder
+	kb.WriteString(strconv.Itoa(m.width) + "|" + r)
+	for _, b := range bs {
+		kb.WriteString("|" + b.Help().Key + b.Help().Desc)
+	}
+	if k := kb.String(); k == m.footerKey {
+		return m.footer
+	} else {
+		m.footerKey = k
+	}
+	h := m.help
+	h.SetWidth(0)
+	avail := m.width - rw - 3
+	l := h.ShortHelpView(bs)
+	for len(bs) > 1 && lipgloss.Width(l) > avail {
+		bs = bs[:len(bs)-1]
+		l = h.ShortHelpView(bs)
+	}
+	m.footer = spread(" "+l, r+" ", m.width)
+	return m.footer
+}
+
+// helpGroups returns every key of the current view, in columns: the
+// component's, then the actions available here, then the global keys.
+func (m *Model) helpGroups() [][]key.Binding {
+	groups := append([][]key.Binding{}, m.active().FullHelp()...)
+	if acts := m.actionBindings(); len(acts) > 0 {
+		groups = append(groups, acts)
+	}
+	return append(groups, m.globalBindings())
+}
+
+// fullHelpView lays the help columns out in rows that fit the width (the
+// bubbles full help drops columns that do not fit; here every key shows).
+func (m *Model) fullHelpView(h int) string {
+	st := m.c.Styles
+	view := "sessions"
+	if m.page == pageDetail {
+		view = strings.ToLower(m.tab.String()) + " tab"
+	}
+	title := st.DialogHead.Render("Keys: "+view) + st.Muted.Render("   (any key closes)")
+	var cols []string
+	for _, g := range m.helpGroups() {
+		g = common.Enabled(g...)
+		if len(g) == 0 {
+			continue
+		}
+		kw := 0
+		for _, b := range g {
+			kw = max(kw, lipgloss.Width(b.Help().Key))
+		}
+		var rows []string
+		for _, b := range g {
+			rows = append(rows, st.Help.FullKey.Render(common.Fit(b.Help().Key, kw))+"  "+st.Help.FullDesc.Render(b.Help().Desc))
+		}
+		cols = append(cols, strings.Join(rows, "\n"))
+	}
+	var rows []string
+	var cur []string
+	width := 0
+	flush := func() {
+		if len(cur) > 0 {
+			rows = append(rows, lipgloss.JoinHorizontal(lipgloss.Top, cur...))
+			cur, width = nil, 0
+		}
+	}
+	for _, c := range cols {
+		w := lipgloss.Width(c) + 4
+		if width+w > m.width-2 {
+			flush()
+		}
+		cur = append(cur, lipgloss.NewStyle().PaddingRight(4).Render(c))
+		width += w
+	}
+	flush()
+	content := title + "\n\n" + strings.Join(rows, "\n\n")
+	return common.Block(lipgloss.NewStyle().Padding(0, 1).Render(content), m.width, h)
+}
+
+// spread puts left and right on one line of width cells, cutting left if
+// both do not fit.
+func spread(left, right string, width int) string {
+	lw, rw := lipgloss.Width(left), lipgloss.Width(right)
+	if lw+rw+1 > width {
+		return common.Fit(common.Fit(left, max(0, width-rw-1))+" "+right, width)
+	}
+	return left + strings.Repeat(" ", width-lw-rw) + right
+}
