@@ -180,6 +180,18 @@ func (c *Client) SetTime(ctx context.Context, t time.Time, seed []byte) error {
 	return c.do(ctx, &Request{Op: OpSetTime, Time: t.UnixNano(), Data: seed}, nil)
 }
 
+// Freeze flushes the workspace and blocks its writers until Thaw.
+func (c *Client) Freeze(ctx context.Context) (FlushResult, error) {
+	var r FlushResult
+	err := c.do(ctx, &Request{Op: OpFreeze}, &r)
+	return r, err
+}
+
+// Thaw lets the workspace's writers continue.
+func (c *Client) Thaw(ctx context.Context) error {
+	return c.do(ctx, &Request{Op: OpThaw}, nil)
+}
+
 // Mount asks the agent to mount the volume with uuid at /workspace.
 func (c *Client) Mount(ctx context.Context, uuid string) (Workspace, error) {
 	var w Workspace

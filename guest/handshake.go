@@ -256,24 +256,37 @@ func writeZeros(w io.Writer, n int64) error {
 }
 
 // RawPing measures one round trip on a raw channel before the handshake.
+// The first ping after a host reconnect can be eaten by the agent while it
+// notices the old session ended, so unanswered pings are repeated; the
+// returned time is that of the ping that was answered.
 func RawPing(ctx context.Context, conn net.Conn, br *bufio.Reader) (time.Duration, error) {
-	nonce := newNonce()
-	start := time.Now()
 	if d, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(d)
 		defer conn.SetDeadline(time.Time{})
 	}
-	if _, err := io.WriteString(conn, linePing+nonce+"\n"); err != nil {
-		return 0, err
-	}
 	sc := &lineScanner{br: br}
 	for {
-		line, err := sc.next()
-		if err != nil {
+		nonce := newNonce()
+		start := time.Now()
+		if _, err := io.WriteString(conn, linePing+nonce+"\n"); err != nil {
 			return 0, err
 		}
-		if rest, ok := field(line, linePong); ok && rest == nonce {
-			return time.Since(start), nil
+		conn.SetReadDeadline(time.Now().Add(time.Second))
+		for {
+			line, err := sc.next()
+			if err != nil {
+				if isTimeout(err) && ctx.Err() == nil {
+					break // resend
+				}
+				return 0, err
+			}
+			if rest, ok := field(line, linePong); ok && rest == nonce {
+				conn.SetReadDeadline(time.Time{})
+				if d, ok := ctx.Deadline(); ok {
+					conn.SetDeadline(d)
+				}
+				return time.Since(start), nil
+			}
 		}
 	}
 }
@@ -281,6 +294,9 @@ func RawPing(ctx context.Context, conn net.Conn, br *bufio.Reader) (time.Duratio
 // RawBulk asks the guest for n bytes on the raw channel and returns how long
 // they took to arrive.
 func RawBulk(ctx context.Context, conn net.Conn, br *bufio.Reader, n int64) (time.Duration, error) {
+	if _, err := RawPing(ctx, conn, br); err != nil { // the agent is listening
+		return 0, err
+	}
 	nonce := newNonce()
 	if d, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(d)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/api"
 	"github.com/berthvm/berth/vmm/vmmtest"
 )
 
@@ -69,8 +70,15 @@ func (e *env) startDaemon() {
 		e.t.Fatal(err)
 	}
 	e.daemon = c
+	// Ping the socket directly: a CLI command would start a second daemon
+	// of its own if this one is not listening yet.
+	client := api.Dial(filepath.Join(e.data, "berth.sock"))
+	defer client.Close()
 	for i := 0; i < 300; i++ {
-		if r := e.run("ls"); r.code == 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := client.Ping(ctx)
+		cancel()
+		if err == nil {
 			return
 		}
 		time.Sleep(50 * time.Millisecond)

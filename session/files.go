@@ -17,6 +17,9 @@ func (m *Manager) agentFor(name string) (*guest.Client, error) {
 	if err := checkTransition(name, "files", s.state()); err != nil {
 		return nil, err
 	}
+	if err := m.ensureAwake(context.Background(), s); err != nil {
+		return nil, err
+	}
 	s.touch()
 	return s.connectedAgent()
 }

@@ -187,6 +187,9 @@ func (m *Manager) Pause(ctx context.Context, name string) (Session, error) {
 // Resume continues a paused session.
 func (m *Manager) Resume(ctx context.Context, name string) (Session, error) {
 	return m.lifecycle(ctx, name, "resume", func(s *sess) error {
+		if s.state() == StateSleeping {
+			return s.wake(ctx, Actor(ctx))
+		}
 		vm, err := s.currentVM()
 		if err != nil {
 			return err
@@ -212,6 +215,16 @@ func (m *Manager) Stop(ctx context.Context, name string) (Session, error) {
 	return m.lifecycle(ctx, name, "stop", func(s *sess) error {
 		by := Actor(ctx)
 		prev := s.state()
+		if prev == StateSleeping {
+			// Asleep, the workspace is already flushed and clean and no VM
+			// runs: dropping the snapshot is the whole stop.
+			os.RemoveAll(s.snapshotDir())
+			s.mu.Lock()
+			delete(s.rec.Extra, extraSnapshot)
+			delete(s.rec.Extra, extraSnapshotBytes)
+			s.mu.Unlock()
+			return s.setState(StateStopped, "stopped while asleep (workspace was flushed at sleep)", by)
+		}
 		if err := s.setState(StateStopping, "stop requested", by); err != nil {
 			return err
 		}
@@ -262,6 +275,9 @@ func (s *sess) shutdownVM(ctx context.Context, vm vmm.VM) error {
 // or crashed session comes back. VM-local state is gone; files are not.
 func (m *Manager) Start(ctx context.Context, name string) (Session, error) {
 	return m.lifecycle(ctx, name, "start", func(s *sess) error {
+		if s.state() == StateSleeping {
+			return s.wake(ctx, Actor(ctx))
+		}
 		if err := s.boot(ctx); err != nil {
 			return err
 		}
@@ -294,6 +310,9 @@ func (m *Manager) Delete(ctx context.Context, name string) error {
 func (m *Manager) Flush(ctx context.Context, name string) (FlushResult, error) {
 	var res FlushResult
 	_, err := m.lifecycle(ctx, name, "flush", func(s *sess) error {
+		if s.state() == StateSleeping {
+			return nil // flushed when it went to sleep; nothing is dirty
+		}
 		c, err := s.connectedAgent()
 		if err != nil {
 			return err
@@ -304,7 +323,7 @@ func (m *Manager) Flush(ctx context.Context, name string) (FlushResult, error) {
 		}
 		res = FlushResult{DirtyBefore: r.DirtyBefore, DirtyAfter: r.DirtyAfter, Took: r.Took}
 		m.event(Event{Kind: EventFlush, Name: name, By: Actor(ctx),
-			Message: fmt.Sprintf("flushed %d bytes in %s", r.DirtyBefore-r.DirtyAfter, r.Took.Round(time.Millisecond))})
+			Message: fmt.Sprintf("flushed %d bytes in %s (%d dirty after)", r.DirtyBefore, r.Took.Round(time.Millisecond), r.DirtyAfter)})
 		s.mu.Lock()
 		s.stats.Dirty, s.stats.Writeback = r.DirtyAfter, 0
 		s.mu.Unlock()

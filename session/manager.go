@@ -72,7 +72,12 @@ type Config struct {
 	// BootTimeout bounds a VM boot until its agent answers; default 2 min
 	// (TCG boots take ~6 s, but a loaded host can take much longer).
 	BootTimeout time.Duration
-	Logger      *slog.Logger
+	// IdleTimeout puts a session with no running command and no action
+	// for this long to sleep; 0 disables.
+	IdleTimeout time.Duration
+	// CrashAt names a step at which the daemon kills itself (tests only).
+	CrashAt string
+	Logger  *slog.Logger
 }
 
 // Manager runs sessions: it owns their VMs, agent connections and
@@ -127,6 +132,7 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 		wg.Go(func() { s.recover(ctx) })
 	}
 	wg.Wait()
+	m.wg.Go(m.idleLoop)
 	return m, nil
 }
 
@@ -147,7 +153,9 @@ func (m *Manager) Close() error {
 	return nil
 }
 
-func (m *Manager) sessionDir(name string) string { return filepath.Join(m.cfg.DataDir, "sessions", name) }
+func (m *Manager) sessionDir(name string) string {
+	return filepath.Join(m.cfg.DataDir, "sessions", name)
+}
 
 func (m *Manager) get(name string) (*sess, error) {
 	m.mu.Lock()

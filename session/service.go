@@ -62,6 +62,11 @@ type Session struct {
 	DirtyBytes    int64 `json:"dirty_bytes"` // what a crash of the VM would lose now
 	MemUsedBytes  int64 `json:"mem_used_bytes,omitempty"`
 	Running       int   `json:"running"` // executions in starting/running state
+
+	// While sleeping: the memory snapshot's size on disk. LastWake is how
+	// long the session's last wake took.
+	SnapshotBytes int64         `json:"snapshot_bytes,omitempty"`
+	LastWake      time.Duration `json:"last_wake,omitempty"`
 }
 
 // ExecState is an execution's state.
@@ -248,6 +253,9 @@ type Lifecycle interface {
 	Resume(ctx context.Context, name string) (Session, error)
 	Stop(ctx context.Context, name string) (Session, error) // stop writers, flush, unmount, power off
 	Start(ctx context.Context, name string) (Session, error)
+	// Sleep snapshots an idle session's VM to disk and releases it; the
+	// next action on the session wakes it.
+	Sleep(ctx context.Context, name string) (Session, error)
 	Delete(ctx context.Context, name string) error // VM and all storage, permanently
 	Flush(ctx context.Context, name string) (FlushResult, error)
 }

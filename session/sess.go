@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -70,6 +71,12 @@ func (s *sess) snapshotLocked() Session {
 		out.MemUsedBytes = s.stats.MemTotal - s.stats.MemAvailable
 	}
 	out.WorkspaceUsed = s.stats.WorkspaceUsed
+	if out.State == StateSleeping {
+		out.SnapshotBytes, _ = strconv.ParseInt(r.Extra[extraSnapshotBytes], 10, 64)
+	}
+	if ms, err := strconv.ParseInt(r.Extra[extraWakeMillis], 10, 64); err == nil {
+		out.LastWake = time.Duration(ms) * time.Millisecond
+	}
 	out.Running = s.m.runningCount(s.name)
 	return out
 }
@@ -303,7 +310,7 @@ func (s *sess) recover(ctx context.Context) {
 	st := s.state()
 	d, derr := s.m.driver(s.rec.VMM)
 	var vm vmm.VM
-	if derr == nil && (st == StateRunning || st == StatePaused || st == StateCreating || st == StateStopping || st == StateDeleting) {
+	if derr == nil && st != StateStopped && st != StateCrashed {
 		var err error
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		vm, err = d.Attach(actx, s.vmDir())
@@ -336,6 +343,9 @@ func (s *sess) recover(ctx context.Context) {
 		s.m.loseRuns(s.name, "the daemon restarted while the session was stopping")
 		s.setState(StateStopped, "stop finished after a daemon restart", "")
 		return
+	case StateSleeping:
+		s.recoverSleep(ctx, st, vm)
+		return
 	case StateRunning, StatePaused:
 	default:
 		s.m.loseRuns(s.name, "the VM is not running")
@@ -352,6 +362,7 @@ func (s *sess) recover(ctx context.Context) {
 	s.mu.Unlock()
 	s.supervise(vm)
 	if st == StateRunning {
+		s.recoverSleep(ctx, st, vm) // settle a sleep or wake the daemon died in
 		s.m.resumeRuns(s)
 	}
 }

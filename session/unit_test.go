@@ -18,11 +18,12 @@ func TestTransitions(t *testing.T) {
 	all := []State{StateCreating, StateRunning, StatePaused, StateStopping, StateStopped, StateCrashed, StateDeleting, StateSleeping}
 	allowed := map[string][]State{
 		"pause":  {StateRunning},
-		"resume": {StatePaused},
-		"stop":   {StateRunning, StatePaused, StateCrashed},
-		"start":  {StateStopped, StateCrashed},
-		"flush":  {StateRunning},
-		"exec":   {StateRunning},
+		"resume": {StatePaused, StateSleeping},
+		"stop":   {StateRunning, StatePaused, StateCrashed, StateSleeping},
+		"start":  {StateStopped, StateCrashed, StateSleeping},
+		"flush":  {StateRunning, StateSleeping},
+		"exec":   {StateRunning, StateSleeping},
+		"sleep":  {StateRunning},
 		"delete": {StateRunning, StatePaused, StateStopped, StateCrashed, StateSleeping},
 	}
 	for action, ok := range allowed {

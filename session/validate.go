@@ -23,13 +23,14 @@ func ValidateName(name string) error {
 // transitions lists, per action, the states it is allowed from.
 var transitions = map[string][]State{
 	"pause":  {StateRunning},
-	"resume": {StatePaused},
-	"stop":   {StateRunning, StatePaused, StateCrashed},
-	"start":  {StateStopped, StateCrashed},
+	"resume": {StatePaused, StateSleeping},
+	"stop":   {StateRunning, StatePaused, StateCrashed, StateSleeping},
+	"start":  {StateStopped, StateCrashed, StateSleeping},
 	"delete": {StateRunning, StatePaused, StateStopped, StateCrashed, StateSleeping},
-	"flush":  {StateRunning},
-	"exec":   {StateRunning},
-	"files":  {StateRunning},
+	"flush":  {StateRunning, StateSleeping},
+	"exec":   {StateRunning, StateSleeping},
+	"files":  {StateRunning, StateSleeping},
+	"sleep":  {StateRunning},
 }
 
 // hints say what to do when an action is refused in a state.

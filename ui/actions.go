@@ -83,6 +83,8 @@ func (m *Model) runAction(b key.Binding) tea.Cmd {
 	switch {
 	case is(a.PauseResume):
 		return m.pauseResume(s)
+	case is(a.Sleep):
+		return m.sleepWake(s)
 	case is(a.Flush):
 		return m.flush(s)
 	case is(a.StopStart):
@@ -126,6 +128,33 @@ func (m *Model) pauseResume(s session.Session) tea.Cmd {
 		})
 	}
 	return m.setFlash(common.FlashError, "can't pause or resume "+name+": it is "+string(s.State))
+}
+
+// sleepWake puts an idle running session to sleep, or wakes a sleeping one.
+func (m *Model) sleepWake(s session.Session) tea.Cmd {
+	if m.c.ReadOnly {
+		return m.refuse("sleep/wake")
+	}
+	svc, name := m.c.Svc, s.Name
+	switch s.State {
+	case session.StateRunning:
+		return m.runOp("putting "+name+" to sleep", func(ctx context.Context) (string, tea.Msg, error) {
+			got, err := svc.Sleep(ctx, name)
+			if err != nil {
+				return "", nil, err
+			}
+			return fmt.Sprintf("%s is asleep: flushed, %s snapshot on disk, VM released", name, common.BytesLong(got.SnapshotBytes)), nil, nil
+		})
+	case session.StateSleeping:
+		return m.runOp("waking "+name, func(ctx context.Context) (string, tea.Msg, error) {
+			got, err := svc.Resume(ctx, name)
+			if err != nil {
+				return "", nil, err
+			}
+			return fmt.Sprintf("woke %s in %s", name, got.LastWake.Round(time.Millisecond)), nil, nil
+		})
+	}
+	return m.setFlash(common.FlashError, "can't sleep or wake "+name+": it is "+string(s.State))
 }
 
 func (m *Model) flush(s session.Session) tea.Cmd {

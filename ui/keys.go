@@ -34,10 +34,9 @@ func DefaultKeyMap() KeyMap {
 
 // ActionKeys are the keys that change sessions. All of them are disabled
 // (hidden from help and refused) in read-only mode.
-//
-// S is reserved for sleep (issue 7).
 type ActionKeys struct {
 	PauseResume key.Binding
+	Sleep       key.Binding
 	Flush       key.Binding
 	StopStart   key.Binding
 	Delete      key.Binding
@@ -50,6 +49,7 @@ type ActionKeys struct {
 func DefaultActionKeys() ActionKeys {
 	return ActionKeys{
 		PauseResume: key.NewBinding(key.WithKeys("p"), key.WithHelp("p", "pause/resume (does not flush)")),
+		Sleep:       key.NewBinding(key.WithKeys("S"), key.WithHelp("S", "sleep/wake (snapshot to disk)")),
 		Flush:       key.NewBinding(key.WithKeys("f"), key.WithHelp("f", "flush workspace")),
 		StopStart:   key.NewBinding(key.WithKeys("s"), key.WithHelp("s", "stop/start")),
 		Delete:      key.NewBinding(key.WithKeys("d"), key.WithHelp("d", "delete session")),
@@ -60,7 +60,7 @@ func DefaultActionKeys() ActionKeys {
 }
 
 func (a ActionKeys) all() []key.Binding {
-	return []key.Binding{a.PauseResume, a.Flush, a.StopStart, a.Delete, a.New, a.Exec, a.CancelExec}
+	return []key.Binding{a.PauseResume, a.Sleep, a.Flush, a.StopStart, a.Delete, a.New, a.Exec, a.CancelExec}
 }
 
 // CmdKeys apply while the command line is open.

@@ -186,7 +186,7 @@ func newModel(svc session.Service, opts Options) *Model {
 		spinner:  spinner.New(spinner.WithSpinner(spinner.MiniDot)),
 	}
 	if opts.ReadOnly {
-		for _, b := range []*key.Binding{&m.actions.PauseResume, &m.actions.Flush, &m.actions.StopStart,
+		for _, b := range []*key.Binding{&m.actions.PauseResume, &m.actions.Sleep, &m.actions.Flush, &m.actions.StopStart,
 			&m.actions.Delete, &m.actions.New, &m.actions.Exec, &m.actions.CancelExec} {
 			b.SetEnabled(false)
 		}

@@ -107,6 +107,22 @@ func TestPauseShowsSpinnerAndNoFlushNote(t *testing.T) {
 	}
 }
 
+func TestSleepAndWake(t *testing.T) {
+	t.Parallel()
+	f := fixture()
+	h := newHarness(t, f, Options{})
+	h.press("S")
+	h.waitFor("asleep", func() bool { s, _ := h.m.sessions.Get("alpha"); return s.State == session.StateSleeping })
+	if !strings.Contains(h.flash(), "alpha is asleep") {
+		t.Fatalf("flash %q", h.flash())
+	}
+	h.press("S")
+	h.waitFor("awake", func() bool { s, _ := h.m.sessions.Get("alpha"); return s.State == session.StateRunning })
+	if !strings.Contains(h.flash(), "woke alpha") {
+		t.Fatalf("flash %q", h.flash())
+	}
+}
+
 func TestActionErrorsAreFlashed(t *testing.T) {
 	t.Parallel()
 	f := fixture()
@@ -347,7 +363,7 @@ func TestReadOnlyHidesAndRefusesActions(t *testing.T) {
 	if len(h.m.actionBindings()) != 0 {
 		t.Fatalf("actions in read-only: %v", h.m.actionBindings())
 	}
-	for _, k := range []string{"p", "f", "s", "d", "n", "x"} {
+	for _, k := range []string{"p", "S", "f", "s", "d", "n", "x"} {
 		h.press(k)
 		if h.m.dialog != nil || len(h.m.Pending()) > 0 {
 			t.Fatalf("%s did something in read-only mode", k)

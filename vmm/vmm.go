@@ -55,7 +55,10 @@ type Config struct {
 	Accel Accel
 
 	// Incoming, when set, names a memory snapshot to restore instead of
-	// booting (drivers that implement Snapshotter).
+	// booting (drivers whose VMs implement Snapshotter). The device
+	// configuration must be the one the snapshot was taken with. The
+	// restored VM may be left paused (QEMU) or running (Cloud Hypervisor):
+	// callers Resume it, which is a no-op on a running VM.
 	Incoming string
 }
 

@@ -238,6 +238,13 @@ func (s *stream) send(t guest.FrameType, p []byte) error {
 	return guest.WriteFrame(s.w, t, p)
 }
 
+// sendBuf sends a frame whose payload follows a reserved header in buf.
+func (s *stream) sendBuf(t guest.FrameType, buf []byte) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return guest.WriteFrameBuf(s.w, t, buf)
+}
+
 func (s *stream) sendJSON(t guest.FrameType, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -319,6 +326,10 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 		return struct{}{}, a.setTime(req.Time, req.Data)
 	case guest.OpMount:
 		return a.mount(req.ID)
+	case guest.OpFreeze:
+		return a.freeze()
+	case guest.OpThaw:
+		return struct{}{}, a.thaw()
 	}
 	return nil, &guest.Error{Code: guest.CodeBadRequest, Op: req.Op, Message: "unknown operation; host and agent versions differ?"}
 }

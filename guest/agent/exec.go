@@ -185,6 +185,13 @@ func (t *execTable) start(req *guest.ExecRequest) (*execution, bool, error) {
 			ow.Close()
 			return nil, false, guest.ErrorFrom("exec", "", err)
 		}
+		// A large pipe lets a fast writer run ahead while the agent ships
+		// the previous batch; under emulation every wakeup is costly.
+		// (Through SyscallConn: Fd would switch the pipe to blocking mode,
+		// and read deadlines are needed to stop draining it.)
+		if rc, err := or.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) { unix.FcntlInt(fd, unix.F_SETPIPE_SZ, 1<<20) })
+		}
 		cmd.Stdout, cmd.Stderr = ow, ew
 		closeAfter = append(closeAfter, ow, ew)
 		outR, errR = or, er

@@ -34,16 +34,6 @@ func (b *outBuf) free() int {
 	return len(b.data) - int(b.end-b.acked)
 }
 
-// append copies p into the ring; the caller checked free().
-func (b *outBuf) append(p []byte) {
-	for len(p) > 0 {
-		i := int(b.end % int64(len(b.data)))
-		n := copy(b.data[i:], p)
-		p = p[n:]
-		b.end += int64(n)
-	}
-}
-
 // readAt copies bytes from offset off into p. It returns 0 when nothing is
 // available yet.
 func (b *outBuf) readAt(off int64, p []byte) int {
@@ -70,30 +60,28 @@ func (b *outBuf) ack(off int64) {
 	}
 }
 
-// pump moves bytes from a command's pipe into an outBuf.
+// pump moves bytes from a command's pipe into an outBuf. It reads straight
+// into the ring's free space: that region holds only acknowledged bytes no
+// reader asks for, so it can be written without the lock.
 func pump(mu *sync.Mutex, cond *sync.Cond, b *outBuf, read func([]byte) (int, error), abandoned func() bool) {
-	buf := make([]byte, 64<<10)
 	for {
 		mu.Lock()
 		for b.free() == 0 && !abandoned() {
 			cond.Wait()
 		}
-		room := b.free()
 		if abandoned() {
-			room = len(buf) // nobody will read it: keep draining so the command does not hang
+			b.acked = b.end // nobody will read it: keep draining so the command does not hang
 		}
+		i := int(b.end % int64(len(b.data)))
+		room := min(b.free(), len(b.data)-i, 1<<20)
+		dst := b.data[i : i+room]
 		mu.Unlock()
-		if room > len(buf) {
-			room = len(buf)
-		}
-		n, err := read(buf[:room])
+		n, err := read(dst)
 		mu.Lock()
 		if n > 0 {
+			b.end += int64(n)
 			if abandoned() {
-				b.end += int64(n)
 				b.acked = b.end
-			} else {
-				b.append(buf[:n])
 			}
 			cond.Broadcast()
 		}

@@ -99,7 +99,8 @@ func (a *Agent) stream(ctx context.Context, s *stream, e *execution, outOff, err
 		}
 	}()
 
-	buf := make([]byte, 8+guest.DataChunk)
+	const hdr = guest.FrameHeader + 8 // frame header, then the output offset
+	buf := make([]byte, hdr+guest.DataChunk)
 	for {
 		e.mu.Lock()
 		var b *outBuf
@@ -129,10 +130,10 @@ func (a *Agent) stream(ctx context.Context, s *stream, e *execution, outOff, err
 		if start := b.start(); *off < start {
 			*off = start // only after a forget; the frame offset shows the gap
 		}
-		n := b.readAt(*off, buf[8:])
+		n := b.readAt(*off, buf[hdr:])
 		e.mu.Unlock()
-		binary.BigEndian.PutUint64(buf, uint64(*off))
-		if s.send(ft, buf[:8+n]) != nil {
+		binary.BigEndian.PutUint64(buf[guest.FrameHeader:], uint64(*off))
+		if s.sendBuf(ft, buf[:hdr+n]) != nil {
 			return
 		}
 		*off += int64(n)

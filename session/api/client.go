@@ -234,6 +234,11 @@ func (c *Client) Pause(ctx context.Context, name string) (session.Session, error
 	return c.sessionCall(ctx, http.MethodPost, name, "/pause")
 }
 
+// Sleep snapshots an idle session to disk and releases its VM.
+func (c *Client) Sleep(ctx context.Context, name string) (session.Session, error) {
+	return c.sessionCall(ctx, http.MethodPost, name, "/sleep")
+}
+
 // Resume continues a paused session.
 func (c *Client) Resume(ctx context.Context, name string) (session.Session, error) {
 	return c.sessionCall(ctx, http.MethodPost, name, "/resume")

@@ -50,6 +50,7 @@ func NewServer(svc session.Service, logger *slog.Logger, opts ...ServerOption) h
 	m.HandleFunc("GET /v1/sessions/{name}", s.get)
 	m.HandleFunc("DELETE /v1/sessions/{name}", s.delete)
 	m.HandleFunc("POST /v1/sessions/{name}/pause", s.lifecycle(svc.Pause))
+	m.HandleFunc("POST /v1/sessions/{name}/sleep", s.lifecycle(svc.Sleep))
 	m.HandleFunc("POST /v1/sessions/{name}/resume", s.lifecycle(svc.Resume))
 	m.HandleFunc("POST /v1/sessions/{name}/stop", s.lifecycle(svc.Stop))
 	m.HandleFunc("POST /v1/sessions/{name}/start", s.lifecycle(svc.Start))

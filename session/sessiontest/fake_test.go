@@ -36,7 +36,7 @@ func TestTransitions(t *testing.T) {
 		session.StatePaused:   func(f *Fake, n string) error { _, err := f.Pause(ctx, n); return err },
 		session.StateStopped:  func(f *Fake, n string) error { _, err := f.Stop(ctx, n); return err },
 		session.StateCrashed:  func(f *Fake, n string) error { return f.Crash(n, "test") },
-		session.StateSleeping: func(f *Fake, n string) error { return f.Sleep(n) },
+		session.StateSleeping: func(f *Fake, n string) error { _, err := f.Sleep(context.Background(), n); return err },
 	}
 	const bad = session.State("ErrInvalidState")
 	tests := []struct {

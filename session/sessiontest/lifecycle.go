@@ -310,16 +310,16 @@ func (f *Fake) Crash(name, cause string) error {
 
 // Sleep simulates idle sleep: a running session with no running command
 // releases its VM; the next use wakes it.
-func (f *Fake) Sleep(name string) error {
+func (f *Fake) Sleep(ctx context.Context, name string) (session.Session, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, err := f.getLocked(name)
 	if err != nil {
-		return err
+		return session.Session{}, err
 	}
 	if s.info.State != session.StateRunning || s.info.Running > 0 {
-		return invalidState("sleep", s)
+		return session.Session{}, invalidState("sleep", s)
 	}
-	f.setStateLocked(context.Background(), s, session.StateSleeping, "idle")
-	return nil
+	f.setStateLocked(ctx, s, session.StateSleeping, "idle")
+	return s.info, nil
 }

@@ -217,7 +217,7 @@ func TUI(ctx context.Context, g Globals) int {
 	}
 	defer c.Close()
 	sock := daemon.SocketPath(g.Data)
-	err = ui.Run(ctx, c, ui.Options{ReadOnly: g.ReadOnly, Who: "tui", DaemonStatus: func() string { return "daemon " + sock }})
+	err = ui.Run(ctx, c, ui.Options{ReadOnly: g.ReadOnly, Who: "tui", DaemonStatus: func() string { return sock }})
 	if err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "berth:", err)
 		return 1

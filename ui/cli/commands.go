@@ -86,6 +86,8 @@ func commands() []*command {
 		createCmd(), lsCmd(), infoCmd(),
 		lifecycleCmd("pause", "pause a session's VM (keeps memory; does not flush)",
 			"Stops the session's vCPUs. Everything stays attached and in memory; nothing is flushed,\nso writes not yet flushed are still at risk. 'berth resume' continues."),
+		lifecycleCmd("sleep", "snapshot an idle session to disk and release its VM",
+			"Flushes and freezes /workspace, saves the VM's memory to disk and stops the VM.\nThe next action on the session (exec, files, resume…) wakes it where it left off.\nRefused while commands run."),
 		lifecycleCmd("resume", "resume a paused session",
 			"Continues a paused session, or wakes a sleeping one."),
 		lifecycleCmd("stop", "shut a session's VM down cleanly (flushes first)",

@@ -3,11 +3,11 @@ package cli
 import (
 	"flag"
 	"fmt"
-	"math"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
+
+	"github.com/berthvm/berth/session"
 )
 
 // parseInterleaved parses flags anywhere among the positional arguments,
@@ -47,31 +47,8 @@ func checkName(name string) error {
 	return nil
 }
 
-var sizeRE = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?$`)
-
-// parseSize reads 512M, 4G, 1.5G, 1024K, 4GiB or plain bytes. Units are
-// binary (K = 1024).
-func parseSize(s string) (int64, error) {
-	m := sizeRE.FindStringSubmatch(strings.ToLower(strings.TrimSpace(s)))
-	if m == nil {
-		return 0, fmt.Errorf("want a number with an optional K, M, G or T suffix, like 512M or 1.5G")
-	}
-	v, err := strconv.ParseFloat(m[1], 64)
-	if err != nil {
-		return 0, fmt.Errorf("want a number with an optional K, M, G or T suffix, like 512M or 1.5G")
-	}
-	shift := map[string]uint{"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m[2]]
-	bytes := v * float64(uint64(1)<<shift)
-	switch {
-	case bytes != math.Trunc(bytes):
-		return 0, fmt.Errorf("%s is not a whole number of bytes", s)
-	case bytes > 1<<62:
-		return 0, fmt.Errorf("%s is too large", s)
-	case bytes <= 0:
-		return 0, fmt.Errorf("want a size above zero")
-	}
-	return int64(bytes), nil
-}
+// parseSize reads 512M, 4G, 1.5G, 1024K, 4GiB or plain bytes.
+func parseSize(s string) (int64, error) { return session.ParseSize(s) }
 
 // sizeFlag is a flag holding a byte size.
 type sizeFlag struct{ n int64 }

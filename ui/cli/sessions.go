@@ -84,7 +84,7 @@ func lsCmd() *command {
 				now := c.env.Now()
 				t := newTable(c.env.Stdout, "NAME", "STATE", "CPUS", "MEMORY", "DISK", "USED", "DIRTY", "RUNNING", "CREATED")
 				for _, s := range list {
-					t.row(s.Name, string(s.State), fmt.Sprint(s.CPUs), humanBytes(int64(s.MemoryMiB)<<20),
+					t.row(s.Name, stateText(s), fmt.Sprint(s.CPUs), humanBytes(int64(s.MemoryMiB)<<20),
 						humanBytes(s.DiskBytes), humanBytes(s.WorkspaceUsed), humanBytes(s.DirtyBytes),
 						fmt.Sprint(s.Running), ago(now, s.CreatedAt))
 				}
@@ -120,6 +120,19 @@ func infoCmd() *command {
 	}
 }
 
+// stateText is the state, with the snapshot's size and the time a wake
+// took last for a sleeping session.
+func stateText(s session.Session) string {
+	if s.State != session.StateSleeping || s.SnapshotBytes == 0 {
+		return string(s.State)
+	}
+	wake := ""
+	if s.LastWake > 0 {
+		wake = ", wakes in ~" + s.LastWake.Round(10*time.Millisecond).String()
+	}
+	return fmt.Sprintf("sleeping (%s%s)", humanBytes(s.SnapshotBytes), wake)
+}
+
 func writeInfo(w io.Writer, c *cli, s session.Session) {
 	now := c.env.Now()
 	t := newTable(w, "Name:", s.Name)
@@ -146,6 +159,12 @@ func writeInfo(w io.Writer, c *cli, s session.Session) {
 	t.row("Workspace:", fmt.Sprintf("%s used of %s", humanBytes(s.WorkspaceUsed), humanBytes(s.DiskBytes)))
 	t.row("Dirty:", humanBytes(s.DirtyBytes)+" not yet durable")
 	t.row("Running:", plural(s.Running, "command"))
+	if s.State == session.StateSleeping {
+		t.row("Snapshot:", humanBytes(s.SnapshotBytes)+" on disk")
+	}
+	if s.LastWake > 0 {
+		t.row("Last wake:", s.LastWake.Round(time.Millisecond).String())
+	}
 	stamp := func(at time.Time) string {
 		return at.In(now.Location()).Format("2006-01-02 15:04:05") + " (" + ago(now, at) + ")"
 	}
@@ -172,7 +191,7 @@ func lifecycleCmd(name, summary, help string) *command {
 					return err
 				}
 				call := map[string]func(context.Context, string) (session.Session, error){
-					"pause": svc.Pause, "resume": svc.Resume, "stop": svc.Stop, "start": svc.Start,
+					"pause": svc.Pause, "resume": svc.Resume, "stop": svc.Stop, "start": svc.Start, "sleep": svc.Sleep,
 				}[name]
 				s, err := call(ctx, args[0])
 				if err != nil {
@@ -201,7 +220,7 @@ func flushCmd() *command {
 				if err != nil {
 					return err
 				}
-				flushed := res.DirtyBefore - res.DirtyAfter
+				flushed := res.DirtyBefore // all of it was written back; DirtyAfter is what came since
 				fmt.Fprintf(c.env.Stdout, "%s: flushed %d bytes (%s) in %s", args[0], flushed, humanBytes(flushed), shortDuration(res.Took))
 				if res.DirtyAfter > 0 {
 					fmt.Fprintf(c.env.Stdout, "; %s written since is not yet durable", humanBytes(res.DirtyAfter))

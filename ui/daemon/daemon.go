@@ -186,6 +186,7 @@ func Run(ctx context.Context, o Options) error {
 	images := Images(o, log)
 	mgr, err := session.NewManager(ctx, st, session.Config{
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
+		IdleTimeout: cfg.IdleTimeout, CrashAt: os.Getenv("BERTH_CRASH_AT"),
 		Logger: log.With("component", "session"),
 	})
 	if err != nil {

@@ -94,7 +94,7 @@ func Args(cfg vmm.Config, accel vmm.Accel) []string {
 	if accel == vmm.AccelKVM {
 		args = append(args, "-accel", "kvm", "-cpu", "host")
 	} else {
-		args = append(args, "-accel", "tcg,thread=multi", "-cpu", "max")
+		args = append(args, "-accel", "tcg,thread=multi", "-cpu", "qemu64")
 	}
 	args = append(args,
 		"-smp", strconv.Itoa(cpus), "-m", strconv.Itoa(mem),
@@ -142,6 +142,11 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.VM, error) {
 		return nil, err
 	}
 	vm, err := d.connect(ctx, cfg.Dir, proc, accel)
+	if err == nil && cfg.Incoming != "" {
+		if err = vm.Restore(ctx, cfg.Incoming); err != nil {
+			vm.Close()
+		}
+	}
 	if err != nil {
 		proc.Kill(5 * time.Second)
 		<-proc.Done()

@@ -477,7 +477,12 @@ func (f *Service) Pause(ctx context.Context, name string) (session.Session, erro
 
 // Resume implements session.Lifecycle.
 func (f *Service) Resume(ctx context.Context, name string) (session.Session, error) {
-	return f.transition(ctx, "Resume", name, []session.State{session.StatePaused}, session.StateRunning, "resumed by tui")
+	return f.transition(ctx, "Resume", name, []session.State{session.StatePaused, session.StateSleeping}, session.StateRunning, "resumed by tui")
+}
+
+// Sleep implements session.Lifecycle.
+func (f *Service) Sleep(ctx context.Context, name string) (session.Session, error) {
+	return f.transition(ctx, "Sleep", name, []session.State{session.StateRunning}, session.StateSleeping, "put to sleep by tui")
 }
 
 // Stop implements session.Lifecycle.

@@ -1,0 +1,340 @@
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/berthvm/berth/vmm"
+)
+
+// Sleep and wake. Sleeping frees an idle session's VM: the workspace is
+// flushed and frozen (so the volume is clean and writers wait), the VM is
+// paused, its memory and device state are saved and fsynced, and only then
+// is the session recorded as sleeping and the VMM stopped. The volume is
+// not touched while asleep, so snapshot and disk match. Waking restores the
+// snapshot into a new VMM, records the session running, then resumes it,
+// thaws the workspace and sets the clock. A daemon killed at any step
+// leaves a session that is running, cleanly sleeping, or cold-bootable:
+// see recoverSleep.
+
+// Keys in the session record's Extra.
+const (
+	extraSnapshot      = "snapshot"       // path of the memory snapshot while sleeping
+	extraSnapshotBytes = "snapshot_bytes" // its size
+	extraWakeMillis    = "wake_ms"        // how long the last wake took
+)
+
+func (s *sess) snapshotDir() string  { return filepath.Join(s.dir(), "snapshot") }
+func (s *sess) snapshotPath() string { return filepath.Join(s.snapshotDir(), "memory.snap") }
+
+// crash is the fault injection used by tests: the daemon kills itself at
+// the named step, as a kill -9 would.
+func (m *Manager) crash(point string) {
+	if m.cfg.CrashAt != "" && m.cfg.CrashAt == point {
+		m.log.Warn("crash point reached: killing the daemon", "point", point)
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		time.Sleep(time.Hour)
+	}
+}
+
+// Sleep snapshots a running, idle session to disk and stops its VM.
+func (m *Manager) Sleep(ctx context.Context, name string) (Session, error) {
+	return m.lifecycle(ctx, name, "sleep", func(s *sess) error {
+		return s.sleep(ctx, Actor(ctx))
+	})
+}
+
+func (s *sess) sleep(ctx context.Context, by string) error {
+	m := s.m
+	if n := m.runningCount(s.name); n > 0 {
+		return fmt.Errorf("cannot sleep session %q: %d command(s) still running: %w", s.name, n, ErrInvalidState)
+	}
+	vm, err := s.currentVM()
+	if err != nil {
+		return err
+	}
+	snap, ok := vm.(vmm.Snapshotter)
+	if !ok {
+		return fmt.Errorf("the %s driver cannot snapshot VMs: %w", s.rec.VMM, ErrInvalid)
+	}
+	c, err := s.connectedAgent()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	abandon := func(step string, cause error) error {
+		vm.Resume(context.Background())
+		c.Thaw(context.Background())
+		os.RemoveAll(s.snapshotDir())
+		m.event(Event{Kind: EventNote, Name: s.name, By: by, Message: fmt.Sprintf("sleep abandoned while %s: %v; the session keeps running", step, cause)})
+		return fmt.Errorf("sleep %q: %s: %w", s.name, step, cause)
+	}
+	if _, err := c.Freeze(ctx); err != nil {
+		return abandon("flushing and freezing /workspace", agentErr(s.name, err))
+	}
+	m.crash("sleep:frozen")
+	if err := vm.Pause(ctx); err != nil {
+		return abandon("pausing", err)
+	}
+	m.crash("sleep:paused")
+	if err := os.MkdirAll(s.snapshotDir(), 0o755); err != nil {
+		return abandon("preparing the snapshot directory", err)
+	}
+	tmp := s.snapshotPath() + ".tmp"
+	if err := snap.Snapshot(ctx, tmp); err != nil {
+		return abandon("saving memory", err)
+	}
+	m.crash("sleep:saved")
+	size, err := syncFile(tmp)
+	if err == nil {
+		err = os.Rename(tmp, s.snapshotPath())
+	}
+	if err == nil {
+		err = syncDir(s.snapshotDir())
+	}
+	if err != nil {
+		return abandon("writing the snapshot to disk", err)
+	}
+	m.crash("sleep:synced")
+	s.mu.Lock()
+	s.rec.Extra[extraSnapshot] = s.snapshotPath()
+	s.rec.Extra[extraSnapshotBytes] = strconv.FormatInt(size, 10)
+	s.intended = true
+	s.mu.Unlock()
+	if err := s.setState(StateSleeping, fmt.Sprintf("asleep: %s snapshot written in %s", humanBytes(size), time.Since(start).Round(time.Millisecond)), by); err != nil {
+		return abandon("recording", err)
+	}
+	m.crash("sleep:recorded")
+	vm.Kill(context.Background())
+	<-vm.Done()
+	s.detach()
+	s.mu.Lock()
+	s.vm, s.agent = nil, nil
+	s.mu.Unlock()
+	return nil
+}
+
+// wake brings a sleeping session back; the caller holds s.op. A missing or
+// unusable snapshot means a cold boot on the (clean) workspace instead.
+func (s *sess) wake(ctx context.Context, by string) error {
+	m := s.m
+	start := time.Now()
+	err := s.restore(ctx)
+	cause := ""
+	if err != nil {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		m.log.Warn("restore failed; cold boot", "session", s.name, "err", err)
+		m.event(Event{Kind: EventNote, Name: s.name, By: by, Message: "could not restore the sleep snapshot (" + err.Error() + "); booting a new VM on the workspace instead"})
+		if err := s.boot(ctx); err != nil {
+			return err
+		}
+		cause = "woke by a cold boot (the snapshot was unusable)"
+	}
+	took := time.Since(start)
+	if cause == "" {
+		cause = fmt.Sprintf("woke from sleep in %s", took.Round(time.Millisecond))
+	}
+	s.mu.Lock()
+	delete(s.rec.Extra, extraSnapshot)
+	delete(s.rec.Extra, extraSnapshotBytes)
+	s.rec.Extra[extraWakeMillis] = strconv.FormatInt(took.Milliseconds(), 10)
+	s.mu.Unlock()
+	if err := s.setState(StateRunning, cause, by); err != nil {
+		return err
+	}
+	m.crash("wake:recorded")
+	os.RemoveAll(s.snapshotDir()) // the disk moves on from here
+	return s.afterWake(ctx)
+}
+
+// restore starts a VMM from the sleep snapshot and connects to its agent.
+// The VM stays paused until afterWake.
+func (s *sess) restore(ctx context.Context) error {
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	path := rec.Extra[extraSnapshot]
+	if path == "" {
+		return errors.New("no snapshot recorded")
+	}
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	d, err := s.m.driver(rec.VMM)
+	if err != nil {
+		return err
+	}
+	im, err := s.m.cfg.Images(ctx, rec.Image)
+	if err != nil {
+		return err
+	}
+	cfg := vmm.Config{
+		Dir: s.vmDir(), Kernel: im.Kernel, Initramfs: im.Initramfs,
+		Cmdline: "berth.ws=" + rec.Extra["uuid"], CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB,
+		Workspace: s.wsPath(), Accel: vmm.Accel(rec.Accel), Incoming: path,
+	}
+	bctx, cancel := context.WithTimeout(ctx, s.m.cfg.BootTimeout)
+	defer cancel()
+	vm, err := d.Start(bctx, cfg)
+	if err != nil {
+		return err
+	}
+	s.m.crash("wake:restored")
+	s.mu.Lock()
+	s.vm, s.agent, s.intended = vm, nil, false
+	s.rec.Pid, s.rec.Accel, s.rec.StartedAt = vm.Pid(), string(vm.Accel()), time.Now()
+	s.mu.Unlock()
+	s.supervise(vm)
+	return nil
+}
+
+// afterWake resumes a restored VM, reconnects its agent, thaws the
+// workspace, sets the clock and reseeds the RNG. Idempotent: recovery runs
+// it for sessions whose wake was interrupted.
+func (s *sess) afterWake(ctx context.Context) error {
+	vm, err := s.currentVM()
+	if err != nil {
+		return err
+	}
+	if err := vm.Resume(ctx); err != nil {
+		return fmt.Errorf("resume the restored VM: %w", err)
+	}
+	s.m.crash("wake:resumed")
+	c, err := s.connectedAgent()
+	if err != nil {
+		return err
+	}
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	if err := c.SetTime(ctx, time.Now(), seed); err != nil {
+		return agentErr(s.name, err)
+	}
+	return agentErr(s.name, c.Thaw(ctx))
+}
+
+// ensureAwake wakes a sleeping session before an action on it; concurrent
+// callers wait for one wake.
+func (m *Manager) ensureAwake(ctx context.Context, s *sess) error {
+	if s.state() != StateSleeping {
+		return nil
+	}
+	s.op.Lock()
+	defer s.op.Unlock()
+	if s.state() != StateSleeping {
+		return nil
+	}
+	return s.wake(ctx, orAPI(Actor(ctx)))
+}
+
+// idleLoop puts sessions to sleep once they have had no running command
+// and no action for the idle timeout.
+func (m *Manager) idleLoop() {
+	if m.cfg.IdleTimeout <= 0 {
+		return
+	}
+	every := min(m.cfg.IdleTimeout/4, 30*time.Second)
+	t := time.NewTicker(max(every, time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		ss := make([]*sess, 0, len(m.sessions))
+		for _, s := range m.sessions {
+			ss = append(ss, s)
+		}
+		m.mu.Unlock()
+		for _, s := range ss {
+			s.mu.Lock()
+			idle := s.rec.State == string(StateRunning) && time.Since(s.rec.LastActivity) > m.cfg.IdleTimeout
+			s.mu.Unlock()
+			if !idle || m.runningCount(s.name) > 0 {
+				continue
+			}
+			s.op.Lock()
+			if s.state() == StateRunning && m.runningCount(s.name) == 0 {
+				if err := s.sleep(m.ctx, "idle"); err != nil {
+					m.log.Info("idle sleep", "session", s.name, "err", err)
+					s.touch() // do not retry at once
+				}
+			}
+			s.op.Unlock()
+		}
+	}
+}
+
+// recoverSleep settles a session an earlier daemon left mid-sleep or
+// mid-wake. vm is the VMM still alive in the session's directory, or nil.
+func (s *sess) recoverSleep(ctx context.Context, st State, vm vmm.VM) {
+	switch st {
+	case StateSleeping:
+		// Recorded asleep: the snapshot is complete and synced. A VMM still
+		// alive either was about to be stopped or was restored but never
+		// recorded running (so it never ran): stop it.
+		if vm != nil {
+			s.mu.Lock()
+			s.intended = true
+			s.mu.Unlock()
+			vm.Kill(ctx)
+			<-vm.Done()
+			vm.Close()
+		}
+		if _, err := os.Stat(s.rec.Extra[extraSnapshot]); err != nil {
+			s.m.event(Event{Kind: EventNote, Name: s.name, Message: "the sleep snapshot is missing; the next wake boots a new VM on the workspace"})
+		}
+	case StateRunning:
+		// Running, or caught between freeze and the sleeping record, or
+		// between the running record and resume: make sure the VM runs and
+		// the workspace is thawed. A stale snapshot is removed.
+		os.RemoveAll(s.snapshotDir())
+		if err := s.afterWake(ctx); err != nil {
+			s.m.log.Warn("settle after restart", "session", s.name, "err", err)
+		}
+	}
+}
+
+func syncFile(path string) (int64, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), f.Sync()
+}
+
+func syncDir(path string) error {
+	d, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

@@ -1,0 +1,169 @@
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// A migration brings one owner's records from schema version N to N+1.
+type migration func(txn *badger.Txn) error
+
+// migrations lists, per owner, the steps from v1 onwards: migrations[o][i]
+// goes from v(i+1) to v(i+2), so an owner's current version is
+// len(migrations[o])+1. Append steps; never edit a released one.
+var migrations = map[string][]migration{
+	ownerSession: nil,
+	ownerExec:    {execV1ToV2},
+	ownerOut:     nil,
+	ownerEvent:   nil,
+}
+
+// owners fixes the order in which owners are checked and migrated.
+var owners = []string{ownerSession, ownerExec, ownerOut, ownerEvent}
+
+func knownVersion(owner string) int { return len(migrations[owner]) + 1 }
+
+// SchemaError reports a store written by a newer berth; opening it would
+// risk misreading or damaging records this version does not understand.
+type SchemaError struct {
+	Owner string
+	Have  int // version in the store
+	Know  int // newest version this berth can read
+}
+
+func (e *SchemaError) Error() string {
+	return fmt.Sprintf("store schema for %s is v%d, this berth knows v%d: upgrade berth", e.Owner, e.Have, e.Know)
+}
+
+// migrate brings every owner to its current schema in one transaction, so
+// a crash or a failing step leaves the store exactly as the previous berth
+// wrote it. An owner without a version has never stored anything and
+// starts at the current one.
+func (s *Store) migrate() error {
+	type step struct {
+		owner    string
+		from, to int
+	}
+	var done []step
+	err := s.db.Update(func(txn *badger.Txn) error {
+		done = done[:0]
+		have := make(map[string]int, len(owners))
+		for _, owner := range owners {
+			v, err := readSchema(txn, owner)
+			if err != nil {
+				return err
+			}
+			if v > knownVersion(owner) {
+				return &SchemaError{Owner: owner, Have: v, Know: knownVersion(owner)}
+			}
+			have[owner] = v
+		}
+		for _, owner := range owners {
+			from, know := have[owner], knownVersion(owner)
+			if from == know {
+				continue
+			}
+			if from == 0 {
+				from = know
+			}
+			for v := from; v < know; v++ {
+				if err := migrations[owner][v-1](txn); err != nil {
+					return fmt.Errorf("migrate %s records from v%d to v%d: %w", owner, v, v+1, err)
+				}
+			}
+			if err := txn.Set(schemaKey(owner), []byte(strconv.Itoa(know))); err != nil {
+				return err
+			}
+			if have[owner] != 0 {
+				done = append(done, step{owner, have[owner], know})
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, badger.ErrTxnTooBig) {
+		return fmt.Errorf("open store: migration does not fit in one transaction; this berth cannot upgrade a store this large: %w", err)
+	}
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	for _, d := range done {
+		s.log.Info("migrated store records", "owner", d.owner, "from", d.from, "to", d.to)
+	}
+	return nil
+}
+
+// readSchema returns owner's schema version, 0 if it has none.
+func readSchema(txn *badger.Txn, owner string) (int, error) {
+	item, err := txn.Get(schemaKey(owner))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var v int
+	err = item.Value(func(b []byte) error {
+		var err error
+		v, err = strconv.Atoi(string(b))
+		if err != nil || v < 1 {
+			return fmt.Errorf("schema version of %s: %q is not a version", owner, b)
+		}
+		return nil
+	})
+	return v, err
+}
+
+// execV1ToV2: v1 exec records kept the whole environment ("env":
+// ["NAME=value", ...]), which put secrets on disk, and did not record who
+// started the command. v2 keeps only the names ("env_names") and marks old
+// records' starter as "unknown". The overwritten values linger in badger's
+// value log until compaction and GC reclaim it.
+func execV1ToV2(txn *badger.Txn) error {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix(ownerExec)})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		item := it.Item()
+		k := item.KeyCopy(nil)
+		v, err := item.ValueCopy(nil)
+		if err != nil {
+			return err
+		}
+		var rec map[string]json.RawMessage
+		if err := json.Unmarshal(v, &rec); err != nil {
+			return fmt.Errorf("record %q: %w", k, err)
+		}
+		if raw, ok := rec["env"]; ok {
+			var env []string
+			if err := json.Unmarshal(raw, &env); err != nil {
+				return fmt.Errorf("record %q: env: %w", k, err)
+			}
+			names := make([]string, 0, len(env))
+			for _, kv := range env {
+				name, _, _ := strings.Cut(kv, "=")
+				names = append(names, name)
+			}
+			delete(rec, "env")
+			if _, ok := rec["env_names"]; !ok && len(names) > 0 {
+				if rec["env_names"], err = json.Marshal(names); err != nil {
+					return err
+				}
+			}
+		}
+		if _, ok := rec["by"]; !ok {
+			rec["by"] = json.RawMessage(`"unknown"`)
+		}
+		nv, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		if err := txn.Set(k, nv); err != nil {
+			return err
+		}
+	}
+	return nil
+}

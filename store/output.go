@@ -1,0 +1,358 @@
+package store
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// A chunk's value is its stream (1 byte), its time (Unix nanoseconds, 8
+// bytes big endian) and its data. Not JSON: that would base64 the data,
+// a third more space and an encoding pass on every write and read.
+const chunkHeader = 9
+
+// maxAppendChunks keeps one AppendOutput within a badger transaction (see
+// badgerOptions) with room left for trimming: even with 128-byte ids and
+// chunks just under the value threshold, the two together stay under 1.5 MB.
+const maxAppendChunks = 4096
+
+// trimBudget bounds the chunks one transaction deletes; trimming beyond it
+// continues in further transactions.
+const trimBudget = 4096
+
+// outState is an exec's output progress, stored apart from its record (see
+// Exec) and updated in the same transaction as the chunks it describes.
+type outState struct {
+	StdoutBytes  int64  `json:"stdout_bytes,omitempty"`
+	StderrBytes  int64  `json:"stderr_bytes,omitempty"`
+	StdoutOffset int64  `json:"stdout_offset,omitempty"`
+	StderrOffset int64  `json:"stderr_offset,omitempty"`
+	NextSeq      uint64 `json:"next_seq,omitempty"`
+	TrimmedSeq   uint64 `json:"trimmed_seq,omitempty"`
+	TrimmedBytes int64  `json:"trimmed_bytes,omitempty"`
+	// TrimLogStart is the first seq whose size the trim log still holds.
+	TrimLogStart uint64 `json:"trim_log_start,omitempty"`
+	// Order is the exec's position in outorder, fixed when it was indexed;
+	// Indexed is true while it has stored chunks.
+	Order   uint64 `json:"order,omitempty"`
+	Indexed bool   `json:"indexed,omitempty"`
+}
+
+func (st *outState) applyTo(e *Exec) {
+	e.StdoutBytes, e.StderrBytes = st.StdoutBytes, st.StderrBytes
+	e.StdoutOffset, e.StderrOffset = st.StdoutOffset, st.StderrOffset
+	e.NextSeq = st.NextSeq
+	e.TrimmedSeq, e.TrimmedBytes = st.TrimmedSeq, st.TrimmedBytes
+}
+
+func getOutState(txn *badger.Txn, id string) (*outState, error) {
+	st := new(outState)
+	err := getJSON(txn, outStateKey(id), st)
+	if err != nil && !errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, fmt.Errorf("output state of exec %q: %w", id, err)
+	}
+	return st, nil
+}
+
+func putOutState(txn *badger.Txn, id string, st *outState) error {
+	v, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	return txn.Set(outStateKey(id), v)
+}
+
+func getUse(txn *badger.Txn, session string) (int64, error) {
+	item, err := txn.Get(outUseKey(session))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	err = item.Value(func(v []byte) error {
+		if len(v) != 8 {
+			return fmt.Errorf("output total of session %q: %d bytes, want 8", session, len(v))
+		}
+		n = int64(binary.BigEndian.Uint64(v))
+		return nil
+	})
+	return n, err
+}
+
+func putUse(txn *badger.Txn, session string, n int64) error {
+	return txn.Set(outUseKey(session), binary.BigEndian.AppendUint64(nil, uint64(n)))
+}
+
+// AppendOutput stores chunks (their Exec and Seq are ignored) as the exec's
+// next sequence numbers and records the agent offsets that the stored
+// output now reaches. Chunks, byte counts, offsets and NextSeq are committed
+// in one transaction, so after a crash the stored output and the offsets to
+// resume from agree. Offsets may not go backwards. If the session's output
+// then exceeds its retention, its oldest chunks are trimmed before
+// AppendOutput returns. It returns the updated exec.
+//
+// Each call is one badger commit with a fixed cost, so a caller that passes
+// all chunks that arrived while its previous call ran gets more throughput
+// than one chunk a call (see BenchmarkAppendOutput).
+func (s *Store) AppendOutput(execID string, chunks []Chunk, stdoutOffset, stderrOffset int64) (Exec, error) {
+	if err := checkName("exec", execID); err != nil {
+		return Exec{}, err
+	}
+	if len(chunks) > maxAppendChunks {
+		return Exec{}, fmt.Errorf("append output to exec %q: %d chunks, at most %d per call: %w",
+			execID, len(chunks), maxAppendChunks, ErrInvalid)
+	}
+	// Encode once into one buffer; transaction retries reuse it.
+	var total int
+	for _, c := range chunks {
+		if c.Stream != Stdout && c.Stream != Stderr {
+			return Exec{}, fmt.Errorf("append output to exec %q: stream %d: %w", execID, c.Stream, ErrInvalid)
+		}
+		total += chunkHeader + len(c.Data)
+	}
+	// Badger copies values into its log before Commit returns, so the
+	// buffer can be reused; at 64 KiB a call, allocating and zeroing a fresh
+	// one is a measurable part of ingest.
+	var buf []byte
+	if total <= maxPooledBuf {
+		bp := encodeBufs.Get().(*[]byte)
+		defer encodeBufs.Put(bp)
+		if cap(*bp) < total {
+			*bp = make([]byte, 0, maxPooledBuf)
+		}
+		buf = (*bp)[:0]
+	} else {
+		buf = make([]byte, 0, total)
+	}
+	vals := make([][]byte, len(chunks))
+	var outBytes, errBytes int64
+	now := time.Now()
+	for i, c := range chunks {
+		start := len(buf)
+		t := c.Time
+		if t.IsZero() {
+			t = now
+		}
+		buf = append(buf, c.Stream)
+		buf = binary.BigEndian.AppendUint64(buf, uint64(t.UnixNano()))
+		buf = append(buf, c.Data...)
+		vals[i] = buf[start:len(buf):len(buf)]
+		if c.Stream == Stdout {
+			outBytes += int64(len(c.Data))
+		} else {
+			errBytes += int64(len(c.Data))
+		}
+	}
+
+	if err := s.enter(); err != nil {
+		return Exec{}, err
+	}
+	defer s.closeMu.RUnlock()
+	for {
+		session, err := s.sessionOf(execID)
+		if err != nil {
+			return Exec{}, fmt.Errorf("append output: %w", err)
+		}
+		e, err := s.appendLocked(session, execID, vals, outBytes, errBytes, stdoutOffset, stderrOffset)
+		if errors.Is(err, errWrongSession) {
+			s.execSession.Delete(execID)
+			continue
+		}
+		if err != nil {
+			return Exec{}, fmt.Errorf("append output to exec %q: %w", execID, err)
+		}
+		return e, nil
+	}
+}
+
+// encodeBufs holds AppendOutput's encoding buffers; larger calls allocate,
+// so a rare huge append does not pin its buffer.
+var encodeBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooledBuf = 1 << 20
+
+// errWrongSession means the cached session of an exec is stale (its id was
+// deleted and reused); AppendOutput looks it up again.
+var errWrongSession = errors.New("exec moved to another session")
+
+func (s *Store) appendLocked(session, execID string, vals [][]byte, outBytes, errBytes, stdoutOffset, stderrOffset int64) (Exec, error) {
+	mu := s.stripe(session)
+	mu.Lock()
+	defer mu.Unlock()
+	limit := s.retention(session)
+	var e Exec
+	var more bool
+	err := s.update(func(txn *badger.Txn) error {
+		var st *outState
+		var err error
+		e, st, err = loadExec(txn, execID)
+		if err != nil {
+			return err
+		}
+		if e.Session != session {
+			return errWrongSession
+		}
+		if stdoutOffset < st.StdoutOffset || stderrOffset < st.StderrOffset {
+			return fmt.Errorf("offsets stdout %d stderr %d go back from %d %d: %w",
+				stdoutOffset, stderrOffset, st.StdoutOffset, st.StderrOffset, ErrInvalid)
+		}
+		var added int64
+		for _, v := range vals {
+			if err := txn.Set(chunkKey(execID, st.NextSeq), v); err != nil {
+				return err
+			}
+			st.NextSeq++
+			added += int64(len(v) - chunkHeader)
+		}
+		st.StdoutBytes += outBytes
+		st.StderrBytes += errBytes
+		st.StdoutOffset, st.StderrOffset = stdoutOffset, stderrOffset
+		if len(vals) > 0 && !st.Indexed {
+			st.Order = orderOf(e.StartedAt)
+			st.Indexed = true
+			if err := txn.Set(outOrderKey(session, st.Order, execID), nil); err != nil {
+				return err
+			}
+		}
+		use, err := getUse(txn, session)
+		if err != nil {
+			return err
+		}
+		use += added
+		t := newTrimmer(txn, session)
+		t.states[execID] = st
+		if more, err = t.trim(&use, limit); err != nil {
+			return err
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+		if err := putUse(txn, session, use); err != nil {
+			return err
+		}
+		st.applyTo(&e)
+		return nil
+	})
+	if err != nil || !more {
+		return e, err
+	}
+	if err := s.trimLocked(session, limit); err != nil {
+		return Exec{}, err
+	}
+	err = s.db.View(func(txn *badger.Txn) error {
+		e, _, err = loadExec(txn, execID)
+		return err
+	})
+	return e, err
+}
+
+// orderOf places execs in outorder by start time, so retention trims the
+// oldest execs first.
+func orderOf(started time.Time) uint64 {
+	if started.IsZero() || started.UnixNano() < 0 {
+		return 0
+	}
+	return uint64(started.UnixNano())
+}
+
+// trimLocked trims the session's output down to limit, in as many
+// transactions as it takes; the caller holds the session's stripe.
+func (s *Store) trimLocked(session string, limit int64) error {
+	for {
+		var more bool
+		err := s.update(func(txn *badger.Txn) error {
+			use, err := getUse(txn, session)
+			if err != nil || use <= limit {
+				more = false
+				return err
+			}
+			t := newTrimmer(txn, session)
+			if more, err = t.trim(&use, limit); err != nil {
+				return err
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			return putUse(txn, session, use)
+		})
+		if err != nil {
+			return fmt.Errorf("trim output of session %q: %w", session, err)
+		}
+		if !more {
+			return nil
+		}
+	}
+}
+
+// ReadOutput returns up to limit chunks (all if limit <= 0) of the exec's
+// output, starting at seq from. gap is the size of chunks at or after from
+// that retention trimmed, which lie before the first chunk returned; next is
+// the seq to read from next time.
+//
+// gap is exact for from = 0 and for any from among the exec's last 65,536
+// trimmed chunks; a reader further behind gets all trimmed bytes as an
+// upper bound, because the sizes of older trimmed chunks are forgotten to
+// keep retention a bound on space.
+func (s *Store) ReadOutput(execID string, from uint64, limit int) (chunks []Chunk, gap int64, next uint64, err error) {
+	if err := checkName("exec", execID); err != nil {
+		return nil, 0, 0, err
+	}
+	if err := s.enter(); err != nil {
+		return nil, 0, 0, err
+	}
+	defer s.closeMu.RUnlock()
+	err = s.db.View(func(txn *badger.Txn) error {
+		if _, err := txn.Get(execKey(execID)); errors.Is(err, badger.ErrKeyNotFound) {
+			return fmt.Errorf("exec %q: %w", execID, ErrNotFound)
+		} else if err != nil {
+			return err
+		}
+		st, err := getOutState(txn, execID)
+		if err != nil {
+			return err
+		}
+		if gap, err = gapBytes(txn, execID, st, from); err != nil {
+			return err
+		}
+		next = max(from, st.TrimmedSeq)
+		opts := badger.DefaultIteratorOptions
+		opts.Prefix = chunkPrefix(execID)
+		if limit > 0 {
+			opts.PrefetchSize = min(limit, opts.PrefetchSize)
+		}
+		it := txn.NewIterator(opts)
+		defer it.Close()
+		for it.Seek(chunkKey(execID, next)); it.Valid(); it.Next() {
+			if limit > 0 && len(chunks) >= limit {
+				break
+			}
+			item := it.Item()
+			c := Chunk{Exec: execID, Seq: binary.BigEndian.Uint64(item.Key()[len(opts.Prefix):])}
+			if err := item.Value(func(v []byte) error {
+				if len(v) < chunkHeader {
+					return fmt.Errorf("chunk %d of exec %q: %d bytes, shorter than its header", c.Seq, execID, len(v))
+				}
+				c.Stream = v[0]
+				c.Time = time.Unix(0, int64(binary.BigEndian.Uint64(v[1:9])))
+				c.Data = append([]byte(nil), v[chunkHeader:]...)
+				return nil
+			}); err != nil {
+				return err
+			}
+			chunks = append(chunks, c)
+			next = c.Seq + 1
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("read output: %w", err)
+	}
+	return chunks, gap, next, nil
+}
