@@ -23,7 +23,7 @@ import (
 
 // builderVersion changes whenever the layout the builder writes changes,
 // so old images are rebuilt.
-const builderVersion = "2"
+const builderVersion = "3"
 
 // Image is a built guest image.
 type Image struct {
@@ -138,6 +138,7 @@ func Build(ctx context.Context, o Options) (Image, bool, error) {
 		}
 	}
 	cw.File("bin/printenv", 0o755, []byte(printenv))
+	cw.File("bin/nohup", 0o755, []byte(nohup))
 	cw.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\n"))
 	cw.File("etc/group", 0o644, []byte("root:x:0:\n"))
 	cw.File("etc/hostname", 0o644, []byte("berth\n"))
@@ -197,7 +198,16 @@ func Build(ctx context.Context, o Options) (Image, bool, error) {
 	return im, true, nil
 }
 
-// printenv is the one common tool busybox lacks.
+// nohup is missing from Debian's busybox build; scripts expect it.
+const nohup = `#!/bin/sh
+[ $# -eq 0 ] && { echo "usage: nohup COMMAND [ARG...]" >&2; exit 125; }
+trap '' HUP
+if [ -t 1 ]; then exec >>nohup.out; fi
+if [ -t 2 ]; then exec 2>&1; fi
+exec "$@"
+`
+
+// printenv is missing from busybox too.
 const printenv = `#!/bin/sh
 [ $# -eq 0 ] && exec env
 rc=0
