@@ -1,0 +1,193 @@
+package sshd
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/sessiontest"
+)
+
+// TestRestrict calls every Service method through Restrict for each role
+// and checks which are refused with ErrPermission.
+func TestRestrict(t *testing.T) {
+	type call struct {
+		name string
+		min  Role // least role allowed
+		do   func(ctx context.Context, svc session.Service) error
+	}
+	calls := []call{
+		{"List", Viewer, func(ctx context.Context, s session.Service) error { _, err := s.List(ctx); return err }},
+		{"Get", Viewer, func(ctx context.Context, s session.Service) error { _, err := s.Get(ctx, "demo"); return err }},
+		{"Timeline", Viewer, func(ctx context.Context, s session.Service) error { _, err := s.Timeline(ctx, "demo", 0); return err }},
+		{"Watch", Viewer, func(ctx context.Context, s session.Service) error { _, err := s.Watch(ctx); return err }},
+		{"Executions", Viewer, func(ctx context.Context, s session.Service) error {
+			_, err := s.Executions(ctx, "demo", true)
+			return err
+		}},
+		{"Execution", Viewer, func(ctx context.Context, s session.Service) error {
+			_, err := s.Execution(ctx, "x-none")
+			return ignoreNotFound(err)
+		}},
+		{"Output", Viewer, func(ctx context.Context, s session.Service) error {
+			_, err := s.Output(ctx, "x-none", 0, 10)
+			return ignoreNotFound(err)
+		}},
+		{"ListDir", Viewer, func(ctx context.Context, s session.Service) error { _, err := s.ListDir(ctx, "demo", "."); return err }},
+		{"Stat", Viewer, func(ctx context.Context, s session.Service) error { _, err := s.Stat(ctx, "demo", "f"); return err }},
+		{"ReadFile", Viewer, func(ctx context.Context, s session.Service) error {
+			rc, err := s.ReadFile(ctx, "demo", "f")
+			if err == nil {
+				rc.Close()
+			}
+			return err
+		}},
+		{"Create", Operator, func(ctx context.Context, s session.Service) error {
+			_, err := s.Create(ctx, session.CreateOptions{Name: "new-one"})
+			return err
+		}},
+		{"Pause", Operator, func(ctx context.Context, s session.Service) error { _, err := s.Pause(ctx, "demo"); return err }},
+		{"Resume", Operator, func(ctx context.Context, s session.Service) error { _, err := s.Resume(ctx, "demo"); return err }},
+		{"Flush", Operator, func(ctx context.Context, s session.Service) error { _, err := s.Flush(ctx, "demo"); return err }},
+		{"Stop", Operator, func(ctx context.Context, s session.Service) error { _, err := s.Stop(ctx, "demo"); return err }},
+		{"Start", Operator, func(ctx context.Context, s session.Service) error { _, err := s.Start(ctx, "demo"); return err }},
+		{"Sleep", Operator, func(ctx context.Context, s session.Service) error { _, err := s.Sleep(ctx, "demo"); return err }},
+		{"Exec", Operator, func(ctx context.Context, s session.Service) error {
+			p, err := s.Exec(ctx, "demo", session.ExecRequest{Argv: []string{"true"}})
+			if err == nil {
+				_, err = p.Wait(ctx)
+			}
+			return err
+		}},
+		{"Cancel", Operator, func(ctx context.Context, s session.Service) error { return ignoreNotFound(s.Cancel(ctx, "x-none")) }},
+		{"WriteFile", Operator, func(ctx context.Context, s session.Service) error {
+			_, err := s.WriteFile(ctx, "demo", "g", strings.NewReader("x"))
+			return err
+		}},
+		{"Mkdir", Operator, func(ctx context.Context, s session.Service) error { return s.Mkdir(ctx, "demo", "d") }},
+		{"Rename", Operator, func(ctx context.Context, s session.Service) error { return s.Rename(ctx, "demo", "g", "h") }},
+		{"Remove", Operator, func(ctx context.Context, s session.Service) error { return s.Remove(ctx, "demo", "h") }},
+		{"Delete", Admin, func(ctx context.Context, s session.Service) error { return s.Delete(ctx, "new-one") }},
+	}
+	for _, role := range []Role{Viewer, Operator, Admin} {
+		t.Run(role.String(), func(t *testing.T) {
+			fake := sessiontest.New(sessiontest.Options{})
+			defer fake.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			fake.Create(ctx, session.CreateOptions{Name: "demo"})
+			fake.WriteFile(ctx, "demo", "f", strings.NewReader("content"))
+			svc := Restrict(fake, role)
+			for _, c := range calls {
+				err := c.do(ctx, svc)
+				if role >= c.min {
+					if errors.Is(err, session.ErrPermission) {
+						t.Errorf("%s as %s: %v", c.name, role, err)
+					}
+					continue
+				}
+				if !errors.Is(err, session.ErrPermission) {
+					t.Errorf("%s as %s: %v, want ErrPermission", c.name, role, err)
+					continue
+				}
+				if want := "role " + role.String() + " may not "; !strings.HasPrefix(err.Error(), want) {
+					t.Errorf("%s as %s: %q, want it to start %q", c.name, role, err, want)
+				}
+			}
+		})
+	}
+}
+
+func ignoreNotFound(err error) error {
+	if errors.Is(err, session.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// TestRestrictAttachedProcess: a viewer may follow a running command's
+// output but not type into it, resize it or cancel it.
+func TestRestrictAttachedProcess(t *testing.T) {
+	fake := sessiontest.New(sessiontest.Options{})
+	defer fake.Close()
+	ctx := context.Background()
+	fake.Create(ctx, session.CreateOptions{Name: "demo"})
+	p, err := fake.Exec(ctx, "demo", session.ExecRequest{Argv: []string{"cat"}, Stdin: true, TTY: true, Rows: 24, Cols: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	viewer := Restrict(fake, Viewer)
+	vp, err := viewer.Attach(ctx, p.ID(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(vp.Stdin(), "typed\n"); !errors.Is(err, session.ErrPermission) {
+		t.Errorf("viewer stdin: %v", err)
+	}
+	if err := vp.Resize(ctx, 30, 100); !errors.Is(err, session.ErrPermission) {
+		t.Errorf("viewer resize: %v", err)
+	}
+	if err := vp.Cancel(ctx); !errors.Is(err, session.ErrPermission) {
+		t.Errorf("viewer cancel: %v", err)
+	}
+	op := Restrict(fake, Operator)
+	opp, err := op.Attach(ctx, p.ID(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(opp.Stdin(), "typed\n"); err != nil {
+		t.Errorf("operator stdin: %v", err)
+	}
+	if err := opp.Cancel(ctx); err != nil {
+		t.Errorf("operator cancel: %v", err)
+	}
+}
+
+// TestRolesOverSSH: each role, over SSH commands.
+func TestRolesOverSSH(t *testing.T) {
+	viewer := newKey(t, "vera", Viewer)
+	operator := newKey(t, "otto", Operator)
+	admin := newKey(t, "ada", Admin)
+	w := newWorld(t, worldOpts{}, viewer, operator, admin)
+	w.create("demo", "gone1", "gone2")
+	steps := []struct {
+		k      testKey
+		cmd    string
+		code   int
+		stderr string
+	}{
+		{viewer, "ls", 0, ""},
+		{viewer, "cat demo nothing", 1, "not found"},
+		{viewer, "pause demo", 1, "berth: role viewer may not pause sessions (needs operator): permission denied\n"},
+		{viewer, "exec demo -- true", 1, "berth: role viewer may not run commands (needs operator): permission denied\n"},
+		{viewer, "put demo - f", 1, "berth: role viewer may not write files (needs operator): permission denied\n"},
+		{viewer, "create v1", 1, "berth: role viewer may not create sessions (needs operator): permission denied\n"},
+		{viewer, "delete gone1 --yes", 1, "berth: role viewer may not delete sessions (needs admin): permission denied\n"},
+		{operator, "pause demo", 0, ""},
+		{operator, "resume demo", 0, ""},
+		{operator, "exec demo -- true", 0, ""},
+		{operator, "put demo - f", 0, ""},
+		{operator, "rm demo f", 0, ""},
+		{operator, "delete gone1 --yes", 1, "berth: role operator may not delete sessions (needs admin): permission denied\n"},
+		{admin, "delete gone1 --yes", 0, ""},
+		{admin, "pause demo", 0, ""},
+	}
+	for _, st := range steps {
+		c := w.dial(st.k)
+		stdin := ""
+		if strings.HasPrefix(st.cmd, "put") {
+			stdin = "data"
+		}
+		r := run(t, c, st.cmd, stdin)
+		c.Close()
+		if r.code != st.code || (st.stderr != "" && !strings.Contains(r.stderr, st.stderr)) || (st.stderr == "" && r.code == 0 && r.stderr != "") {
+			t.Errorf("%s: %q: exit %d stderr %q; want exit %d stderr %q", st.k.role, st.cmd, r.code, r.stderr, st.code, st.stderr)
+		}
+	}
+	if s, _ := w.fake.Get(context.Background(), "demo"); s.State != session.StatePaused {
+		t.Errorf("demo is %s, want paused by the admin", s.State)
+	}
+}
