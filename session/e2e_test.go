@@ -109,6 +109,12 @@ type result struct {
 
 func (e *env) runIn(stdin string, args ...string) result {
 	c := e.cmd(args...)
+	// No CLI call may hang a test: a stuck one fails it with the daemon's log.
+	timer := time.AfterFunc(3*time.Minute, func() {
+		e.t.Errorf("berth %s hung; daemon log:\n%s", strings.Join(args, " "), e.daemonLog())
+		c.Process.Kill()
+	})
+	defer timer.Stop()
 	c.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	c.Stdout, c.Stderr = &out, &errb

@@ -76,11 +76,20 @@ func (s *sess) sleep(ctx context.Context, by string) error {
 		m.event(Event{Kind: EventNote, Name: s.name, By: by, Message: fmt.Sprintf("sleep abandoned while %s: %v; the session keeps running", step, cause)})
 		return fmt.Errorf("sleep %q: %s: %w", s.name, step, cause)
 	}
-	if _, err := c.Freeze(ctx); err != nil {
+	// Every step is bounded: a guest that does not answer must not leave
+	// the session half asleep with the caller waiting forever.
+	step := func(d time.Duration) (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, d) }
+	fctx, cancel := step(time.Minute)
+	_, err = c.Freeze(fctx)
+	cancel()
+	if err != nil {
 		return abandon("flushing and freezing /workspace", agentErr(s.name, err))
 	}
 	m.crash("sleep:frozen")
-	if err := vm.Pause(ctx); err != nil {
+	pctx, cancel := step(10 * time.Second)
+	err = vm.Pause(pctx)
+	cancel()
+	if err != nil {
 		return abandon("pausing", err)
 	}
 	m.crash("sleep:paused")
@@ -88,7 +97,10 @@ func (s *sess) sleep(ctx context.Context, by string) error {
 		return abandon("preparing the snapshot directory", err)
 	}
 	tmp := s.snapshotPath() + ".tmp"
-	if err := snap.Snapshot(ctx, tmp); err != nil {
+	sctx, cancel := step(5 * time.Minute)
+	err = snap.Snapshot(sctx, tmp)
+	cancel()
+	if err != nil {
 		return abandon("saving memory", err)
 	}
 	m.crash("sleep:saved")

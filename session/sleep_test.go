@@ -1,6 +1,7 @@
 package session_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,9 +13,16 @@ import (
 	"github.com/berthvm/berth/session"
 )
 
+// vmmAlive reports whether the session's VMM runs. A VMM whose daemon died
+// is reparented to an init that may reap it late: a zombie is not alive.
 func (e *env) vmmAlive(name string) bool {
 	pid := e.vmmPid(name)
-	return pid > 0 && syscall.Kill(pid, 0) == nil
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
 }
 
 // counter reads the background counter a test started in the guest.
@@ -117,7 +125,7 @@ func TestSleepCrashPoints(t *testing.T) {
 			t.Fatalf("after a crash at %s: %s (%s)", point, s.State, s.Cause)
 		}
 		if s.State == session.StateSleeping && e.vmmAlive("crashy") {
-			t.Fatalf("after a crash at %s: sleeping with a live VMM", point)
+			t.Fatalf("after a crash at %s: sleeping with a live VMM\n%s", point, e.daemonLog())
 		}
 		if r := e.run("exec", "crashy", "--", "sha256sum", "-c", "data.sum"); r.code != 0 {
 			t.Fatalf("after a crash at %s: flushed file: %s %s", point, r.stdout, r.stderr)

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/berthvm/berth/session"
@@ -44,7 +45,11 @@ func Dial(socketPath string, opts ...ClientOption) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "unix", socketPath)
+			c, err := d.DialContext(ctx, "unix", socketPath)
+			if err != nil {
+				return nil, err
+			}
+			return &watchedConn{Conn: c, dead: make(chan struct{})}, nil
 		},
 		DisableCompression:    true,
 		MaxIdleConnsPerHost:   8,
@@ -124,6 +129,29 @@ func (c *Client) newRequest(ctx context.Context, method, path string, query url.
 }
 
 // do sends req and returns a 2xx response; anything else becomes an error.
+// watchedConn tells when the daemon's side of a connection is gone. An exec
+// stream's request body only ends when the caller sends EOF, and the HTTP
+// transport waits for the body before reporting a dead connection, so the
+// stream watches its connection and ends the body itself.
+type watchedConn struct {
+	net.Conn
+	once sync.Once
+	dead chan struct{}
+}
+
+func (c *watchedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		c.once.Do(func() { close(c.dead) })
+	}
+	return n, err
+}
+
+func (c *watchedConn) Close() error {
+	c.once.Do(func() { close(c.dead) })
+	return c.Conn.Close()
+}
+
 func (c *Client) do(req *http.Request) (*http.Response, error) {
 	resp, err := c.hc.Do(req)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"sync"
@@ -47,14 +48,33 @@ func (c *Client) openStream(ctx context.Context, path string, q url.Values, firs
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/x-ndjson")
+	// End the body when the connection dies (see watchedConn).
+	ended := make(chan struct{})
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			wc, ok := info.Conn.(*watchedConn)
+			if !ok {
+				return
+			}
+			go func() {
+				select {
+				case <-wc.dead:
+					pw.CloseWithError(fmt.Errorf("the daemon closed the connection: %w", session.ErrUnavailable))
+				case <-ended:
+				}
+			}()
+		},
+	}))
 	resp, err := c.do(req)
 	if err != nil {
+		close(ended)
 		pw.CloseWithError(err)
 		return nil, err
 	}
 	in := newFrameReader(resp.Body)
 	var head outFrame
 	if err := in.next(&head); err != nil || head.ID == "" {
+		close(ended)
 		pw.Close()
 		resp.Body.Close()
 		if ctx.Err() != nil {
@@ -71,7 +91,10 @@ func (c *Client) openStream(ctx context.Context, path string, q url.Values, firs
 		done:  make(chan struct{}),
 		send:  &frameSender{w: pw},
 	}
-	go p.run(ctx, resp.Body, in)
+	go func() {
+		p.run(ctx, resp.Body, in)
+		close(ended)
+	}()
 	return p, nil
 }
 

@@ -70,6 +70,10 @@ func (v *VM) waitMigration(ctx context.Context, what string) error {
 		}
 		select {
 		case <-ctx.Done():
+			// Stop the stream, or it keeps writing after the caller gave up.
+			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			v.exec(cctx, "migrate_cancel", nil, nil)
+			cancel()
 			return fmt.Errorf("%s: %w", what, ctx.Err())
 		case <-t.C:
 		}
