@@ -123,7 +123,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req ExecRequest) (Proce
 	}
 	rec := store.Exec{
 		ID: newExecID(), Session: name, Argv: req.Argv, EnvNames: envNames, Cwd: cwd, TTY: req.TTY,
-		By: by, State: string(ExecStarting), StartedAt: time.Now(),
+		Outside: req.Outside, By: by, State: string(ExecStarting), StartedAt: time.Now(),
 	}
 	if err := m.st.PutExec(rec); err != nil {
 		return nil, fmt.Errorf("record execution: %w", err)

@@ -185,6 +185,9 @@ type ExecRequest struct {
 	Cols    int               `json:"cols,omitempty"`
 	Timeout time.Duration     `json:"timeout,omitempty"`
 	Stdin   bool              `json:"stdin,omitempty"` // the caller will send stdin
+	// Outside marks an interactive process outside berth's coordination
+	// (a shell over SSH): recorded, but shown as such.
+	Outside bool `json:"outside,omitempty"`
 }
 
 // Process is a running execution the caller started or attached to.

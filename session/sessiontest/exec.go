@@ -108,6 +108,7 @@ func (f *Fake) Exec(ctx context.Context, name string, req session.ExecRequest) (
 		EnvNames:  envNames,
 		Cwd:       cwd,
 		TTY:       req.TTY,
+		Outside:   req.Outside,
 		By:        session.Actor(ctx),
 		State:     session.ExecRunning,
 		StartedAt: f.now(),
