@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,4 +118,64 @@ func TestBenchSessions(t *testing.T) {
 		}
 	}
 	t.Logf("BENCH %-40s %10s vs version %10s  ratio %.2fx  (target ≤ 2x)", "berth ls, 1,000 sessions (median)", median(ls).Round(time.Microsecond), median(ver).Round(time.Microsecond), float64(median(ls))/float64(median(ver)))
+}
+
+// rss returns a process's resident set size in bytes.
+func rss(pid int) int64 {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return n << 10
+		}
+	}
+	return 0
+}
+
+// TestBenchSleep prints issue 7's figures: wake against cold boot, the
+// snapshot's size against the guest memory in use, and what sleeping
+// sessions cost the host.
+func TestBenchSleep(t *testing.T) {
+	if os.Getenv("BERTH_BENCH") == "" {
+		t.Skip("set BERTH_BENCH=1 (make bench)")
+	}
+	e := newEnv(t)
+	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
+	e.startDaemon()
+	e.ok("create", "zz")
+	var cold, wake []time.Duration
+	for i := 0; i < 3; i++ {
+		e.ok("stop", "zz")
+		start := time.Now()
+		e.ok("start", "zz")
+		e.ok("exec", "zz", "--", "true")
+		cold = append(cold, time.Since(start))
+		e.ok("sleep", "zz")
+		start = time.Now()
+		e.ok("exec", "zz", "--", "true")
+		wake = append(wake, time.Since(start))
+	}
+	t.Logf("BENCH %-40s %10s vs cold %10s  ratio %.2fx  (target ≤ 0.1x)", "wake → first exec true (median)", median(wake).Round(time.Millisecond), median(cold).Round(time.Millisecond), float64(median(wake))/float64(median(cold)))
+
+	var info session.Session
+	json.Unmarshal([]byte(e.ok("info", "zz", "--json")), &info)
+	used := info.MemUsedBytes
+	e.ok("sleep", "zz")
+	json.Unmarshal([]byte(e.ok("info", "zz", "--json")), &info)
+	t.Logf("BENCH %-40s %10d bytes vs guest memory used %d  ratio %.2fx", "snapshot on disk", info.SnapshotBytes, used, float64(info.SnapshotBytes)/float64(max(used, 1)))
+
+	const n = 10
+	base := rss(e.daemon.Process.Pid)
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("s%d", i)
+		e.ok("create", name)
+		e.ok("sleep", name)
+	}
+	vmms := 0
+	for i := 0; i < n; i++ {
+		if e.vmmAlive(fmt.Sprintf("s%d", i)) {
+			vmms++
+		}
+	}
+	t.Logf("BENCH %-40s %d VMM processes, daemon RSS growth %.1f MB for %d sleeping sessions (target: none, ≤ 50 MB for 50)", "sleeping sessions' host cost", vmms, float64(rss(e.daemon.Process.Pid)-base)/1e6, n)
 }
