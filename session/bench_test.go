@@ -66,7 +66,7 @@ func TestBenchSessions(t *testing.T) {
 	e.ok("create", "bench", "--disk", "256M")
 
 	start := time.Now()
-	id := e.ok("exec", "bench", "--detach", "--", "head", "-c", fmt.Sprint(bulk), "/dev/zero")
+	id := e.ok("exec", "bench", "--detach", "--", "dd", "if=/dev/zero", "bs=1M", fmt.Sprintf("count=%d", bulk>>20))
 	_ = id
 	for {
 		var l []session.Execution
@@ -158,8 +158,20 @@ func TestBenchSleep(t *testing.T) {
 	t.Logf("BENCH %-40s %10s vs cold %10s  ratio %.2fx  (target ≤ 0.1x)", "wake → first exec true (median)", median(wake).Round(time.Millisecond), median(cold).Round(time.Millisecond), float64(median(wake))/float64(median(cold)))
 
 	var info session.Session
-	json.Unmarshal([]byte(e.ok("info", "zz", "--json")), &info)
-	used := info.MemUsedBytes
+	var total, avail int64
+	for _, l := range strings.Split(e.ok("exec", "zz", "--", "cat", "/proc/meminfo"), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 2 {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			switch f[0] {
+			case "MemTotal:":
+				total = n << 10
+			case "MemAvailable:":
+				avail = n << 10
+			}
+		}
+	}
+	used := total - avail
 	e.ok("sleep", "zz")
 	json.Unmarshal([]byte(e.ok("info", "zz", "--json")), &info)
 	t.Logf("BENCH %-40s %10d bytes vs guest memory used %d  ratio %.2fx", "snapshot on disk", info.SnapshotBytes, used, float64(info.SnapshotBytes)/float64(max(used, 1)))

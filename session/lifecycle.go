@@ -118,10 +118,11 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (Session, erro
 	if err := vmm.CreateWorkspace(ctx, s.wsPath(), opts.DiskBytes, rec.Extra["uuid"]); err != nil {
 		return fail(err)
 	}
-	if err := s.boot(ctx); err != nil {
+	how, err := s.bootNew(ctx, by)
+	if err != nil {
 		return fail(err)
 	}
-	if err := s.setState(StateRunning, "created", by); err != nil {
+	if err := s.setState(StateRunning, "created: "+how, by); err != nil {
 		return fail(err)
 	}
 	return s.snapshot(), nil

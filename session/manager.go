@@ -75,6 +75,8 @@ type Config struct {
 	// IdleTimeout puts a session with no running command and no action
 	// for this long to sleep; 0 disables.
 	IdleTimeout time.Duration
+	// NoTemplates makes every create boot cold.
+	NoTemplates bool
 	// CrashAt names a step at which the daemon kills itself (tests only).
 	CrashAt string
 	Logger  *slog.Logger
@@ -92,6 +94,8 @@ type Manager struct {
 	ctx    context.Context // the Manager's lifetime
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // every goroutine the Manager starts
+
+	tmplMu sync.Mutex // serialises template builds
 
 	mu       sync.Mutex
 	sessions map[string]*sess

@@ -154,10 +154,14 @@ type process struct {
 var _ session.Process = (*process)(nil)
 
 func (p *process) run(ctx context.Context, body io.ReadCloser, in *frameReader) {
-	defer close(p.done)
-	defer close(p.out)
-	defer body.Close()
-	defer p.send.close()
+	defer func() {
+		p.send.close()
+		// The caller learns of the end first: closing the body can wait on
+		// the transport finishing the request side of the connection.
+		close(p.out)
+		close(p.done)
+		body.Close()
+	}()
 	for {
 		var f outFrame
 		if err := in.next(&f); err != nil {

@@ -1,0 +1,225 @@
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/vmm"
+)
+
+// Templates. For each image and VM size berth keeps a booted template: a
+// memory snapshot of a VM whose agent is up and which has no workspace.
+// Create restores it into a new VMM, hot-plugs the new session's
+// workspace, and the agent mounts it: no boot at all. The snapshot file is
+// only ever read, so sessions share nothing writable through it. A
+// template is keyed by the image's files and the size, so a rebuilt image
+// gets a new one; a template that fails to restore is removed and the
+// create boots cold.
+
+const templateCmdline = "berth.ws=none"
+
+// templateKey identifies a template: the image's kernel and initramfs
+// (size and mtime: a rebuilt image differs) and the VM size.
+func templateKey(im Image, vmmName string, cpus, memMiB int) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s %d %d\n", vmmName, cpus, memMiB)
+	for _, p := range []string{im.Kernel, im.Initramfs} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return ""
+		}
+		fmt.Fprintf(h, "%d %d\n", fi.Size(), fi.ModTime().UnixNano())
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+func (m *Manager) templateDir(key string) string {
+	return filepath.Join(m.cfg.DataDir, "templates", key)
+}
+
+// template returns the snapshot of a template for rec's image and size,
+// building it (one cold boot) if there is none.
+func (m *Manager) template(ctx context.Context, s *sess) (string, error) {
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	d, err := m.driver(rec.VMM)
+	if err != nil {
+		return "", err
+	}
+	im, err := m.cfg.Images(ctx, rec.Image)
+	if err != nil {
+		return "", err
+	}
+	key := templateKey(im, rec.VMM, rec.CPUs, rec.MemoryMiB)
+	if key == "" {
+		return "", errors.New("image files missing")
+	}
+	m.tmplMu.Lock()
+	defer m.tmplMu.Unlock()
+	dir := m.templateDir(key)
+	snap := filepath.Join(dir, "memory.snap")
+	if _, err := os.Stat(snap); err == nil {
+		return snap, nil
+	}
+	m.log.Info("building template", "key", key, "image", rec.Image, "cpus", rec.CPUs, "memory_mib", rec.MemoryMiB)
+	start := time.Now()
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", err
+	}
+	// Another daemon may build the same template at once (tests share
+	// them): each builds in its own directory, the first rename wins.
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), "."+key+"-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.MkdirAll(filepath.Join(tmp, "vm"), 0o755); err != nil {
+		return "", err
+	}
+	bctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer cancel()
+	vm, err := d.Start(bctx, vmm.Config{
+		Dir: filepath.Join(tmp, "vm"), Kernel: im.Kernel, Initramfs: im.Initramfs, Cmdline: templateCmdline,
+		CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB, Accel: m.cfg.Defaults.Accel,
+	})
+	if err != nil {
+		return "", fmt.Errorf("boot the template VM: %w", err)
+	}
+	defer func() {
+		vm.Kill(context.Background())
+		vm.Close()
+	}()
+	sn, ok := vm.(vmm.Snapshotter)
+	if !ok {
+		return "", fmt.Errorf("the %s driver cannot snapshot VMs", rec.VMM)
+	}
+	c, err := guest.Dial(bctx, vm.DialAgent)
+	if err != nil {
+		return "", fmt.Errorf("template agent: %w", err)
+	}
+	_, err = c.Hello(bctx)
+	c.Close() // the restored copies connect afresh through the handshake
+	if err != nil {
+		return "", fmt.Errorf("template agent: %w", err)
+	}
+	if err := vm.Pause(bctx); err != nil {
+		return "", err
+	}
+	if err := sn.Snapshot(bctx, filepath.Join(tmp, "memory.snap")); err != nil {
+		return "", fmt.Errorf("snapshot the template: %w", err)
+	}
+	if _, err := syncFile(filepath.Join(tmp, "memory.snap")); err != nil {
+		return "", err
+	}
+	os.RemoveAll(filepath.Join(tmp, "vm"))
+	if err := os.Rename(tmp, dir); err != nil {
+		if _, serr := os.Stat(snap); serr == nil {
+			return snap, nil // built meanwhile by someone else
+		}
+		return "", err
+	}
+	syncDir(filepath.Dir(dir))
+	m.log.Info("template ready", "key", key, "took", time.Since(start).Round(time.Millisecond))
+	return snap, nil
+}
+
+// bootFromTemplate restores the template into the session's VM directory,
+// plugs in its workspace and has the agent mount it.
+func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	d, err := s.m.driver(rec.VMM)
+	if err != nil {
+		return err
+	}
+	im, err := s.m.cfg.Images(ctx, rec.Image)
+	if err != nil {
+		return err
+	}
+	bctx, cancel := context.WithTimeout(ctx, s.m.cfg.BootTimeout)
+	defer cancel()
+	vm, err := d.Start(bctx, vmm.Config{
+		Dir: s.vmDir(), Kernel: im.Kernel, Initramfs: im.Initramfs, Cmdline: templateCmdline,
+		CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB, Accel: s.m.cfg.Defaults.Accel, Incoming: snap,
+	})
+	if err != nil {
+		return fmt.Errorf("restore the template: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			vm.Kill(context.Background())
+			vm.Close()
+		}
+	}()
+	adder, isAdder := vm.(vmm.DiskAdder)
+	if !isAdder {
+		return fmt.Errorf("the %s driver cannot hot-plug disks", rec.VMM)
+	}
+	if err := adder.AddWorkspace(bctx, s.wsPath()); err != nil {
+		if errors.Is(err, vmm.ErrInUse) {
+			return fmt.Errorf("session %q: %w: %w", s.name, ErrConflict, err)
+		}
+		return err
+	}
+	if err := vm.Resume(bctx); err != nil {
+		return err
+	}
+	c, err := guest.Dial(bctx, vm.DialAgent)
+	if err != nil {
+		return fmt.Errorf("agent of the restored template: %w", err)
+	}
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	if err := c.SetTime(bctx, time.Now(), seed); err != nil {
+		c.Close()
+		return err
+	}
+	if w, err := c.Mount(bctx, rec.Extra["uuid"]); err != nil || !w.Mounted {
+		c.Close()
+		return fmt.Errorf("mount the workspace in the restored template: %v", err)
+	}
+	ok = true
+	s.mu.Lock()
+	s.vm, s.agent, s.intended = vm, c, false
+	s.rec.Pid, s.rec.Accel, s.rec.StartedAt = vm.Pid(), string(vm.Accel()), time.Now()
+	s.mu.Unlock()
+	s.supervise(vm)
+	return nil
+}
+
+// bootNew boots a new session's first VM: from a template when possible,
+// else cold, saying why in the timeline.
+func (s *sess) bootNew(ctx context.Context, by string) (string, error) {
+	if s.m.cfg.NoTemplates {
+		return "booted", s.boot(ctx)
+	}
+	snap, err := s.m.template(ctx, s)
+	if err == nil {
+		start := time.Now()
+		if err = s.bootFromTemplate(ctx, snap); err == nil {
+			return fmt.Sprintf("restored from a template in %s", time.Since(start).Round(time.Millisecond)), nil
+		}
+		if errors.Is(err, ErrConflict) {
+			return "", err
+		}
+		// A broken template must not break every create: drop it.
+		os.RemoveAll(filepath.Dir(snap))
+	}
+	if ctx.Err() != nil {
+		return "", ctx.Err()
+	}
+	s.m.log.Warn("template unusable; cold boot", "session", s.name, "err", err)
+	s.m.event(Event{Kind: EventNote, Name: s.name, By: by, Message: "template unusable (" + err.Error() + "); booting cold"})
+	return "booted cold (template unusable)", s.boot(ctx)
+}
