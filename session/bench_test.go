@@ -176,6 +176,27 @@ func TestBenchSleep(t *testing.T) {
 	json.Unmarshal([]byte(e.ok("info", "zz", "--json")), &info)
 	t.Logf("BENCH %-40s %10d bytes vs guest memory used %d  ratio %.2fx", "snapshot on disk", info.SnapshotBytes, used, float64(info.SnapshotBytes)/float64(max(used, 1)))
 
+	// Create from a template (built by the first create above) against a
+	// cold create, each to the first answered command.
+	start := time.Now()
+	e.ok("create", "tmpl")
+	e.ok("exec", "tmpl", "--", "true")
+	fromTemplate := time.Since(start)
+	e.killDaemon()
+	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
+	os.Setenv("BERTH_NO_TEMPLATES", "1")
+	e.startDaemon()
+	os.Unsetenv("BERTH_NO_TEMPLATES")
+	start = time.Now()
+	e.ok("create", "coldc")
+	e.ok("exec", "coldc", "--", "true")
+	coldCreate := time.Since(start)
+	t.Logf("BENCH %-40s %10s vs cold %10s  ratio %.2fx  (target ≤ 0.1x)", "create from template → ready", fromTemplate.Round(time.Millisecond), coldCreate.Round(time.Millisecond), float64(fromTemplate)/float64(coldCreate))
+	e.ok("delete", "tmpl", "--yes")
+	e.ok("delete", "coldc", "--yes")
+	e.killDaemon()
+	e.startDaemon()
+
 	const n = 10
 	base := rss(e.daemon.Process.Pid)
 	for i := 0; i < n; i++ {

@@ -139,3 +139,11 @@ type Snapshotter interface {
 	// Snapshot saves a paused VM's memory and device state to path.
 	Snapshot(ctx context.Context, path string) error
 }
+
+// DiskAdder is implemented by VMs that can hot-plug the workspace disk,
+// as a VM restored from a template (booted without one) needs. The disk
+// lands where a cold boot with Config.Workspace puts it, so later
+// snapshots of the VM restore with the ordinary configuration.
+type DiskAdder interface {
+	AddWorkspace(ctx context.Context, path string) error
+}

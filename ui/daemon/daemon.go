@@ -187,6 +187,7 @@ func Run(ctx context.Context, o Options) error {
 	mgr, err := session.NewManager(ctx, st, session.Config{
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
 		IdleTimeout: cfg.IdleTimeout, CrashAt: os.Getenv("BERTH_CRASH_AT"),
+		NoTemplates: os.Getenv("BERTH_NO_TEMPLATES") != "",
 		Logger: log.With("component", "session"),
 	})
 	if err != nil {

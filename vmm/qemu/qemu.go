@@ -29,6 +29,12 @@ const (
 	accelFile = "accel"
 )
 
+// PCI slots of berth's devices.
+const (
+	vserSlot = "0x3"
+	wsSlot   = "0x4"
+)
+
 // Driver starts QEMU VMs.
 type Driver struct {
 	// Binary is the QEMU executable; default qemu-system-x86_64 on PATH.
@@ -101,7 +107,9 @@ func Args(cfg vmm.Config, accel vmm.Accel) []string {
 		"-kernel", cfg.Kernel, "-initrd", cfg.Initramfs,
 		"-append", strings.TrimSpace("console=ttyS0 quiet panic=-1 "+cfg.Cmdline),
 		"-serial", "file:"+consoleF,
-		"-device", "virtio-serial-pci,id=vser",
+		// Fixed slots: a hot-plugged workspace (templates) must land where
+		// a cold boot puts it, or snapshots would not restore.
+		"-device", "virtio-serial-pci,id=vser,addr="+vserSlot,
 		"-chardev", "socket,id=agent,path="+agentSock+",server=on,wait=off",
 		"-device", "virtserialport,bus=vser.0,chardev=agent,name="+guest.PortName,
 		"-qmp", "unix:"+qmpSock+",server=on,wait=off",
@@ -111,7 +119,7 @@ func Args(cfg vmm.Config, accel vmm.Accel) []string {
 		// locking=on: a second QEMU on the same image is refused.
 		args = append(args,
 			"-drive", "file="+cfg.Workspace+",if=none,id=ws,format=raw,cache=writeback,file.locking=on,discard=unmap",
-			"-device", "virtio-blk-pci,drive=ws,id=wsdev")
+			"-device", "virtio-blk-pci,drive=ws,id=wsdev,addr="+wsSlot)
 	}
 	if cfg.Incoming != "" {
 		args = append(args, "-incoming", "defer")

@@ -162,5 +162,11 @@ func DataDir(t testing.TB) string {
 	if err := os.Symlink(im.Dir, filepath.Join(dir, "images", "mini")); err != nil {
 		t.Fatal(err)
 	}
+	// Templates are shared too: building one costs a boot.
+	shared := filepath.Join(CacheDir(), "test", "templates")
+	os.MkdirAll(shared, 0o755)
+	if err := os.Symlink(shared, filepath.Join(dir, "templates")); err != nil {
+		t.Fatal(err)
+	}
 	return dir
 }
