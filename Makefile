@@ -47,7 +47,8 @@ test: deps build vet
 
 bench: deps build
 	BERTH_BENCH=1 $(GO) test -count=1 -p 1 -timeout 40m -run 'TestBench' -v ./... 2>&1 | grep -E 'BENCH|^(--- FAIL|FAIL)' || true
-	$(GO) test -run '^$$' -bench . -benchtime 1x ./ui/ ./store/ 2>&1 | grep -E 'Benchmark|ok' || true
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./ui/ ./ui/components/output/ 2>&1 | grep -E 'Benchmark|ok' || true
+	$(GO) test -run '^$$' -bench . ./store/ 2>&1 | grep -E 'Benchmark|ok' || true
 
 clean:
 	rm -rf $(BIN)

@@ -41,7 +41,7 @@ const (
 // syncInterval is how often the host repeats its SYNC while the guest has
 // not answered (it may still be booting, or busy noticing the old
 // connection ended).
-const syncInterval = 100 * time.Millisecond
+const syncInterval = 25 * time.Millisecond
 
 func newNonce() string {
 	var b [16]byte
