@@ -188,7 +188,7 @@ func Run(ctx context.Context, o Options) error {
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
 		IdleTimeout: cfg.IdleTimeout, CrashAt: os.Getenv("BERTH_CRASH_AT"),
 		NoTemplates: os.Getenv("BERTH_NO_TEMPLATES") != "",
-		Logger: log.With("component", "session"),
+		Logger:      log.With("component", "session"),
 	})
 	if err != nil {
 		return err
