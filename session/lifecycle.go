@@ -93,6 +93,12 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (Session, erro
 		CPUs: opts.CPUs, MemoryMiB: opts.MemoryMiB, DiskBytes: opts.DiskBytes, CreatedAt: now, LastActivity: now,
 		Retention: d.Retention, Extra: map[string]string{"uuid": vmm.NewUUID()},
 	}
+	if opts.IdleTimeout != nil {
+		if *opts.IdleTimeout < 0 {
+			return Session{}, fmt.Errorf("--idle-timeout %s: want 0 (never) or a positive duration: %w", *opts.IdleTimeout, ErrInvalid)
+		}
+		rec.Extra[extraIdleTimeout] = opts.IdleTimeout.String()
+	}
 	s := m.newSess(rec)
 	s.op.Lock()
 	defer s.op.Unlock()

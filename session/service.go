@@ -67,6 +67,9 @@ type Session struct {
 	// long the session's last wake took.
 	SnapshotBytes int64         `json:"snapshot_bytes,omitempty"`
 	LastWake      time.Duration `json:"last_wake,omitempty"`
+	// IdleTimeout is how long the session may idle before it sleeps by
+	// itself; 0 means never.
+	IdleTimeout time.Duration `json:"idle_timeout"`
 }
 
 // ExecState is an execution's state.
@@ -173,6 +176,9 @@ type CreateOptions struct {
 	DiskBytes int64  `json:"disk_bytes,omitempty"`
 	Image     string `json:"image,omitempty"`
 	VMM       string `json:"vmm,omitempty"`
+	// IdleTimeout overrides the configured idle timeout for this session
+	// (nil: the configured one; 0: never sleep by itself).
+	IdleTimeout *time.Duration `json:"idle_timeout,omitempty"`
 }
 
 // ExecRequest describes a command to run.

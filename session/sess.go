@@ -71,6 +71,7 @@ func (s *sess) snapshotLocked() Session {
 		out.MemUsedBytes = s.stats.MemTotal - s.stats.MemAvailable
 	}
 	out.WorkspaceUsed = s.stats.WorkspaceUsed
+	out.IdleTimeout = s.idleTimeoutLocked()
 	if out.State == StateSleeping {
 		out.SnapshotBytes, _ = strconv.ParseInt(r.Extra[extraSnapshotBytes], 10, 64)
 	}

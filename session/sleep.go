@@ -29,7 +29,19 @@ const (
 	extraSnapshot      = "snapshot"       // path of the memory snapshot while sleeping
 	extraSnapshotBytes = "snapshot_bytes" // its size
 	extraWakeMillis    = "wake_ms"        // how long the last wake took
+	extraIdleTimeout   = "idle_timeout"   // the session's own idle timeout
 )
+
+// idleTimeout is the session's idle timeout: its own, else the configured
+// one. The caller holds s.mu.
+func (s *sess) idleTimeoutLocked() time.Duration {
+	if v, ok := s.rec.Extra[extraIdleTimeout]; ok {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+	}
+	return s.m.cfg.IdleTimeout
+}
 
 func (s *sess) snapshotDir() string  { return filepath.Join(s.dir(), "snapshot") }
 func (s *sess) snapshotPath() string { return filepath.Join(s.snapshotDir(), "memory.snap") }
@@ -250,11 +262,9 @@ func (m *Manager) ensureAwake(ctx context.Context, s *sess) error {
 // idleLoop puts sessions to sleep once they have had no running command
 // and no action for the idle timeout.
 func (m *Manager) idleLoop() {
-	if m.cfg.IdleTimeout <= 0 {
-		return
-	}
-	every := min(m.cfg.IdleTimeout/4, 30*time.Second)
-	t := time.NewTicker(max(every, time.Second))
+	// Checking is cheap (a pass over the sessions in memory), so a short
+	// fixed tick serves both minutes-long and seconds-long timeouts.
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		select {
@@ -270,7 +280,8 @@ func (m *Manager) idleLoop() {
 		m.mu.Unlock()
 		for _, s := range ss {
 			s.mu.Lock()
-			idle := s.rec.State == string(StateRunning) && time.Since(s.rec.LastActivity) > m.cfg.IdleTimeout
+			limit := s.idleTimeoutLocked()
+			idle := limit > 0 && s.rec.State == string(StateRunning) && time.Since(s.rec.LastActivity) > limit
 			s.mu.Unlock()
 			if !idle || m.runningCount(s.name) > 0 {
 				continue

@@ -3,6 +3,7 @@ package session_test
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -158,5 +159,44 @@ func TestSleepCrashPoints(t *testing.T) {
 			e.startDaemon()
 			check(t, point)
 		})
+	}
+}
+
+// TestIdleSleepAndFullDisk: a session idle past its timeout sleeps by
+// itself, one with its own timeout of 0 never does, and a snapshot that
+// does not fit on the disk abandons the sleep with the session running.
+func TestIdleSleepAndFullDisk(t *testing.T) {
+	e := newEnv(t)
+	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"3s\"\n"), 0o644)
+	e.startDaemon()
+	e.ok("create", "dozy")
+	e.ok("create", "awake", "--idle-timeout", "0")
+	e.waitState("dozy", session.StateSleeping, 60*time.Second)
+	if !strings.Contains(e.ok("events", "dozy"), "by idle") && !strings.Contains(e.ok("events", "dozy"), "idle") {
+		t.Errorf("the timeline does not say the idle timer did it:\n%s", e.ok("events", "dozy"))
+	}
+	time.Sleep(4 * time.Second)
+	if s := e.info("awake"); s.State != session.StateRunning {
+		t.Fatalf("a session with idle timeout 0 is %s", s.State)
+	}
+
+	snap := filepath.Join(e.data, "sessions", "awake", "snapshot")
+	os.MkdirAll(snap, 0o755)
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", snap).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a small tmpfs to fill the disk: %v %s", err, out)
+	}
+	defer exec.Command("umount", snap).Run()
+	r := e.run("sleep", "awake")
+	if r.code == 0 {
+		t.Fatal("sleep succeeded with no room for the snapshot")
+	}
+	if s := e.info("awake"); s.State != session.StateRunning {
+		t.Fatalf("after an abandoned sleep: %s", s.State)
+	}
+	if !strings.Contains(e.ok("events", "awake"), "sleep abandoned") {
+		t.Errorf("the timeline does not say why:\n%s", e.ok("events", "awake"))
+	}
+	if got := e.ok("exec", "awake", "--", "sh", "-c", "echo still > s.txt && cat s.txt"); got != "still\n" {
+		t.Errorf("after an abandoned sleep: %q", got)
 	}
 }

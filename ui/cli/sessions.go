@@ -14,7 +14,7 @@ import (
 func createCmd() *command {
 	return &command{
 		name: "create", group: "Sessions",
-		usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--vmm qemu|cloud-hypervisor]",
+		usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--vmm qemu|cloud-hypervisor] [--idle-timeout D]",
 		args:    []string{"NAME"},
 		summary: "create a session and boot it",
 		help:    "Creates the session's workspace volume and boots its VM. Unset flags take the daemon's defaults.",
@@ -27,6 +27,7 @@ func createCmd() *command {
 			image := fs.String("image", "", "guest image `NAME` (mini)")
 			vmm := &choiceFlag{choices: []string{"qemu", "cloud-hypervisor"}}
 			fs.Var(vmm, "vmm", "hypervisor: `qemu` or cloud-hypervisor")
+			idle := fs.String("idle-timeout", "", "sleep after this long idle, e.g. `15m`; 0 never (default: the daemon's)")
 			return func(ctx context.Context, c *cli, args []string) error {
 				if *cpus < 0 {
 					return usageErrorf("--cpus %d: want a positive number", *cpus)
@@ -37,6 +38,13 @@ func createCmd() *command {
 				opts := session.CreateOptions{
 					Name: args[0], CPUs: *cpus, MemoryMiB: int(memory.n >> 20), DiskBytes: disk.n,
 					Image: *image, VMM: vmm.value,
+				}
+				if *idle != "" {
+					d, err := time.ParseDuration(*idle)
+					if err != nil || d < 0 {
+						return usageErrorf("--idle-timeout %q: want a duration like 15m, or 0 for never", *idle)
+					}
+					opts.IdleTimeout = &d
 				}
 				svc, err := c.service(ctx)
 				if err != nil {
@@ -159,6 +167,11 @@ func writeInfo(w io.Writer, c *cli, s session.Session) {
 	t.row("Workspace:", fmt.Sprintf("%s used of %s", humanBytes(s.WorkspaceUsed), humanBytes(s.DiskBytes)))
 	t.row("Dirty:", humanBytes(s.DirtyBytes)+" not yet durable")
 	t.row("Running:", plural(s.Running, "command"))
+	if s.IdleTimeout > 0 {
+		t.row("Idle sleep:", "after "+s.IdleTimeout.String())
+	} else {
+		t.row("Idle sleep:", "never")
+	}
 	if s.State == session.StateSleeping {
 		t.row("Snapshot:", humanBytes(s.SnapshotBytes)+" on disk")
 	}
