@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -604,10 +603,6 @@ func (e *Exec) Close() error {
 	e.closeOnce.Do(func() { e.cl.close() })
 	return nil
 }
-
-// IsDisconnected reports whether err means the agent connection was lost
-// (as opposed to the agent refusing the call).
-func IsDisconnected(err error) bool { return errors.Is(err, ErrDisconnected) }
 
 // Dial connects to an agent that may still be booting: it retries dial
 // until it succeeds, then runs the handshake, which waits for the guest to

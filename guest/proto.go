@@ -11,7 +11,6 @@ package guest
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -100,15 +99,6 @@ func WriteFrameBuf(w io.Writer, t FrameType, buf []byte) error {
 	binary.BigEndian.PutUint32(buf[1:], uint32(n))
 	_, err := w.Write(buf)
 	return err
-}
-
-// WriteJSON writes a frame holding v as JSON.
-func WriteJSON(w io.Writer, t FrameType, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return WriteFrame(w, t, b)
 }
 
 // FrameReader reads frames, reusing its buffer: a payload is valid until

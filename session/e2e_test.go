@@ -352,5 +352,4 @@ func TestSessionEndToEnd(t *testing.T) {
 			t.Error("delete left the session's storage")
 		}
 	})
-	_ = context.Background
 }

@@ -25,8 +25,6 @@ var now = time.Date(2026, 3, 14, 15, 9, 26, 0, time.UTC)
 // coverage check in TestMain.
 var keys uitest.Coverage
 
-func ptr[T any](v T) *T { return &v }
-
 // fixture fills a fake with a few sessions in every interesting state,
 // executions with output, and workspace files.
 func fixture() *fakesvc.Service {

@@ -3,6 +3,7 @@ package vmmtest
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -82,15 +83,14 @@ type Result struct {
 	Err            error
 }
 
-var execSeq int
-
 // Run runs argv in the guest and collects its output.
 func Run(t testing.TB, c *guest.Client, stdin string, argv ...string) Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	execSeq++
-	e, err := c.Exec(ctx, guest.ExecRequest{ID: fmt.Sprintf("t%d-%d", time.Now().UnixNano(), execSeq), Argv: argv, Stdin: stdin != ""})
+	var id [6]byte
+	rand.Read(id[:])
+	e, err := c.Exec(ctx, guest.ExecRequest{ID: fmt.Sprintf("t%x", id), Argv: argv, Stdin: stdin != ""})
 	if err != nil {
 		return Result{Err: err}
 	}
