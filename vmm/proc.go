@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -53,7 +54,7 @@ func StartProcess(dir, binary string, args []string, logPath string) (*Process, 
 		return nil, fmt.Errorf("start %s: %w", binary, err)
 	}
 	p := &Process{Pid: cmd.Process.Pid, LogPath: logPath, done: make(chan struct{})}
-	if err := writePidFile(dir, p.Pid); err != nil {
+	if err := WritePidFile(filepath.Join(dir, PidFile), p.Pid); err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
 		return nil, err
@@ -119,13 +120,15 @@ func (p *Process) Kill(timeout time.Duration) error {
 	}
 }
 
-func startTime(pid int) (string, error) {
+// StartTime is field 22 of /proc/<pid>/stat, the process's start time in
+// clock ticks since boot: with the pid, it names one process.
+func StartTime(pid int) (string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return "", err
 	}
-	// Field 22; the command name (field 2) may contain spaces, so count
-	// from its closing parenthesis.
+	// The command name (field 2) may hold spaces and parentheses: count
+	// fields from its closing parenthesis.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
 		return "", errors.New("unreadable /proc stat")
@@ -137,35 +140,59 @@ func startTime(pid int) (string, error) {
 	return f[19], nil
 }
 
-func writePidFile(dir string, pid int) error {
-	st, err := startTime(pid)
+// WritePidFile records pid with its start time ("<pid> <starttime>\n"),
+// so a later berth can tell the VMM from a process that reused its pid.
+func WritePidFile(path string, pid int) error {
+	st, err := StartTime(pid)
 	if err != nil {
 		st = "0"
 	}
-	tmp := filepath.Join(dir, PidFile+".tmp")
-	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%d %s\n", pid, st)), 0o644); err != nil {
-		return err
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(pid)+" "+st+"\n"), 0o644); err != nil {
+		return fmt.Errorf("write pid file: %w", err)
 	}
-	return os.Rename(tmp, filepath.Join(dir, PidFile))
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write pid file: %w", err)
+	}
+	return nil
+}
+
+// ReadPidFile returns the pid recorded in path. It fails with
+// ErrNotRunning if the recorded start time shows the pid now belongs to
+// another process; a pid that is gone is returned as it is.
+func ReadPidFile(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	var pid int
+	if len(f) == 1 || len(f) == 2 {
+		pid, err = strconv.Atoi(f[0])
+	}
+	if len(f) == 0 || len(f) > 2 || err != nil || pid <= 1 {
+		return 0, fmt.Errorf("%s does not hold a pid: %q", path, bytes.TrimSpace(b))
+	}
+	if len(f) == 2 && f[1] != "0" {
+		if st, err := StartTime(pid); err == nil && st != f[1] {
+			return 0, fmt.Errorf("process %d is not the VMM recorded in %s (it started later): %w", pid, path, ErrNotRunning)
+		}
+	}
+	return pid, nil
 }
 
 // AttachProcess finds the VMM recorded in dir/vmm.pid. The start time guards
 // against a recycled pid. Its exit is watched through a pidfd, since it is
 // not berth's child any more; the exit code is then unknown.
 func AttachProcess(dir, logPath string) (*Process, error) {
-	b, err := os.ReadFile(filepath.Join(dir, PidFile))
+	pid, err := ReadPidFile(filepath.Join(dir, PidFile))
+	if errors.Is(err, ErrNotRunning) {
+		return nil, err
+	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: no %s in %s", ErrNotRunning, PidFile, dir)
+		return nil, fmt.Errorf("%w: %v", ErrNotRunning, err)
 	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return nil, fmt.Errorf("%w: corrupt %s", ErrNotRunning, PidFile)
-	}
-	pid, err := strconv.Atoi(f[0])
-	if err != nil || pid <= 1 {
-		return nil, fmt.Errorf("%w: corrupt %s", ErrNotRunning, PidFile)
-	}
-	if st, err := startTime(pid); err != nil || st != f[1] {
+	if _, err := StartTime(pid); err != nil {
 		return nil, fmt.Errorf("%w: VMM pid %d has exited", ErrNotRunning, pid)
 	}
 	fd, err := unix.PidfdOpen(pid, 0)
@@ -188,25 +215,31 @@ func AttachProcess(dir, logPath string) (*Process, error) {
 	return p, nil
 }
 
-// LogTail returns the last n lines of a log file, bounded in size.
+// LogTail returns the last n lines of a log file, reading at most its last
+// 8 KiB, for crash reports; "" if it cannot be read.
 func LogTail(path string, n int) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return ""
 	}
 	defer f.Close()
-	const max = 8 << 10
-	fi, err := f.Stat()
+	st, err := f.Stat()
 	if err != nil {
 		return ""
 	}
-	off := fi.Size() - max
-	if off < 0 {
-		off = 0
+	const window = 8 << 10
+	off := max(st.Size()-window, 0)
+	buf, err := io.ReadAll(io.NewSectionReader(f, off, st.Size()-off))
+	if err != nil {
+		return ""
 	}
-	buf := make([]byte, fi.Size()-off)
-	n2, _ := f.ReadAt(buf, off)
-	lines := strings.Split(strings.TrimRight(string(buf[:n2]), "\n"), "\n")
+	if off > 0 {
+		// Drop the line the window starts in the middle of.
+		if i := bytes.IndexByte(buf, '\n'); i >= 0 {
+			buf = buf[i+1:]
+		}
+	}
+	lines := strings.Split(strings.TrimRight(string(buf), "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}

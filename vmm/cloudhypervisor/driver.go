@@ -216,7 +216,7 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (_ vmm.VM, err error
 		}
 	}()
 
-	if err := writePidFile(p.pid, proc.pid); err != nil {
+	if err := vmm.WritePidFile(p.pid, proc.pid); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, d.opts.StartTimeout,
@@ -255,7 +255,7 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (_ vmm.VM, err error
 // checks, through the API socket, that this pid still is that VMM.
 func (d *Driver) Attach(ctx context.Context, dir string) (vmm.VM, error) {
 	p := pathsIn(dir)
-	pid, err := readPidFile(p.pid)
+	pid, err := vmm.ReadPidFile(p.pid)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("attach %s: no %s: %w", dir, PidFile, vmm.ErrNotRunning)
 	}

@@ -56,7 +56,7 @@ func TestLifecycle(t *testing.T) {
 	ctx := context.Background()
 	v := startVM(t, d, cfg)
 
-	pid, err := readPidFile(filepath.Join(cfg.Dir, PidFile))
+	pid, err := vmm.ReadPidFile(filepath.Join(cfg.Dir, PidFile))
 	if err != nil || pid != v.Pid() {
 		t.Fatalf("%s = %d, %v; want %d", PidFile, pid, err, v.Pid())
 	}
@@ -228,7 +228,7 @@ func TestStartFailures(t *testing.T) {
 				tc.check(t, err)
 			}
 			// The VMM that failed to start is gone, and left no lock.
-			pid, perr := readPidFile(filepath.Join(cfg.Dir, PidFile))
+			pid, perr := vmm.ReadPidFile(filepath.Join(cfg.Dir, PidFile))
 			if perr != nil {
 				t.Fatalf("pid file: %v", perr)
 			}
@@ -436,7 +436,7 @@ func TestStartCleansStaleFiles(t *testing.T) {
 	}
 	staleSocket(t, filepath.Join(cfg.Dir, APISocket))
 	staleSocket(t, filepath.Join(cfg.Dir, VsockSocket))
-	writePidFile(filepath.Join(cfg.Dir, PidFile), deadPid(t))
+	vmm.WritePidFile(filepath.Join(cfg.Dir, PidFile), deadPid(t))
 
 	v := startVM(t, d, cfg)
 	conn, err := v.DialAgent(context.Background())
@@ -727,7 +727,7 @@ func TestRestoreErrors(t *testing.T) {
 	if !errors.As(err, &ae) || ae.Op != "vm.restore" {
 		t.Fatalf("restore without memory = %v, want a vm.restore APIError", err)
 	}
-	pid, _ := readPidFile(filepath.Join(cfg.Dir, PidFile))
+	pid, _ := vmm.ReadPidFile(filepath.Join(cfg.Dir, PidFile))
 	if alive(pid) {
 		t.Error("VMM left running after a failed restore")
 	}

@@ -1,7 +1,6 @@
 package cloudhypervisor
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,7 +37,6 @@ const (
 // Bounds on log handling.
 const (
 	logTailLines = 20
-	logTailBytes = 16 << 10
 	// A log past this size is moved to LogFile+".1" at the next start, so
 	// a session restarted for months keeps one previous run and no more.
 	maxLogSize = 1 << 20
@@ -145,7 +142,7 @@ func startProcess(binary string, args []string, p paths) (*process, error) {
 	go func() {
 		_ = cmd.Wait()
 		proc.exit = childExit(cmd.ProcessState)
-		proc.exit.LogTail = logTail(p.log)
+		proc.exit.LogTail = vmm.LogTail(p.log, logTailLines)
 		close(proc.done)
 	}()
 	return proc, nil
@@ -216,7 +213,7 @@ func watchProcess(pid int, logPath string) (*process, error) {
 		if err != nil {
 			return // released
 		}
-		proc.exit = vmm.Exit{Code: -1, Time: time.Now(), LogTail: logTail(logPath)}
+		proc.exit = vmm.Exit{Code: -1, Time: time.Now(), LogTail: vmm.LogTail(logPath, logTailLines)}
 		close(proc.done)
 		proc.release()
 	}()
@@ -233,98 +230,6 @@ func rotateLog(path string) error {
 		return fmt.Errorf("rotate VMM log: %w", err)
 	}
 	return nil
-}
-
-// logTail returns the last lines of the log for crash reports, or "" if
-// the log cannot be read.
-func logTail(path string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := max(st.Size()-logTailBytes, 0)
-	buf, err := io.ReadAll(io.NewSectionReader(f, off, st.Size()-off))
-	if err != nil {
-		return ""
-	}
-	if off > 0 {
-		// Drop the line the window starts in the middle of.
-		if i := bytes.IndexByte(buf, '\n'); i >= 0 {
-			buf = buf[i+1:]
-		}
-	}
-	lines := strings.Split(strings.TrimRight(string(buf), "\n"), "\n")
-	if len(lines) > logTailLines {
-		lines = lines[len(lines)-logTailLines:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// writePidFile records pid with its start time ("<pid> <starttime>\n",
-// the format package vmm uses for every driver), so a later berth can tell
-// the VMM from a process that reused its pid.
-func writePidFile(path string, pid int) error {
-	st, err := startTime(pid)
-	if err != nil {
-		st = "0"
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(strconv.Itoa(pid)+" "+st+"\n"), 0o644); err != nil {
-		return fmt.Errorf("write pid file: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write pid file: %w", err)
-	}
-	return nil
-}
-
-// readPidFile returns the pid recorded in path. It fails with
-// vmm.ErrNotRunning if the recorded start time shows the pid now belongs
-// to another process.
-func readPidFile(path string) (int, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	f := strings.Fields(string(b))
-	var pid int
-	if len(f) == 1 || len(f) == 2 {
-		pid, err = strconv.Atoi(f[0])
-	}
-	if len(f) == 0 || len(f) > 2 || err != nil || pid <= 1 {
-		return 0, fmt.Errorf("%s does not hold a pid: %q", path, bytes.TrimSpace(b))
-	}
-	if len(f) == 2 && f[1] != "0" {
-		if st, err := startTime(pid); err == nil && st != f[1] {
-			return 0, fmt.Errorf("process %d is not the VMM recorded in %s (it started later): %w", pid, path, vmm.ErrNotRunning)
-		}
-	}
-	return pid, nil
-}
-
-// startTime is field 22 of /proc/<pid>/stat, the process's start time in
-// clock ticks since boot: with the pid, it names one process.
-func startTime(pid int) (string, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return "", err
-	}
-	// The command name (field 2) may hold spaces and parentheses: count
-	// fields from its closing parenthesis.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return "", errors.New("unreadable /proc stat")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return "", errors.New("short /proc stat")
-	}
-	return f[19], nil
 }
 
 // removeStaleSocket deletes a socket file left by a VMM that died without
@@ -368,7 +273,7 @@ func locked(path string) (bool, error) {
 // deletes the sockets of a live VM. A VMM is live when vmm.pid names a
 // running process and either its API answers or its socket lock is held.
 func liveVMM(ctx context.Context, p paths) (int, bool) {
-	pid, err := readPidFile(p.pid)
+	pid, err := vmm.ReadPidFile(p.pid)
 	if err != nil || unix.Kill(pid, 0) == unix.ESRCH {
 		return 0, false
 	}
