@@ -130,9 +130,11 @@ func (s *server) noRoute(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) writeJSON(w http.ResponseWriter, status int, v any) {
+	b := frame(v)
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
-	w.Write(frame(v))
+	w.Write(b)
 }
 
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
@@ -191,6 +193,7 @@ func (s *server) list(w http.ResponseWriter, r *http.Request) {
 	if list == nil {
 		list = []session.Session{}
 	}
+	w.Header().Set(countHeader, strconv.Itoa(len(list)))
 	s.writeJSON(w, http.StatusOK, list)
 }
 

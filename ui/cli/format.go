@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -68,11 +69,15 @@ func ago(now, t time.Time) string {
 
 // table writes aligned columns; the first row is the header.
 type table struct {
+	bw *bufio.Writer
 	tw *tabwriter.Writer
 }
 
 func newTable(w io.Writer, header ...string) *table {
-	t := &table{tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)}
+	// tabwriter writes each cell and each pad separately: buffered, a
+	// 1,000-row table is one write instead of 18,000.
+	bw := bufio.NewWriterSize(w, 64<<10)
+	t := &table{bw: bw, tw: tabwriter.NewWriter(bw, 0, 0, 2, ' ', 0)}
 	t.row(header...)
 	return t
 }
@@ -81,7 +86,12 @@ func (t *table) row(cells ...string) {
 	fmt.Fprintln(t.tw, strings.Join(cells, "\t"))
 }
 
-func (t *table) flush() error { return t.tw.Flush() }
+func (t *table) flush() error {
+	if err := t.tw.Flush(); err != nil {
+		return err
+	}
+	return t.bw.Flush()
+}
 
 // writeJSON writes v as indented JSON: the stable, scriptable output.
 func writeJSON(w io.Writer, v any) error {
