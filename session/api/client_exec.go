@@ -24,7 +24,7 @@ func (c *Client) Exec(ctx context.Context, name string, req session.ExecRequest)
 	if err != nil {
 		return nil, err
 	}
-	return c.openStream(ctx, p, nil, frame(inFrame{Request: &req}), req.Stdin)
+	return c.openStream(ctx, p, nil, frame(inFrame{Request: &req}), req.Stdin, req.Stdin || req.TTY)
 }
 
 // Attach follows an execution's output from fromSeq (0 = live only); a
@@ -35,13 +35,17 @@ func (c *Client) Attach(ctx context.Context, execID string, fromSeq uint64) (ses
 		return nil, err
 	}
 	q := url.Values{"from": {strconv.FormatUint(fromSeq, 10)}}
-	return c.openStream(ctx, p, q, nil, true)
+	return c.openStream(ctx, p, q, nil, true, true)
 }
 
 // openStream posts a duplex request whose body starts with first and then
-// carries frames the process sends, and reads the first response frame.
-func (c *Client) openStream(ctx context.Context, path string, q url.Values, first []byte, stdin bool) (*process, error) {
+// carries frames the process sends (only first when !duplex), and reads
+// the first response frame.
+func (c *Client) openStream(ctx context.Context, path string, q url.Values, first []byte, stdin, duplex bool) (*process, error) {
 	pr, pw := io.Pipe()
+	if !duplex {
+		pw.Close()
+	}
 	body := &duplexBody{Reader: io.MultiReader(bytes.NewReader(first), pr), pipe: pr}
 	req, err := c.newRequest(ctx, http.MethodPost, path, q, body)
 	if err != nil {
@@ -128,6 +132,18 @@ func (s *frameSender) send(f inFrame) error {
 	return nil
 }
 
+// end finishes the request body cleanly once nothing more will be sent:
+// the daemon then sees the body's end and closes the stream at once. (The
+// transport lets the caller see a response end only after the request is
+// fully written, waiting up to 50 ms for it.) A send blocked on a daemon
+// that no longer reads fails instead of holding end up.
+func (s *frameSender) end() {
+	s.w.Close()
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+}
+
 // close ends the request body; a second close does nothing.
 func (s *frameSender) close() {
 	s.w.CloseWithError(errStreamEnded) // unblocks a send in progress
@@ -155,7 +171,11 @@ var _ session.Process = (*process)(nil)
 
 func (p *process) run(ctx context.Context, body io.ReadCloser, in *frameReader) {
 	defer func() {
-		p.send.close()
+		if p.final != nil || p.finalErr != nil {
+			p.send.end()
+		} else {
+			p.send.close()
+		}
 		// The caller learns of the end first: closing the body can wait on
 		// the transport finishing the request side of the connection.
 		close(p.out)
@@ -276,6 +296,9 @@ func (w *stdinWriter) Close() error {
 	w.closed = true
 	if err := w.p.send.send(inFrame{EOF: true}); err != nil {
 		return fmt.Errorf("stdin of %s: %w", w.p.id, err)
+	}
+	if !w.p.tty {
+		w.p.send.end() // nothing but resizes could follow, and those need a terminal
 	}
 	return nil
 }

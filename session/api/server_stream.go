@@ -105,21 +105,44 @@ func (s *server) attach(w http.ResponseWriter, r *http.Request) {
 // cancelling ctx unblocks a stdin write, a past read deadline unblocks a
 // body read.
 //
+// After the final record a client ends its request body, and stream waits
+// for that end (briefly) rather than cutting the body off: a body read to
+// its end keeps the connection reusable, and a client whose body is still
+// being written waits up to 50 ms before it sees the response end.
+//
 // A command that does not read stdin holds back the request body, so a
 // client that vanished then is noticed only when output fails to send or
 // the command ends.
 func (s *server) stream(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, rc *http.ResponseController, p session.Process, in *frameReader, tty bool) {
 	out := startStream(w, rc)
 	var wg sync.WaitGroup
+	fed := make(chan struct{})
+	final := false
 	defer func() {
 		cancel()
-		rc.SetReadDeadline(time.Now())
+		if final {
+			t := time.NewTimer(bodyEndGrace)
+			select {
+			case <-fed:
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		select {
+		case <-fed:
+		default:
+			rc.SetReadDeadline(time.Now())
+		}
 		wg.Wait()
 	}()
 	if err := out.send(outFrame{ID: p.ID(), TTY: tty}); err != nil {
+		close(fed)
 		return
 	}
-	wg.Go(func() { s.feed(ctx, p, in) })
+	wg.Go(func() {
+		defer close(fed)
+		s.feed(ctx, p, in)
+	})
 
 	for c := range p.Output() {
 		if err := out.send(outFrame{Chunk: &c}); err != nil {
@@ -132,11 +155,15 @@ func (s *server) stream(ctx context.Context, cancel context.CancelFunc, w http.R
 	x, err := p.Wait(ctx)
 	if err != nil {
 		_, body := toWire(err)
-		out.send(outFrame{Error: &body})
+		final = out.send(outFrame{Error: &body}) == nil
 		return
 	}
-	out.send(outFrame{Exit: &x})
+	final = out.send(outFrame{Exit: &x}) == nil
 }
+
+// bodyEndGrace is how long a stream waits, after its final record, for the
+// client to end its request body.
+const bodyEndGrace = time.Second
 
 // feed applies request frames to p until the body ends or fails. Stdin that
 // the command no longer takes is dropped, so the client never blocks.
