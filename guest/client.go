@@ -174,11 +174,6 @@ func (c *Client) Shutdown(ctx context.Context, grace time.Duration) (FlushResult
 	return r, err
 }
 
-// SetTime sets the guest clock and reseeds its RNG (after a restore).
-func (c *Client) SetTime(ctx context.Context, t time.Time, seed []byte) error {
-	return c.do(ctx, &Request{Op: OpSetTime, Time: t.UnixNano(), Data: seed}, nil)
-}
-
 // Freeze flushes the workspace and blocks its writers until Thaw.
 func (c *Client) Freeze(ctx context.Context) (FlushResult, error) {
 	var r FlushResult
@@ -191,10 +186,26 @@ func (c *Client) Thaw(ctx context.Context) error {
 	return c.do(ctx, &Request{Op: OpThaw}, nil)
 }
 
+// ThawAt sets the guest clock to now and reseeds its RNG with seed, then
+// thaws the workspace: what a VM restored from a snapshot needs, in one
+// round trip (right after a restore every round trip is slow, the guest's
+// code being translated afresh under TCG).
+func (c *Client) ThawAt(ctx context.Context, now time.Time, seed []byte) error {
+	return c.do(ctx, &Request{Op: OpThaw, Time: now.UnixNano(), Data: seed}, nil)
+}
+
 // Mount asks the agent to mount the volume with uuid at /workspace.
 func (c *Client) Mount(ctx context.Context, uuid string) (Workspace, error) {
 	var w Workspace
 	err := c.do(ctx, &Request{Op: OpMount, ID: uuid}, &w)
+	return w, err
+}
+
+// MountAt sets the guest clock and reseeds its RNG, as ThawAt, then mounts
+// the volume with uuid at /workspace.
+func (c *Client) MountAt(ctx context.Context, uuid string, now time.Time, seed []byte) (Workspace, error) {
+	var w Workspace
+	err := c.do(ctx, &Request{Op: OpMount, ID: uuid, Time: now.UnixNano(), Data: seed}, &w)
 	return w, err
 }
 

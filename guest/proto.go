@@ -150,7 +150,7 @@ type Request struct {
 	To   string   `json:"to,omitempty"`   // rename target
 	Mode uint32   `json:"mode,omitempty"` // write/mkdir permission bits
 	All  bool     `json:"all,omitempty"`  // mkdir -p, rm -r
-	Time int64    `json:"time,omitempty"` // settime: unix nanoseconds
+	Time int64    `json:"time,omitempty"` // thaw or mount after a restore: unix nanoseconds
 	Data []byte   `json:"data,omitempty"` // small payloads (reseed)
 	Wait Duration `json:"wait,omitempty"` // shutdown grace
 }
@@ -173,7 +173,6 @@ const (
 	OpFlush    = "flush"
 	OpStats    = "stats"
 	OpShutdown = "shutdown"
-	OpSetTime  = "settime"
 	OpMount    = "mount"
 	OpFreeze   = "freeze"
 	OpThaw     = "thaw"

@@ -239,10 +239,7 @@ func (s *sess) afterWake(ctx context.Context) error {
 	}
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	if err := c.SetTime(ctx, time.Now(), seed); err != nil {
-		return agentErr(s.name, err)
-	}
-	return agentErr(s.name, c.Thaw(ctx))
+	return agentErr(s.name, c.ThawAt(ctx, time.Now(), seed))
 }
 
 // ensureAwake wakes a sleeping session before an action on it; concurrent

@@ -181,11 +181,7 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 	}
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	if err := c.SetTime(bctx, time.Now(), seed); err != nil {
-		c.Close()
-		return err
-	}
-	if w, err := c.Mount(bctx, rec.Extra["uuid"]); err != nil || !w.Mounted {
+	if w, err := c.MountAt(bctx, rec.Extra["uuid"], time.Now(), seed); err != nil || !w.Mounted {
 		c.Close()
 		return fmt.Errorf("mount the workspace in the restored template: %v", err)
 	}

@@ -159,7 +159,7 @@ func (a *Agent) ServePort(ctx context.Context, port *os.File) error {
 		if err != nil {
 			// EOF: no host connected. Polling is the portable wait here:
 			// the port reports POLLHUP continuously while disconnected.
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond)
 			continue
 		}
 		a.log.Info("host connected", "channel", "virtio-serial")
@@ -322,13 +322,17 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 		return a.stats()
 	case guest.OpShutdown:
 		return a.shutdown(ctx, s, req.Wait)
-	case guest.OpSetTime:
-		return struct{}{}, a.setTime(req.Time, req.Data)
 	case guest.OpMount:
+		if err := a.setTime(req.Time, req.Data); err != nil {
+			return nil, err
+		}
 		return a.mount(req.ID)
 	case guest.OpFreeze:
 		return a.freeze()
 	case guest.OpThaw:
+		if err := a.setTime(req.Time, req.Data); err != nil {
+			return nil, err
+		}
 		return struct{}{}, a.thaw()
 	}
 	return nil, &guest.Error{Code: guest.CodeBadRequest, Op: req.Op, Message: "unknown operation; host and agent versions differ?"}

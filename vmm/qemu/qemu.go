@@ -122,7 +122,8 @@ func Args(cfg vmm.Config, accel vmm.Accel) []string {
 			"-device", "virtio-blk-pci,drive=ws,id=wsdev,addr="+wsSlot)
 	}
 	if cfg.Incoming != "" {
-		args = append(args, "-incoming", "defer")
+		// Loading starts as QEMU starts, while berth connects to QMP.
+		args = append(args, "-incoming", "exec:cat "+shellQuote(cfg.Incoming))
 	}
 	return args
 }
@@ -135,6 +136,11 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.VM, error) {
 	accel, err := d.accel(ctx, cfg.Accel)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Incoming != "" {
+		if _, err := os.Stat(cfg.Incoming); err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
@@ -151,7 +157,7 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.VM, error) {
 	}
 	vm, err := d.connect(ctx, cfg.Dir, proc, accel)
 	if err == nil && cfg.Incoming != "" {
-		if err = vm.Restore(ctx, cfg.Incoming); err != nil {
+		if err = vm.waitIncoming(ctx); err != nil {
 			vm.Close()
 		}
 	}

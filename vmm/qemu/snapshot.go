@@ -3,7 +3,6 @@ package qemu
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -31,15 +30,9 @@ func (v *VM) Snapshot(ctx context.Context, path string) error {
 	return v.waitMigration(ctx, "snapshot")
 }
 
-// Restore loads a snapshot into a VM started with Config.Incoming; the VM
-// is paused afterwards.
-func (v *VM) Restore(ctx context.Context, path string) error {
-	if _, err := os.Stat(path); err != nil {
-		return fmt.Errorf("restore: %w", err)
-	}
-	if err := v.exec(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(path)}, nil); err != nil {
-		return err
-	}
+// waitIncoming waits for the snapshot given in Config.Incoming to load;
+// the VM is paused afterwards, as it was when saved.
+func (v *VM) waitIncoming(ctx context.Context) error {
 	return v.waitMigration(ctx, "restore")
 }
 
