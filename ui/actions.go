@@ -311,12 +311,12 @@ func (m *Model) create(opts session.CreateOptions) tea.Cmd {
 		if err != nil {
 			return "", nil, err
 		}
-		return "created " + s.Name + " (" + string(s.State) + ")", selectMsg{name: s.Name}, nil
+		return "created " + s.Name + " (" + string(s.State) + ")", createdMsg{s}, nil
 	})
 }
 
-// selectMsg moves the table cursor to a session (after creating it).
-type selectMsg struct{ name string }
+// createdMsg carries a session just created, to show and select.
+type createdMsg struct{ s session.Session }
 
 func (m *Model) execDialog(s session.Session) tea.Cmd {
 	if m.c.ReadOnly {

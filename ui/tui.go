@@ -341,9 +341,8 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, m.pollDaemon()
 	case clockMsg:
 		return m, m.clock()
-	case selectMsg:
-		m.sessions.Select(msg.name)
-		return m, nil
+	case createdMsg:
+		return m, m.sessions.Created(msg.s)
 	}
 	// Component-internal messages (pages, listings, timelines) carry
 	// their own generation and are ignored by the others.

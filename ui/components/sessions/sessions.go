@@ -220,6 +220,19 @@ func (m *Model) Select(name string) {
 	}
 }
 
+// Created folds in the session a create call returned and selects it. The
+// call's answer and the event stream race: the answer may come first, and
+// it is then the newest news of a row still shown as creating. A row that
+// has moved on already is left alone.
+func (m *Model) Created(s session.Session) tea.Cmd {
+	var cmd tea.Cmd
+	if r, ok := m.rows[s.Name]; !ok || r.s.State == session.StateCreating {
+		cmd = m.Apply([]session.Event{{Kind: session.EventState, Name: s.Name, Session: &s}})
+	}
+	m.Select(s.Name)
+	return cmd
+}
+
 // Sort returns the sort column and direction.
 func (m *Model) Sort() (Column, bool) { return m.sortCol, m.desc }
 

@@ -256,3 +256,26 @@ func TestNaturalNameOrder(t *testing.T) {
 		t.Fatalf("order %q", got)
 	}
 }
+
+// A create call's answer can arrive before the events that tell the same;
+// it must then show, and must never undo a newer event.
+func TestCreatedAnswerRacesTheEvents(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		have []session.Session // rows the events already brought
+		want session.State
+	}{
+		{"answer first", nil, session.StateRunning},
+		{"creating event first", []session.Session{{Name: "new", State: session.StateCreating}}, session.StateRunning},
+		{"a later event first", []session.Session{{Name: "new", State: session.StateSleeping}}, session.StateSleeping},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newTable(t, 100, 20, append(some(), tc.have...)...)
+			m.Created(session.Session{Name: "new", State: session.StateRunning, CPUs: 1})
+			s, ok := m.Selected()
+			if !ok || s.Name != "new" || s.State != tc.want {
+				t.Fatalf("selected %q in state %q, want new %s", s.Name, s.State, tc.want)
+			}
+		})
+	}
+}
