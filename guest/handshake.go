@@ -40,8 +40,14 @@ const (
 
 // syncInterval is how often the host repeats its SYNC while the guest has
 // not answered (it may still be booting, or busy noticing the old
-// connection ended).
-const syncInterval = 25 * time.Millisecond
+// connection ended). The first repeats come faster: after a restore the
+// first SYNC usually lands in the guest's old session and is lost, and the
+// next one is then what the wake waits for.
+const (
+	syncInterval      = 25 * time.Millisecond
+	syncIntervalFirst = 5 * time.Millisecond
+	syncFastRepeats   = 40
+)
 
 func newNonce() string {
 	var b [16]byte
@@ -112,9 +118,12 @@ func HostHandshake(ctx context.Context, conn net.Conn) (net.Conn, error) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		t := time.NewTicker(syncInterval)
+		t := time.NewTicker(syncIntervalFirst)
 		defer t.Stop()
-		for {
+		for n := 0; ; n++ {
+			if n == syncFastRepeats {
+				t.Reset(syncInterval)
+			}
 			mu.Lock()
 			conn.SetWriteDeadline(time.Now().Add(time.Second))
 			_, err := conn.Write(syncLine)
