@@ -38,7 +38,7 @@ type Process struct {
 // StartProcess launches binary in dir (its working directory, so relative
 // socket paths stay short) with output appended to logPath, and records it
 // in dir/vmm.pid.
-func StartProcess(dir, binary string, args []string, logPath string) (*Process, error) {
+func StartProcess(dir, binary string, args []string, logPath string, extra ...*os.File) (*Process, error) {
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -49,6 +49,7 @@ func StartProcess(dir, binary string, args []string, logPath string) (*Process, 
 	cmd := exec.Command(binary, args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = extra // fd 3 onward
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", binary, err)
