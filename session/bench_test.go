@@ -150,7 +150,7 @@ func TestBenchSleep(t *testing.T) {
 	e.startDaemon()
 	e.ok("create", "zz")
 	var cold, wake []time.Duration
-	for i := 0; i < 3; i++ {
+	for i := 0; i < 5; i++ {
 		e.ok("stop", "zz")
 		start := time.Now()
 		e.ok("start", "zz")
@@ -183,9 +183,9 @@ func TestBenchSleep(t *testing.T) {
 	t.Logf("BENCH %-40s %10d bytes vs guest memory used %d  ratio %.2fx", "snapshot on disk", info.SnapshotBytes, used, float64(info.SnapshotBytes)/float64(max(used, 1)))
 
 	// Create from a template (built by the first create above) against a
-	// cold create, each to the first answered command; medians of three.
+	// cold create, each to the first answered command; medians of five.
 	var fromTemplate, coldCreate []time.Duration
-	for i := 0; i < 3; i++ {
+	for i := 0; i < 5; i++ {
 		name := fmt.Sprintf("tmpl%d", i)
 		start := time.Now()
 		e.ok("create", name)
@@ -197,7 +197,7 @@ func TestBenchSleep(t *testing.T) {
 	os.Setenv("BERTH_NO_TEMPLATES", "1")
 	e.startDaemon()
 	os.Unsetenv("BERTH_NO_TEMPLATES")
-	for i := 0; i < 3; i++ {
+	for i := 0; i < 5; i++ {
 		name := fmt.Sprintf("cold%d", i)
 		start := time.Now()
 		e.ok("create", name)

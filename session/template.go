@@ -26,11 +26,16 @@ import (
 
 const templateCmdline = "berth.ws=none"
 
+// templateFormat changes when templates built before would still restore
+// but behave worse (the kernel command line is baked into the snapshot).
+// 2: QEMU boots with acpi=noirq.
+const templateFormat = 2
+
 // templateKey identifies a template: the image's kernel and initramfs
 // (size and mtime: a rebuilt image differs) and the VM size.
 func templateKey(im Image, vmmName string, cpus, memMiB int) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s %d %d\n", vmmName, cpus, memMiB)
+	fmt.Fprintf(h, "v%d %s %d %d\n", templateFormat, vmmName, cpus, memMiB)
 	for _, p := range []string{im.Kernel, im.Initramfs} {
 		fi, err := os.Stat(p)
 		if err != nil {
