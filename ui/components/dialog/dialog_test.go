@@ -2,8 +2,6 @@ package dialog
 
 import (
 	"errors"
-	"flag"
-	"os"
 	"strings"
 	"testing"
 
@@ -18,12 +16,7 @@ import (
 var keys uitest.Coverage
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	code := m.Run()
-	if code == 0 {
-		code = uitest.CheckCoverage(&keys, flag.Lookup("test.run").Value.String(), map[string]any{"dialog.KeyMap": DefaultKeyMap()})
-	}
-	os.Exit(code)
+	uitest.Main(m, &keys, map[string]any{"dialog.KeyMap": DefaultKeyMap()})
 }
 
 func cm(t *testing.T) *common.Common {

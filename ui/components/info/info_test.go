@@ -1,8 +1,6 @@
 package info
 
 import (
-	"flag"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -19,12 +17,7 @@ import (
 var keys uitest.Coverage
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	code := m.Run()
-	if code == 0 {
-		code = uitest.CheckCoverage(&keys, flag.Lookup("test.run").Value.String(), map[string]any{"info.KeyMap": DefaultKeyMap()})
-	}
-	os.Exit(code)
+	uitest.Main(m, &keys, map[string]any{"info.KeyMap": DefaultKeyMap()})
 }
 
 var t0 = time.Date(2026, 3, 14, 15, 0, 0, 0, time.UTC)

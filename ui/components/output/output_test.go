@@ -2,8 +2,6 @@ package output
 
 import (
 	"context"
-	"flag"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -21,12 +19,7 @@ import (
 var keys uitest.Coverage
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	code := m.Run()
-	if code == 0 {
-		code = uitest.CheckCoverage(&keys, flag.Lookup("test.run").Value.String(), map[string]any{"output.KeyMap": DefaultKeyMap()})
-	}
-	os.Exit(code)
+	uitest.Main(m, &keys, map[string]any{"output.KeyMap": DefaultKeyMap()})
 }
 
 var t0 = time.Date(2026, 3, 14, 15, 0, 0, 0, time.UTC)

@@ -1,6 +1,7 @@
 package uitest
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,10 +74,19 @@ func itoa(n int) string {
 	return string(d)
 }
 
-// CheckCoverage fails the package's tests (returns a non-zero code) when a
-// binding of any key map was never pressed. It is skipped when -run
-// selects a subset of tests.
-func CheckCoverage(c *Coverage, run string, keymaps map[string]any) int {
+// Main is a UI package's TestMain: it runs the tests, then fails them when
+// a binding of any key map was never pressed (unless -run selected a
+// subset of tests).
+func Main(m *testing.M, c *Coverage, keymaps map[string]any) {
+	flag.Parse()
+	code := m.Run()
+	if code == 0 {
+		code = checkCoverage(c, flag.Lookup("test.run").Value.String(), keymaps)
+	}
+	os.Exit(code)
+}
+
+func checkCoverage(c *Coverage, run string, keymaps map[string]any) int {
 	if run != "" {
 		return 0
 	}
