@@ -51,10 +51,6 @@ import (
 // HeaderBy carries who makes a call ("cli", "tui").
 const HeaderBy = "X-Berth-By"
 
-// countHeader carries the number of items in a list answer, so the client
-// can size its slice once.
-const countHeader = "X-Berth-Count"
-
 // Version is the API version, the first element of every path.
 const Version = "v1"
 

@@ -132,21 +132,13 @@ func (s *frameSender) send(f inFrame) error {
 	return nil
 }
 
-// end finishes the request body cleanly once nothing more will be sent:
-// the daemon then sees the body's end and closes the stream at once. (The
-// transport lets the caller see a response end only after the request is
-// fully written, waiting up to 50 ms for it.) A send blocked on a daemon
-// that no longer reads fails instead of holding end up.
-func (s *frameSender) end() {
-	s.w.Close()
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-}
-
-// close ends the request body; a second close does nothing.
-func (s *frameSender) close() {
-	s.w.CloseWithError(errStreamEnded) // unblocks a send in progress
+// close ends the request body: cleanly when cause is nil, so the daemon
+// sees the body's end and closes the stream at once (the transport shows
+// the caller a response's end only once the request is fully written,
+// waiting up to 50 ms for it), else aborted. It unblocks a send in
+// progress; a second close does nothing.
+func (s *frameSender) close(cause error) {
+	s.w.CloseWithError(cause)
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
@@ -171,11 +163,11 @@ var _ session.Process = (*process)(nil)
 
 func (p *process) run(ctx context.Context, body io.ReadCloser, in *frameReader) {
 	defer func() {
-		if p.final != nil || p.finalErr != nil {
-			p.send.end()
-		} else {
-			p.send.close()
+		var cause error // after a final record nothing more will be sent
+		if p.final == nil && p.finalErr == nil {
+			cause = errStreamEnded
 		}
+		p.send.close(cause)
 		// The caller learns of the end first: closing the body can wait on
 		// the transport finishing the request side of the connection.
 		close(p.out)
@@ -298,7 +290,7 @@ func (w *stdinWriter) Close() error {
 		return fmt.Errorf("stdin of %s: %w", w.p.id, err)
 	}
 	if !w.p.tty {
-		w.p.send.end() // nothing but resizes could follow, and those need a terminal
+		w.p.send.close(nil) // nothing but resizes could follow, and those need a terminal
 	}
 	return nil
 }

@@ -193,7 +193,6 @@ func (s *server) list(w http.ResponseWriter, r *http.Request) {
 	if list == nil {
 		list = []session.Session{}
 	}
-	w.Header().Set(countHeader, strconv.Itoa(len(list)))
 	s.writeJSON(w, http.StatusOK, list)
 }
 
