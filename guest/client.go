@@ -21,7 +21,10 @@ type Client struct {
 	sess *yamux.Session
 }
 
-func yamuxConfig() *yamux.Config {
+// YamuxConfig tunes yamux for one host on a local channel, on both ends:
+// no keepalives (the channel's EOF tells the guest its host went away), and
+// a large window so a stream can fill the channel.
+func YamuxConfig() *yamux.Config {
 	c := yamux.DefaultConfig()
 	c.EnableKeepAlive = false
 	c.MaxStreamWindowSize = 4 << 20
@@ -40,7 +43,7 @@ func Connect(ctx context.Context, conn net.Conn) (*Client, error) {
 		conn.Close()
 		return nil, err
 	}
-	sess, err := yamux.Client(c, yamuxConfig())
+	sess, err := yamux.Client(c, YamuxConfig())
 	if err != nil {
 		conn.Close()
 		return nil, err

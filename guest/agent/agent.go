@@ -122,20 +122,6 @@ func (a *Agent) Reap(ctx context.Context, sigchld <-chan os.Signal) {
 	a.execs.reap(sigchld, ctx.Done())
 }
 
-// yamuxConfig tunes yamux for one host on a local channel: no keepalives
-// (the channel's EOF tells us the host went away), and a large window so a
-// stream can fill the channel.
-func yamuxConfig() *yamux.Config {
-	c := yamux.DefaultConfig()
-	c.EnableKeepAlive = false
-	c.MaxStreamWindowSize = 4 << 20
-	c.ConnectionWriteTimeout = 30 * time.Second
-	c.StreamCloseTimeout = 30 * time.Second
-	c.LogOutput = io.Discard
-	c.Logger = nil
-	return c
-}
-
 // ServeConn serves one host connection (a vsock connection, or a test
 // pipe): handshake, then calls until the connection ends.
 func (a *Agent) ServeConn(ctx context.Context, conn net.Conn) error {
@@ -172,7 +158,7 @@ func (a *Agent) ServePort(ctx context.Context, port *os.File) error {
 // serveSession runs yamux over rw and one goroutine per stream. It returns
 // when the host goes away. Executions keep running.
 func (a *Agent) serveSession(ctx context.Context, rw io.ReadWriteCloser) error {
-	sess, err := yamux.Server(rw, yamuxConfig())
+	sess, err := yamux.Server(rw, guest.YamuxConfig())
 	if err != nil {
 		return err
 	}
