@@ -109,23 +109,33 @@ func (s *sess) touch() {
 	s.mu.Unlock()
 }
 
-// boot starts a VM on the session's workspace and waits for its agent.
-func (s *sess) boot(ctx context.Context) error {
+// vmSetup resolves what starting the session's VM takes: its record, its
+// driver, and the Config of a cold boot on its workspace, which a restore
+// adjusts.
+func (s *sess) vmSetup(ctx context.Context) (store.Session, vmm.Driver, vmm.Config, error) {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
 	d, err := s.m.driver(rec.VMM)
 	if err != nil {
-		return err
+		return rec, nil, vmm.Config{}, err
 	}
 	im, err := s.m.cfg.Images(ctx, rec.Image)
 	if err != nil {
-		return err
+		return rec, nil, vmm.Config{}, err
 	}
-	cfg := vmm.Config{
+	return rec, d, vmm.Config{
 		Dir: s.vmDir(), Kernel: im.Kernel, Initramfs: im.Initramfs,
 		Cmdline: "berth.ws=" + rec.Extra["uuid"], CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB,
 		Workspace: s.wsPath(), Accel: s.m.cfg.Defaults.Accel,
+	}, nil
+}
+
+// boot starts a VM on the session's workspace and waits for its agent.
+func (s *sess) boot(ctx context.Context) error {
+	_, d, cfg, err := s.vmSetup(ctx)
+	if err != nil {
+		return err
 	}
 	bctx, cancel := context.WithTimeout(ctx, s.m.cfg.BootTimeout)
 	defer cancel()

@@ -183,9 +183,10 @@ func (s *sess) wake(ctx context.Context, by string) error {
 // restore starts a VMM from the sleep snapshot and connects to its agent.
 // The VM stays paused until afterWake.
 func (s *sess) restore(ctx context.Context) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
+	rec, d, cfg, err := s.vmSetup(ctx)
+	if err != nil {
+		return err
+	}
 	path := rec.Extra[extraSnapshot]
 	if path == "" {
 		return errors.New("no snapshot recorded")
@@ -193,19 +194,8 @@ func (s *sess) restore(ctx context.Context) error {
 	if _, err := os.Stat(path); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
-	d, err := s.m.driver(rec.VMM)
-	if err != nil {
-		return err
-	}
-	im, err := s.m.cfg.Images(ctx, rec.Image)
-	if err != nil {
-		return err
-	}
-	cfg := vmm.Config{
-		Dir: s.vmDir(), Kernel: im.Kernel, Initramfs: im.Initramfs,
-		Cmdline: "berth.ws=" + rec.Extra["uuid"], CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB,
-		Workspace: s.wsPath(), Accel: vmm.Accel(rec.Accel), Incoming: path,
-	}
+	// The accelerator the snapshot was taken under.
+	cfg.Accel, cfg.Incoming = vmm.Accel(rec.Accel), path
 	bctx, cancel := context.WithTimeout(ctx, s.m.cfg.BootTimeout)
 	defer cancel()
 	vm, err := d.Start(bctx, cfg)

@@ -153,23 +153,16 @@ func (m *Manager) template(ctx context.Context, s *sess) (string, error) {
 // bootFromTemplate restores the template into the session's VM directory,
 // plugs in its workspace and has the agent mount it.
 func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	d, err := s.m.driver(rec.VMM)
+	rec, d, cfg, err := s.vmSetup(ctx)
 	if err != nil {
 		return err
 	}
-	im, err := s.m.cfg.Images(ctx, rec.Image)
-	if err != nil {
-		return err
-	}
+	// The template's VM, as it was snapshotted: no workspace until it is
+	// hot-plugged below.
+	cfg.Cmdline, cfg.Workspace, cfg.Incoming = templateCmdline, "", snap
 	bctx, cancel := context.WithTimeout(ctx, s.m.cfg.BootTimeout)
 	defer cancel()
-	vm, err := d.Start(bctx, vmm.Config{
-		Dir: s.vmDir(), Kernel: im.Kernel, Initramfs: im.Initramfs, Cmdline: templateCmdline,
-		CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB, Accel: s.m.cfg.Defaults.Accel, Incoming: snap,
-	})
+	vm, err := d.Start(bctx, cfg)
 	if err != nil {
 		return fmt.Errorf("restore the template: %w", err)
 	}

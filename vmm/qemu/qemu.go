@@ -167,7 +167,8 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.VM, error) {
 	}
 	vm, err := d.connect(ctx, cfg.Dir, proc, accel)
 	if err == nil && cfg.Incoming != "" {
-		if err = vm.waitIncoming(ctx); err != nil {
+		// The VM is paused afterwards, as it was when saved.
+		if err = vm.waitMigration(ctx, "restore"); err != nil {
 			vm.Close()
 		}
 	}

@@ -30,12 +30,6 @@ func (v *VM) Snapshot(ctx context.Context, path string) error {
 	return v.waitMigration(ctx, "snapshot")
 }
 
-// waitIncoming waits for the snapshot given in Config.Incoming to load;
-// the VM is paused afterwards, as it was when saved.
-func (v *VM) waitIncoming(ctx context.Context) error {
-	return v.waitMigration(ctx, "restore")
-}
-
 func (v *VM) waitMigration(ctx context.Context, what string) error {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
