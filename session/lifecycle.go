@@ -252,9 +252,6 @@ func (m *Manager) Stop(ctx context.Context, name string) (Session, error) {
 			<-vm.Done()
 		}
 		s.detach()
-		s.mu.Lock()
-		s.vm, s.agent = nil, nil
-		s.mu.Unlock()
 		m.loseRuns(name, "the session stopped")
 		return s.setState(StateStopped, cause, by)
 	})

@@ -299,13 +299,14 @@ func (s *sess) connectedAgent() (*guest.Client, error) {
 	return c, nil
 }
 
-// detach drops berth's handles on the VM without stopping it.
+// detach drops and forgets berth's handles on the VM without stopping it.
 func (s *sess) detach() {
 	s.mu.Lock()
 	if s.supStop != nil {
 		s.supStop()
 	}
 	vm, c := s.vm, s.agent
+	s.vm, s.agent = nil, nil
 	s.mu.Unlock()
 	if c != nil {
 		c.Close()

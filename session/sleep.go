@@ -139,9 +139,6 @@ func (s *sess) sleep(ctx context.Context, by string) error {
 	vm.Kill(context.Background())
 	<-vm.Done()
 	s.detach()
-	s.mu.Lock()
-	s.vm, s.agent = nil, nil
-	s.mu.Unlock()
 	return nil
 }
 
