@@ -91,13 +91,14 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (Session, erro
 	rec := store.Session{
 		Name: opts.Name, State: string(StateCreating), Cause: "created", Image: opts.Image, VMM: opts.VMM,
 		CPUs: opts.CPUs, MemoryMiB: opts.MemoryMiB, DiskBytes: opts.DiskBytes, CreatedAt: now, LastActivity: now,
-		Retention: d.Retention, Extra: map[string]string{"uuid": vmm.NewUUID()},
+		Retention: d.Retention, WorkspaceUUID: vmm.NewUUID(),
 	}
 	if opts.IdleTimeout != nil {
 		if *opts.IdleTimeout < 0 {
 			return Session{}, fmt.Errorf("--idle-timeout %s: want 0 (never) or a positive duration: %w", *opts.IdleTimeout, ErrInvalid)
 		}
-		rec.Extra[extraIdleTimeout] = opts.IdleTimeout.String()
+		t := *opts.IdleTimeout
+		rec.IdleTimeout = &t
 	}
 	s := m.newSess(rec)
 	s.op.Lock()
@@ -121,7 +122,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (Session, erro
 	if err := os.MkdirAll(s.vmDir(), 0o755); err != nil {
 		return fail(fmt.Errorf("create session directory: %w", err))
 	}
-	if err := vmm.CreateWorkspace(ctx, s.wsPath(), opts.DiskBytes, rec.Extra["uuid"]); err != nil {
+	if err := vmm.CreateWorkspace(ctx, s.wsPath(), opts.DiskBytes, rec.WorkspaceUUID); err != nil {
 		return fail(err)
 	}
 	how, err := s.bootNew(ctx, by)
@@ -227,8 +228,7 @@ func (m *Manager) Stop(ctx context.Context, name string) (Session, error) {
 			// runs: dropping the snapshot is the whole stop.
 			os.RemoveAll(s.snapshotDir())
 			s.mu.Lock()
-			delete(s.rec.Extra, extraSnapshot)
-			delete(s.rec.Extra, extraSnapshotBytes)
+			s.rec.SnapshotPath, s.rec.SnapshotBytes = "", 0
 			s.mu.Unlock()
 			return s.setState(StateStopped, "stopped while asleep (workspace was flushed at sleep)", by)
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -73,11 +72,9 @@ func (s *sess) snapshotLocked() Session {
 	out.WorkspaceUsed = s.stats.WorkspaceUsed
 	out.IdleTimeout = s.idleTimeoutLocked()
 	if out.State == StateSleeping {
-		out.SnapshotBytes, _ = strconv.ParseInt(r.Extra[extraSnapshotBytes], 10, 64)
+		out.SnapshotBytes = r.SnapshotBytes
 	}
-	if ms, err := strconv.ParseInt(r.Extra[extraWakeMillis], 10, 64); err == nil {
-		out.LastWake = time.Duration(ms) * time.Millisecond
-	}
+	out.LastWake = r.LastWake
 	out.Running = s.m.runningCount(s.name)
 	return out
 }
@@ -126,7 +123,7 @@ func (s *sess) vmSetup(ctx context.Context) (store.Session, vmm.Driver, vmm.Conf
 	}
 	return rec, d, vmm.Config{
 		Dir: s.vmDir(), Kernel: im.Kernel, Initramfs: im.Initramfs,
-		Cmdline: "berth.ws=" + rec.Extra["uuid"], CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB,
+		Cmdline: "berth.ws=" + rec.WorkspaceUUID, CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB,
 		Workspace: s.wsPath(), Accel: s.m.cfg.Defaults.Accel,
 	}, nil
 }

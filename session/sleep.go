@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -24,21 +23,11 @@ import (
 // leaves a session that is running, cleanly sleeping, or cold-bootable:
 // see recoverSleep.
 
-// Keys in the session record's Extra.
-const (
-	extraSnapshot      = "snapshot"       // path of the memory snapshot while sleeping
-	extraSnapshotBytes = "snapshot_bytes" // its size
-	extraWakeMillis    = "wake_ms"        // how long the last wake took
-	extraIdleTimeout   = "idle_timeout"   // the session's own idle timeout
-)
-
 // idleTimeout is the session's idle timeout: its own, else the configured
 // one. The caller holds s.mu.
 func (s *sess) idleTimeoutLocked() time.Duration {
-	if v, ok := s.rec.Extra[extraIdleTimeout]; ok {
-		if d, err := time.ParseDuration(v); err == nil {
-			return d
-		}
+	if t := s.rec.IdleTimeout; t != nil {
+		return *t
 	}
 	return s.m.cfg.IdleTimeout
 }
@@ -128,8 +117,7 @@ func (s *sess) sleep(ctx context.Context, by string) error {
 	}
 	m.crash("sleep:synced")
 	s.mu.Lock()
-	s.rec.Extra[extraSnapshot] = s.snapshotPath()
-	s.rec.Extra[extraSnapshotBytes] = strconv.FormatInt(size, 10)
+	s.rec.SnapshotPath, s.rec.SnapshotBytes = s.snapshotPath(), size
 	s.intended = true
 	s.mu.Unlock()
 	if err := s.setState(StateSleeping, fmt.Sprintf("asleep: %s snapshot written in %s", humanBytes(size), time.Since(start).Round(time.Millisecond)), by); err != nil {
@@ -165,9 +153,8 @@ func (s *sess) wake(ctx context.Context, by string) error {
 		cause = fmt.Sprintf("woke from sleep in %s", took.Round(time.Millisecond))
 	}
 	s.mu.Lock()
-	delete(s.rec.Extra, extraSnapshot)
-	delete(s.rec.Extra, extraSnapshotBytes)
-	s.rec.Extra[extraWakeMillis] = strconv.FormatInt(took.Milliseconds(), 10)
+	s.rec.SnapshotPath, s.rec.SnapshotBytes = "", 0
+	s.rec.LastWake = took
 	s.mu.Unlock()
 	if err := s.setState(StateRunning, cause, by); err != nil {
 		return err
@@ -184,7 +171,7 @@ func (s *sess) restore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	path := rec.Extra[extraSnapshot]
+	path := rec.SnapshotPath
 	if path == "" {
 		return errors.New("no snapshot recorded")
 	}
@@ -298,7 +285,7 @@ func (s *sess) recoverSleep(ctx context.Context, st State, vm vmm.VM) {
 			<-vm.Done()
 			vm.Close()
 		}
-		if _, err := os.Stat(s.rec.Extra[extraSnapshot]); err != nil {
+		if _, err := os.Stat(s.rec.SnapshotPath); err != nil {
 			s.m.event(Event{Kind: EventNote, Name: s.name, Message: "the sleep snapshot is missing; the next wake boots a new VM on the workspace"})
 		}
 	case StateRunning:

@@ -192,7 +192,7 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 	}
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	if w, err := c.MountAt(bctx, rec.Extra["uuid"], time.Now(), seed); err != nil || !w.Mounted {
+	if w, err := c.MountAt(bctx, rec.WorkspaceUUID, time.Now(), seed); err != nil || !w.Mounted {
 		c.Close()
 		return fmt.Errorf("mount the workspace in the restored template: %v", err)
 	}

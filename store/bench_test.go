@@ -85,7 +85,8 @@ func BenchmarkListSessions(b *testing.B) {
 	for i := range 1000 {
 		sess := Session{Name: fmt.Sprintf("session-%04d", i), State: "running", Image: "debian-13", VMM: "qemu",
 			Accel: "kvm", CPUs: 2, MemoryMiB: 2048, DiskBytes: 10 << 30, Pid: 10000 + i, CreatedAt: t0,
-			StartedAt: t0, LastActivity: t0, Extra: map[string]string{"owner": "ci", "project": "berth"}}
+			StartedAt: t0, LastActivity: t0, WorkspaceUUID: "0b8e3a52-6f7c-4c1e-9a43-2d1f0e5b7c99",
+			IdleTimeout: durationp(30 * time.Minute), LastWake: 412 * time.Millisecond}
 		if err := s.PutSession(sess); err != nil {
 			b.Fatal(err)
 		}

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -17,7 +19,7 @@ type migration func(txn *badger.Txn) error
 // goes from v(i+1) to v(i+2), so an owner's current version is
 // len(migrations[o])+1. Append steps; never edit a released one.
 var migrations = map[string][]migration{
-	ownerSession: nil,
+	ownerSession: {sessionV1ToV2},
 	ownerExec:    {execV1ToV2},
 	ownerOut:     nil,
 	ownerEvent:   nil,
@@ -157,6 +159,86 @@ func execV1ToV2(txn *badger.Txn) error {
 		if _, ok := rec["by"]; !ok {
 			rec["by"] = json.RawMessage(`"unknown"`)
 		}
+		nv, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		if err := txn.Set(k, nv); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sessionV1ToV2: v1 session records kept the workspace UUID, the session's
+// own idle timeout, the sleep snapshot's path and size and the last wake's
+// duration as strings in a map: "extra": {"uuid": "…", "idle_timeout":
+// "30m0s", "snapshot": "/…/memory.snap", "snapshot_bytes": "536870912",
+// "wake_ms": "412"}. v2 gives each a typed field and has no map.
+//
+// A missing key leaves its field unset. A value that does not parse (or is
+// not a string) is dropped, which is what v1 made of it on every read: an
+// unparsable idle timeout meant the configured one, an unparsable size or
+// wake time meant none. The open does not fail for it. No berth wrote other
+// keys; any there go with the map. A record that is not JSON, or whose
+// "extra" is not an object, fails the migration (v1 could not load it
+// either).
+func sessionV1ToV2(txn *badger.Txn) error {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix(ownerSession)})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		item := it.Item()
+		k := item.KeyCopy(nil)
+		v, err := item.ValueCopy(nil)
+		if err != nil {
+			return err
+		}
+		var rec map[string]json.RawMessage
+		if err := json.Unmarshal(v, &rec); err != nil {
+			return fmt.Errorf("record %q: %w", k, err)
+		}
+		raw, ok := rec["extra"]
+		if !ok {
+			continue
+		}
+		var extra map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &extra); err != nil {
+			return fmt.Errorf("record %q: extra: %w", k, err)
+		}
+		str := func(key string) (string, bool) {
+			var s string
+			err := json.Unmarshal(extra[key], &s)
+			return s, err == nil && s != ""
+		}
+		// Marshalling a string or an integer cannot fail.
+		set := func(field string, val any) {
+			if _, ok := rec[field]; !ok {
+				rec[field], _ = json.Marshal(val)
+			}
+		}
+		if s, ok := str("uuid"); ok {
+			set("workspace_uuid", s)
+		}
+		if s, ok := str("idle_timeout"); ok {
+			if d, err := time.ParseDuration(s); err == nil {
+				set("idle_timeout", d)
+			}
+		}
+		if s, ok := str("snapshot"); ok {
+			set("snapshot_path", s)
+		}
+		if s, ok := str("snapshot_bytes"); ok {
+			if n, err := strconv.ParseInt(s, 10, 64); err == nil && n != 0 {
+				set("snapshot_bytes", n)
+			}
+		}
+		if s, ok := str("wake_ms"); ok {
+			const most = math.MaxInt64 / int64(time.Millisecond)
+			if ms, err := strconv.ParseInt(s, 10, 64); err == nil && ms != 0 && -most <= ms && ms <= most {
+				set("last_wake", time.Duration(ms)*time.Millisecond)
+			}
+		}
+		delete(rec, "extra")
 		nv, err := json.Marshal(rec)
 		if err != nil {
 			return err

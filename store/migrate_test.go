@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -88,7 +89,7 @@ func TestMigrateFromV1(t *testing.T) {
 	if raw := readRaw(t, s, "exec/e1"); strings.Contains(raw, "hunter2") || strings.Contains(raw, `"env"`) {
 		t.Errorf("migrated record still holds environment values: %s", raw)
 	}
-	for owner, want := range map[string]string{"session": "1", "exec": "2", "out": "1", "event": "1"} {
+	for owner, want := range map[string]string{"session": "2", "exec": "2", "out": "1", "event": "1"} {
 		if got := readRaw(t, s, "meta/"+owner+"/schema"); got != want {
 			t.Errorf("schema of %s = %q, want %q", owner, got, want)
 		}
@@ -110,35 +111,119 @@ func TestMigrateFromV1(t *testing.T) {
 	}
 }
 
-func TestMigrationIsOneTransaction(t *testing.T) {
+// TestMigrateSessionsFromV1 opens session records as v1 berth wrote them,
+// with the typed fields' values as strings in "extra".
+func TestMigrateSessionsFromV1(t *testing.T) {
 	dir := t.TempDir()
 	writeRaw(t, dir, map[string]string{
-		"meta/exec/schema": "1",
-		"exec/good":        `{"id":"good","session":"s","env":["A=1"]}`,
-		"exec/bad":         `{not json`,
+		"meta/session/schema": "1",
+		"meta/exec/schema":    "2",
+		"meta/out/schema":     "1",
+		"meta/event/schema":   "1",
+		// Every key, as a sleeping session recorded them.
+		"session/sleepy": `{"name":"sleepy","state":"sleeping","cause":"asleep: 512.0 MiB snapshot written in 1.2s",` +
+			`"image":"debian-13","vmm":"qemu","accel":"kvm","cpus":2,"memory_mib":2048,"disk_bytes":10737418240,` +
+			`"created_at":"2025-03-01T12:00:00Z","started_at":"2025-03-01T12:00:00Z","last_activity":"2025-03-01T12:00:00Z",` +
+			`"extra":{"idle_timeout":"30m0s","snapshot":"/var/lib/berth/sessions/sleepy/snapshot/memory.snap",` +
+			`"snapshot_bytes":"536870912","uuid":"0b8e3a52-6f7c-4c1e-9a43-2d1f0e5b7c99","wake_ms":"412"}}`,
+		// Some keys missing; an explicit 0 idle timeout (never) stays set.
+		"session/never": `{"name":"never","state":"running","extra":{"idle_timeout":"0s","uuid":"8d1c"}}`,
+		// Values v1 could not parse either: dropped, as v1 ignored them.
+		"session/odd": `{"name":"odd","state":"stopped","extra":{"idle_timeout":"forever","snapshot_bytes":"12 KiB",` +
+			`"wake_ms":"99999999999999999999","uuid":"5e2f","snapshot":7,"owner":"ci"}}`,
+		// No extra at all (a record from before any key existed).
+		"session/bare": `{"name":"bare","state":"stopped","retention":1048576}`,
 	})
-	if s, err := Open(dir, testLogger(t)); err == nil {
-		s.Close()
-		t.Fatal("Open succeeded on a store with a corrupt v1 record")
+
+	s := openTest(t, dir)
+	cases := []Session{
+		{Name: "bare", State: "stopped", Retention: 1 << 20},
+		{Name: "never", State: "running", WorkspaceUUID: "8d1c", IdleTimeout: durationp(0)},
+		{Name: "odd", State: "stopped", WorkspaceUUID: "5e2f"},
+		{Name: "sleepy", State: "sleeping", Cause: "asleep: 512.0 MiB snapshot written in 1.2s", Image: "debian-13",
+			VMM: "qemu", Accel: "kvm", CPUs: 2, MemoryMiB: 2048, DiskBytes: 10 << 30,
+			CreatedAt: t0, StartedAt: t0, LastActivity: t0,
+			WorkspaceUUID: "0b8e3a52-6f7c-4c1e-9a43-2d1f0e5b7c99", IdleTimeout: durationp(30 * time.Minute),
+			SnapshotPath: "/var/lib/berth/sessions/sleepy/snapshot/memory.snap", SnapshotBytes: 512 << 20,
+			LastWake: 412 * time.Millisecond},
 	}
-	// The good record was not half-migrated.
-	db, err := badger.Open(badgerOptions(dir, testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	db.View(func(txn *badger.Txn) error {
-		for k, want := range map[string]string{"exec/good": `{"id":"good","session":"s","env":["A=1"]}`, "meta/exec/schema": "1"} {
-			item, err := txn.Get([]byte(k))
-			if err != nil {
-				t.Fatalf("%s: %v", k, err)
+	check := func(when string) {
+		t.Helper()
+		for _, want := range cases {
+			got, err := s.GetSession(want.Name)
+			if err != nil || !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: GetSession(%q) = %+v, %v\nwant %+v", when, want.Name, got, err, want)
 			}
-			if v, _ := item.ValueCopy(nil); string(v) != want {
-				t.Errorf("%s = %s after failed migration, want %s", k, v, want)
+			if raw := readRaw(t, s, "session/"+want.Name); strings.Contains(raw, `"extra"`) {
+				t.Errorf("%s: migrated record still has extra: %s", when, raw)
 			}
 		}
-		return nil
-	})
+		if list, err := s.ListSessions(); err != nil || !reflect.DeepEqual(list, cases) {
+			t.Errorf("%s: ListSessions() = %+v, %v\nwant %+v", when, list, err, cases)
+		}
+		if got := readRaw(t, s, "meta/session/schema"); got != "2" {
+			t.Errorf("%s: schema of session = %q, want 2", when, got)
+		}
+	}
+	check("after migration")
+
+	// Reopening a current store migrates nothing and changes nothing.
+	before := readRaw(t, s, "session/sleepy")
+	s.Close()
+	s = openTest(t, dir)
+	check("after reopen")
+	if after := readRaw(t, s, "session/sleepy"); after != before {
+		t.Errorf("reopen rewrote session/sleepy:\n%s\n%s", before, after)
+	}
+}
+
+func TestMigrationIsOneTransaction(t *testing.T) {
+	cases := []struct {
+		name string
+		good map[string]string // left as written when the open fails
+		bad  map[string]string
+	}{
+		{"corrupt v1 exec",
+			map[string]string{"exec/good": `{"id":"good","session":"s","env":["A=1"]}`, "meta/exec/schema": "1"},
+			map[string]string{"exec/bad": `{not json`}},
+		{"v1 session whose extra is not an object",
+			map[string]string{"session/a-good": `{"name":"a-good","state":"stopped","extra":{"uuid":"5e2f"}}`,
+				"meta/session/schema": "1"},
+			map[string]string{"session/b-bad": `{"name":"b-bad","state":"stopped","extra":["uuid"]}`}},
+		{"migrated sessions and a later owner's corrupt record",
+			map[string]string{"session/s": `{"name":"s","state":"stopped","extra":{"uuid":"5e2f"}}`,
+				"meta/session/schema": "1", "meta/exec/schema": "1"},
+			map[string]string{"exec/bad": `{not json`}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeRaw(t, dir, c.good)
+			writeRaw(t, dir, c.bad)
+			if s, err := Open(dir, testLogger(t)); err == nil {
+				s.Close()
+				t.Fatal("Open succeeded on a store with a corrupt v1 record")
+			}
+			// The good records were not half-migrated.
+			db, err := badger.Open(badgerOptions(dir, testLogger(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			db.View(func(txn *badger.Txn) error {
+				for k, want := range c.good {
+					item, err := txn.Get([]byte(k))
+					if err != nil {
+						t.Fatalf("%s: %v", k, err)
+					}
+					if v, _ := item.ValueCopy(nil); string(v) != want {
+						t.Errorf("%s = %s after failed migration, want %s", k, v, want)
+					}
+				}
+				return nil
+			})
+		})
+	}
 }
 
 func TestNewerSchemaRefused(t *testing.T) {
@@ -149,7 +234,7 @@ func TestNewerSchemaRefused(t *testing.T) {
 		message string
 	}{
 		{"exec", "3", SchemaError{"exec", 3, 2}, "store schema for exec is v3, this berth knows v2: upgrade berth"},
-		{"session", "2", SchemaError{"session", 2, 1}, "store schema for session is v2, this berth knows v1: upgrade berth"},
+		{"session", "3", SchemaError{"session", 3, 2}, "store schema for session is v3, this berth knows v2: upgrade berth"},
 		{"out", "9", SchemaError{"out", 9, 1}, "store schema for out is v9, this berth knows v1: upgrade berth"},
 	}
 	for _, c := range cases {

@@ -26,7 +26,27 @@ type Session struct {
 	// together; 0 means DefaultRetention. Lowering it trims at once.
 	Retention int64 `json:"retention,omitempty"`
 
-	Extra map[string]string `json:"extra,omitempty"`
+	// WorkspaceUUID is the filesystem UUID of the session's workspace
+	// volume, by which the guest finds and mounts it.
+	WorkspaceUUID string `json:"workspace_uuid,omitempty"`
+	// IdleTimeout is the session's own idle timeout: nil means the
+	// configured one, 0 never. Durations are stored as nanoseconds.
+	IdleTimeout *time.Duration `json:"idle_timeout,omitempty"`
+	// While sleeping: the memory snapshot's path and size.
+	SnapshotPath  string `json:"snapshot_path,omitempty"`
+	SnapshotBytes int64  `json:"snapshot_bytes,omitempty"`
+	// LastWake is how long the session's last wake took.
+	LastWake time.Duration `json:"last_wake,omitempty"`
+}
+
+// clone returns a copy of sess that shares no memory with it, so a record
+// handed out cannot change the store's mirror.
+func (sess Session) clone() Session {
+	if sess.IdleTimeout != nil {
+		t := *sess.IdleTimeout
+		sess.IdleTimeout = &t
+	}
+	return sess
 }
 
 // Exec is one execution's record.

@@ -3,7 +3,6 @@ package store
 import (
 	"encoding/json"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
@@ -29,7 +28,7 @@ func (s *Store) PutSession(sess Session) error {
 	defer mu.Unlock()
 
 	// Mirror what a reader after a restart would get: the decoded record,
-	// without monotonic clock readings or the caller's map.
+	// without monotonic clock readings or the caller's pointers.
 	var stored Session
 	if err := json.Unmarshal(val, &stored); err != nil {
 		return fmt.Errorf("session %q: %w", sess.Name, err)
@@ -91,8 +90,7 @@ func (s *Store) GetSession(name string) (Session, error) {
 	if !ok {
 		return Session{}, fmt.Errorf("session %q: %w", name, ErrNotFound)
 	}
-	sess.Extra = maps.Clone(sess.Extra)
-	return sess, nil
+	return sess.clone(), nil
 }
 
 // ListSessions returns every session, ordered by name.
@@ -104,8 +102,7 @@ func (s *Store) ListSessions() ([]Session, error) {
 	s.sessMu.RLock()
 	out := make([]Session, 0, len(s.sessions))
 	for _, sess := range s.sessions {
-		sess.Extra = maps.Clone(sess.Extra)
-		out = append(out, sess)
+		out = append(out, sess.clone())
 	}
 	s.sessMu.RUnlock()
 	slices.SortFunc(out, func(a, b Session) int { return strings.Compare(a.Name, b.Name) })

@@ -33,6 +33,8 @@ var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
 func intp(i int) *int { return &i }
 
+func durationp(d time.Duration) *time.Duration { return &d }
+
 // allKeys lists every key in the store, to prove deletions leave nothing.
 func allKeys(t testing.TB, s *Store) []string {
 	t.Helper()
@@ -56,9 +58,11 @@ func TestSessions(t *testing.T) {
 	sessions := []Session{
 		{Name: "alpha", State: "running", Image: "debian", VMM: "qemu", Accel: "kvm", CPUs: 2, MemoryMiB: 2048,
 			DiskBytes: 10 << 30, Pid: 4242, CreatedAt: t0, StartedAt: t0.Add(time.Second),
-			LastActivity: t0.Add(time.Minute), Retention: 1 << 20, Extra: map[string]string{"k": "v"}},
+			LastActivity: t0.Add(time.Minute), Retention: 1 << 20, WorkspaceUUID: "0b8e3a52-6f7c-4c1e-9a43-2d1f0e5b7c99",
+			IdleTimeout: durationp(0), LastWake: 412 * time.Millisecond},
 		{Name: "beta", State: "stopped", Cause: "crashed", CreatedAt: t0},
-		{Name: "gamma-1.x", State: "sleeping"},
+		{Name: "gamma-1.x", State: "sleeping", IdleTimeout: durationp(time.Hour),
+			SnapshotPath: "/data/gamma-1.x/snapshot/memory.snap", SnapshotBytes: 512 << 20},
 	}
 	for _, sess := range sessions {
 		if err := s.PutSession(sess); err != nil {
@@ -74,6 +78,14 @@ func TestSessions(t *testing.T) {
 	list, err := s.ListSessions()
 	if err != nil || !reflect.DeepEqual(list, sessions) {
 		t.Errorf("ListSessions() = %+v, %v; want %+v", list, err, sessions)
+	}
+
+	// A record handed out shares nothing with the stored one.
+	got, _ := s.GetSession("alpha")
+	*got.IdleTimeout = time.Hour
+	*list[0].IdleTimeout = time.Minute
+	if again, _ := s.GetSession("alpha"); again.IdleTimeout == nil || *again.IdleTimeout != 0 {
+		t.Errorf("changing a returned record changed the stored one: IdleTimeout = %v", again.IdleTimeout)
 	}
 
 	// Replace, then delete.
