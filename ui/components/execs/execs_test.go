@@ -36,8 +36,8 @@ func setup(t *testing.T, n int) (*Model, *sessiontest.Fake, *uitest.Driver) {
 			t.Fatal(err)
 		}
 	}
-	c := &common.Common{Ctx: t.Context(), Svc: f, Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0.Add(time.Hour) }}
-	m := New(c)
+	c := &common.Common{Ctx: t.Context(), Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0.Add(time.Hour) }}
+	m := New(c, f)
 	m.SetSize(100, 8)
 	d := uitest.NewDriver(&uitest.Component{C: m})
 	d.Quiet = 5 * time.Millisecond

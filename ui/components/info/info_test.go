@@ -34,8 +34,8 @@ func TestTimelineAndConfig(t *testing.T) {
 	for i := range 30 {
 		must(t, f.Note("s", session.EventNote, "note "+string(rune('a'+i%26))))
 	}
-	c := &common.Common{Ctx: t.Context(), Svc: f, Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0 }}
-	m := New(c)
+	c := &common.Common{Ctx: t.Context(), Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0 }}
+	m := New(c, f)
 	m.SetSize(100, 20)
 	d := uitest.NewDriver(&uitest.Component{C: m})
 	d.Quiet = 5 * time.Millisecond

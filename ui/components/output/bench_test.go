@@ -52,8 +52,8 @@ func BenchmarkOutputView1M(b *testing.B) {
 	if err := f.AddGenerated(x, initial, gen); err != nil {
 		b.Fatal(err)
 	}
-	c := &common.Common{Ctx: b.Context(), Svc: f, Styles: common.NewStyles(true, colorprofile.TrueColor), Now: time.Now}
-	m := New(c)
+	c := &common.Common{Ctx: b.Context(), Styles: common.NewStyles(true, colorprofile.TrueColor), Now: time.Now}
+	m := New(c, f)
 	m.SetSize(w, h)
 
 	// Open: the tail page and the attach run before timing starts.

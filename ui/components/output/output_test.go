@@ -40,8 +40,8 @@ func newEnv(t *testing.T, w, h int) *env {
 	if err := f.AddSession(session.Session{Name: "s", State: session.StateRunning}); err != nil {
 		t.Fatal(err)
 	}
-	c := &common.Common{Ctx: t.Context(), Svc: f, Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0 }}
-	m := New(c)
+	c := &common.Common{Ctx: t.Context(), Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0 }}
+	m := New(c, f)
 	m.SetSize(w, h)
 	d := uitest.NewDriver(&uitest.Component{C: m})
 	d.Quiet = 5 * time.Millisecond
