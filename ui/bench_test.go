@@ -11,7 +11,7 @@ import (
 	"github.com/charmbracelet/colorprofile"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/ui/internal/fakesvc"
+	"github.com/berthvm/berth/session/sessiontest"
 	"github.com/berthvm/berth/ui/internal/uitest"
 )
 
@@ -57,7 +57,9 @@ func benchSessions(b *testing.B, setup func(m *Model)) {
 			LastActivity: base.Add(-time.Duration(i%600) * time.Second), WorkspaceUsed: int64(i) << 20, DirtyBytes: int64(i%97) << 10, Running: i % 3}
 		evs[i] = session.Event{Kind: session.EventState, Name: ss[i].Name, Session: &ss[i]}
 	}
-	m := newModel(fakesvc.New(nil), Options{Context: b.Context()})
+	f := sessiontest.New(sessiontest.Options{})
+	defer f.Close()
+	m := newModel(f, Options{Context: b.Context()})
 	m.Update(tea.WindowSizeMsg{Width: 120, Height: 40})
 	m.Update(tea.ColorProfileMsg{Profile: colorprofile.TrueColor})
 	m.watchGen = 1

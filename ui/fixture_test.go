@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"strings"
@@ -12,7 +13,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/ui/internal/fakesvc"
+	"github.com/berthvm/berth/session/sessiontest"
 	"github.com/berthvm/berth/ui/internal/uitest"
 )
 
@@ -27,9 +28,21 @@ var keys uitest.Coverage
 
 // fixture fills a fake with a few sessions in every interesting state,
 // executions with output, and workspace files.
-func fixture() *fakesvc.Service {
-	f := fakesvc.New(func() time.Time { return now })
-	add := func(s session.Session) { f.AddSession(s) }
+func fixture() *sessiontest.Fake { return fixtureWith(sessiontest.Options{}) }
+
+// fixtureWith is fixture with knobs set in opts (Delay, ...). The fake's
+// clock is now, Create's defaults 2 vCPUs, 1 GiB, 10 GiB, a flush takes
+// 120 ms, and /bin/sh prints what it was asked to run ("ran: ...").
+func fixtureWith(opts sessiontest.Options) *sessiontest.Fake {
+	opts.Now = func() time.Time { return now }
+	opts.CPUs, opts.MemoryMiB, opts.DiskBytes = 2, 1024, 10<<30
+	opts.FlushTook = 120 * time.Millisecond
+	f := sessiontest.New(opts)
+	f.Handle("sh", func(_ context.Context, p *sessiontest.Proc) (int, error) {
+		fmt.Fprintf(p.Stdout, "ran: %s\n", strings.Join(p.Args, " "))
+		return 0, nil
+	})
+	add := func(s session.Session) { must(f.AddSession(s)) }
 	add(session.Session{Name: "alpha", State: session.StateRunning, Cause: "booted", CPUs: 2, MemoryMiB: 2048, DiskBytes: 10 << 30,
 		Image: "mini", VMM: "qemu", Accel: "tcg", Pid: 4242, CreatedAt: now.Add(-72 * time.Hour), StartedAt: now.Add(-3*time.Hour - 12*time.Minute),
 		LastActivity: now.Add(-2 * time.Minute), WorkspaceUsed: 1288 << 20, DirtyBytes: 12<<20 + 300<<10, Running: 1})
@@ -44,41 +57,48 @@ func fixture() *fakesvc.Service {
 		Image: "mini", VMM: "qemu", LastActivity: now.Add(-31 * time.Minute), WorkspaceUsed: 800 << 20})
 
 	code0, code2 := 0, 2
-	f.AddExecution(session.Execution{ID: "x0000001abcdef", Session: "alpha", Argv: []string{"/bin/sh", "-c", "make deps"}, By: "cli",
+	must(f.AddExecution(session.Execution{ID: "x0000001abcdef", Session: "alpha", Argv: []string{"/bin/sh", "-c", "make deps"}, By: "cli",
 		State: session.ExecExited, ExitCode: &code0, StartedAt: now.Add(-3 * time.Hour), EndedAt: now.Add(-3*time.Hour + 42*time.Second),
 		StdoutBytes: 5120, StderrBytes: 0},
-		session.Chunk{Stream: session.Stdout, Data: []byte("fetching modules\nok\n")})
-	f.AddExecution(session.Execution{ID: "x0000002bcdefa", Session: "alpha", Argv: []string{"/bin/sh", "-c", "go test ./..."}, By: "tui",
+		session.Chunk{Stream: session.Stdout, Data: []byte("fetching modules\nok\n")}))
+	must(f.AddExecution(session.Execution{ID: "x0000002bcdefa", Session: "alpha", Argv: []string{"/bin/sh", "-c", "go test ./..."}, By: "tui",
 		State: session.ExecExited, ExitCode: &code2, StartedAt: now.Add(-20 * time.Minute), EndedAt: now.Add(-18*time.Minute - 30*time.Second),
 		StdoutBytes: 800, StderrBytes: 210},
 		session.Chunk{Stream: session.Stdout, Time: now.Add(-20 * time.Minute), Data: []byte("=== RUN   TestParse\n--- PASS: TestParse (0.00s)\n=== RUN   TestFlush\n")},
 		session.Chunk{Stream: session.Stderr, Time: now.Add(-19 * time.Minute), Data: []byte("flush_test.go:42: dirty bytes = 4096, want 0\n\x1b[31mFAIL\x1b[0m\tTestFlush\n")},
 		session.Chunk{Stream: session.Stdout, Time: now.Add(-19 * time.Minute), Data: []byte("--- FAIL: TestFlush (1.20s)\nFAIL\tgithub.com/example/ws\t1.204s\n")},
-	)
-	f.AddExecution(session.Execution{ID: "x0000003cdefab", Session: "alpha", Argv: []string{"/bin/sh", "-c", "./serve --port 8080"}, By: "ssh:alice",
+	))
+	must(f.AddExecution(session.Execution{ID: "x0000003cdefab", Session: "alpha", Argv: []string{"/bin/sh", "-c", "./serve --port 8080"}, By: "ssh:alice",
 		State: session.ExecRunning, StartedAt: now.Add(-5 * time.Minute), StdoutBytes: 96},
 		session.Chunk{Stream: session.Stdout, Time: now.Add(-5 * time.Minute), Data: []byte("listening on :8080\n")},
 		session.Chunk{Stream: session.Stdout, Time: now.Add(-4 * time.Minute), Data: []byte("GET / 200 1.2ms\n")},
-	)
-	f.AddExecution(session.Execution{ID: "x0000004defabc", Session: "alpha", Argv: []string{"/bin/sh", "-c", "rsync -a big/ /workspace/big"}, By: "cli",
-		State: session.ExecLost, StartedAt: now.Add(-2 * time.Hour), EndedAt: now.Add(-119 * time.Minute), StdoutBytes: 0, StderrBytes: 0})
+	))
+	must(f.AddExecution(session.Execution{ID: "x0000004defabc", Session: "alpha", Argv: []string{"/bin/sh", "-c", "rsync -a big/ /workspace/big"}, By: "cli",
+		State: session.ExecLost, StartedAt: now.Add(-2 * time.Hour), EndedAt: now.Add(-119 * time.Minute), StdoutBytes: 0, StderrBytes: 0}))
 
 	mt := now.Add(-26 * time.Hour)
-	f.AddFile("alpha", "README.md", []byte("# alpha\n\nA scratch project.\n\n\tIndented with a tab.\n"), mt)
-	f.AddFile("alpha", "go.mod", []byte("module example.com/alpha\n\ngo 1.26\n"), mt)
-	f.AddFile("alpha", "src/main.go", []byte("package main\n\nfunc main() {}\n"), mt)
-	f.AddFile("alpha", "src/util/strings.go", []byte("package util\n"), mt)
-	f.AddFile("alpha", "bin/tool", []byte("\x7fELF\x02\x01\x01\x00\x00\x00binary"), mt)
-	f.AddDir("alpha", "empty", mt)
-	f.Note("alpha", session.EventFlush, "flushed 4194304 bytes")
+	must(f.AddFile("alpha", "README.md", []byte("# alpha\n\nA scratch project.\n\n\tIndented with a tab.\n"), mt))
+	must(f.AddFile("alpha", "go.mod", []byte("module example.com/alpha\n\ngo 1.26\n"), mt))
+	must(f.AddFile("alpha", "src/main.go", []byte("package main\n\nfunc main() {}\n"), mt))
+	must(f.AddFile("alpha", "src/util/strings.go", []byte("package util\n"), mt))
+	must(f.AddFile("alpha", "bin/tool", []byte("\x7fELF\x02\x01\x01\x00\x00\x00binary"), mt))
+	must(f.AddDir("alpha", "empty", mt))
+	must(f.Note("alpha", session.EventFlush, "flushed 4194304 bytes"))
 	return f
+}
+
+// must panics on a fixture that does not fit the fake's rules.
+func must(err error) {
+	if err != nil {
+		panic(err)
+	}
 }
 
 // harness is a root model driven like a program, at a fixed size, clock
 // and colour profile.
 type harness struct {
 	t   *testing.T
-	f   *fakesvc.Service
+	f   *sessiontest.Fake
 	m   *Model
 	d   *uitest.Driver
 	w   int
@@ -86,11 +106,12 @@ type harness struct {
 	pro colorprofile.Profile
 }
 
-func newHarness(t *testing.T, f *fakesvc.Service, opts Options) *harness {
+func newHarness(t *testing.T, f *sessiontest.Fake, opts Options) *harness {
 	t.Helper()
 	if opts.Context == nil {
 		opts.Context = t.Context()
 	}
+	t.Cleanup(func() { f.Close() })
 	m := newModel(f, opts)
 	m.c.Now = func() time.Time { return now }
 	h := &harness{t: t, f: f, m: m, w: 100, h: 30, pro: colorprofile.Ascii}
@@ -107,7 +128,7 @@ type blackBG struct{}
 
 func (blackBG) RGBA() (r, g, b, a uint32) { return 0, 0, 0, 0xffff }
 
-func mustList(t *testing.T, f *fakesvc.Service) []session.Session {
+func mustList(t *testing.T, f *sessiontest.Fake) []session.Session {
 	ss, err := f.List(t.Context())
 	if err != nil {
 		t.Fatal(err)

@@ -11,8 +11,8 @@ import (
 	"github.com/charmbracelet/colorprofile"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/sessiontest"
 	"github.com/berthvm/berth/ui/common"
-	"github.com/berthvm/berth/ui/internal/fakesvc"
 	"github.com/berthvm/berth/ui/internal/uitest"
 )
 
@@ -85,8 +85,7 @@ func TestOutputTabOpensSelectedExecution(t *testing.T) {
 
 func TestPauseShowsSpinnerAndNoFlushNote(t *testing.T) {
 	t.Parallel()
-	f := fixture()
-	f.Delay = 300 * time.Millisecond
+	f := fixtureWith(sessiontest.Options{Delay: 300 * time.Millisecond})
 	h := newHarness(t, f, Options{})
 	h.d.Send(keys.Key("p"))
 	if p := h.m.Pending(); len(p) != 1 || p[0] != "pausing alpha" {
@@ -110,6 +109,10 @@ func TestPauseShowsSpinnerAndNoFlushNote(t *testing.T) {
 func TestSleepAndWake(t *testing.T) {
 	t.Parallel()
 	f := fixture()
+	// Only an idle session sleeps: end alpha's running command first.
+	if err := f.Cancel(t.Context(), "x0000003cdefab"); err != nil {
+		t.Fatal(err)
+	}
 	h := newHarness(t, f, Options{})
 	h.press("S")
 	h.waitFor("asleep", func() bool { s, _ := h.m.sessions.Get("alpha"); return s.State == session.StateSleeping })
@@ -398,7 +401,7 @@ func TestLiveEvents(t *testing.T) {
 	h := newHarness(t, f, Options{})
 	f.Update("docs", func(s *session.Session) { s.WorkspaceUsed = 1 << 30 })
 	h.waitFor("stats", func() bool { s, _ := h.m.sessions.Get("docs"); return s.WorkspaceUsed == 1<<30 })
-	f.SetState("alpha", session.StateCrashed, "VMM killed by SIGKILL")
+	f.Crash("alpha", "VMM killed by SIGKILL")
 	h.waitFor("crash", func() bool { return strings.Contains(h.screen(), "2 crashed") })
 	f.AddSession(session.Session{Name: "zeta", State: session.StateRunning, CPUs: 1})
 	h.waitFor("new session", func() bool { _, ok := h.m.sessions.Get("zeta"); return ok })
@@ -509,7 +512,7 @@ func TestWorkspaceExplainsUnavailableSessions(t *testing.T) {
 func TestWorkspaceCallsTimeOut(t *testing.T) {
 	t.Parallel()
 	f := fixture()
-	f.HangFiles = true
+	f.Hang("ListDir", "Stat", "ReadFile")
 	h := newHarness(t, f, Options{})
 	h.m.c.CallTimeout = 150 * time.Millisecond
 	h.press("enter", "3")
@@ -573,8 +576,6 @@ func TestStylesFollowBackgroundAndProfile(t *testing.T) {
 type whiteBG struct{}
 
 func (whiteBG) RGBA() (r, g, b, a uint32) { return 0xffff, 0xffff, 0xffff, 0xffff }
-
-var _ = fakesvc.New
 
 // col returns the screen column where sub starts in a plain line.
 func col(line, sub string) int { return lipglossWidth(line[:strings.Index(line, sub)]) }

@@ -11,9 +11,10 @@ import (
 // watcher is one Watch subscription. The fake never blocks on a slow
 // watcher: events queue up until its goroutine delivers them.
 type watcher struct {
-	mu    sync.Mutex
-	queue []session.Event
-	wake  chan struct{} // capacity 1
+	mu     sync.Mutex
+	queue  []session.Event
+	wake   chan struct{} // capacity 1
+	closed chan struct{} // closed by CloseWatchers
 }
 
 func (w *watcher) push(ev session.Event) {
@@ -37,12 +38,14 @@ func (w *watcher) pop() (session.Event, bool) {
 	return ev, true
 }
 
-// publishLocked stamps ev, records it in the session's timeline (except
-// stats) and queues it for every watcher.
+// publishLocked stamps ev (its Time only when zero), records it in the
+// session's timeline (except stats) and queues it for every watcher.
 func (f *Fake) publishLocked(ctx context.Context, s *fakeSession, ev session.Event) {
 	f.eventSeq++
 	ev.Seq = f.eventSeq
-	ev.Time = f.now()
+	if ev.Time.IsZero() {
+		ev.Time = f.now()
+	}
 	ev.Name = s.info.Name
 	if ev.By == "" {
 		ev.By = session.Actor(ctx)
@@ -60,13 +63,13 @@ func (f *Fake) publishLocked(ctx context.Context, s *fakeSession, ev session.Eve
 }
 
 // Watch streams events: first one EventState (Seq 0) per existing session,
-// sorted by name, then every change. The channel is closed when ctx ends or
-// the Fake is closed.
+// sorted by name, then every change. The channel is closed when ctx ends,
+// the Fake is closed or CloseWatchers is called.
 func (f *Fake) Watch(ctx context.Context) (<-chan session.Event, error) {
-	if err := f.checkOpen(ctx); err != nil {
+	if err := f.enter(ctx, "Watch"); err != nil {
 		return nil, err
 	}
-	w := &watcher{wake: make(chan struct{}, 1)}
+	w := &watcher{wake: make(chan struct{}, 1), closed: make(chan struct{})}
 	f.mu.Lock()
 	names := make([]string, 0, len(f.sessions))
 	for name, s := range f.sessions {
@@ -102,6 +105,8 @@ func (f *Fake) Watch(ctx context.Context) (<-chan session.Event, error) {
 					return
 				case <-f.life.Done():
 					return
+				case <-w.closed:
+					return
 				}
 			}
 			select {
@@ -110,8 +115,21 @@ func (f *Fake) Watch(ctx context.Context) (<-chan session.Event, error) {
 				return
 			case <-f.life.Done():
 				return
+			case <-w.closed:
+				return
 			}
 		}
 	}()
 	return ch, nil
+}
+
+// CloseWatchers ends every Watch stream, as a daemon restart would; later
+// Watch calls work again.
+func (f *Fake) CloseWatchers() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for w := range f.watchers {
+		close(w.closed)
+		delete(f.watchers, w)
+	}
 }

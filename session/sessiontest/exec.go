@@ -36,6 +36,9 @@ type fakeExec struct {
 	firstSeq uint64
 	nextSeq  uint64
 	kept     int64 // bytes in chunks
+	// gen, when set, computes chunk seq instead of chunks holding it
+	// (AddGenerated): output too large to keep is served page by page.
+	gen func(seq uint64) session.Chunk
 
 	changed chan struct{} // closed and replaced when output or state changes
 	done    chan struct{} // closed when the execution is final
@@ -49,7 +52,7 @@ type fakeExec struct {
 // Exec starts req.Argv[0] from the fake's Commands. An unknown command is
 // recorded as failed, as a real agent would when exec fails.
 func (f *Fake) Exec(ctx context.Context, name string, req session.ExecRequest) (session.Process, error) {
-	if err := f.checkOpen(ctx); err != nil {
+	if err := f.enter(ctx, "Exec"); err != nil {
 		return nil, err
 	}
 	switch {
@@ -163,6 +166,10 @@ func (f *Fake) startLocked(e *fakeExec, cmd Command, req session.ExecRequest) {
 func (f *Fake) end(e *fakeExec, code int, err, cause error, timeout time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.endLocked(e, code, err, cause, timeout)
+}
+
+func (f *Fake) endLocked(e *fakeExec, code int, err, cause error, timeout time.Duration) {
 	var sig Signal
 	switch {
 	case errors.Is(cause, errCancelled):
@@ -288,6 +295,19 @@ func (e *fakeExec) chunksFromLocked(from uint64, limit int) []session.Chunk {
 	if from >= e.nextSeq {
 		return nil
 	}
+	if e.gen != nil {
+		n := e.nextSeq - from
+		if limit > 0 {
+			n = min(n, uint64(limit))
+		}
+		cs := make([]session.Chunk, n)
+		for i := range cs {
+			seq := from + uint64(i)
+			cs[i] = e.gen(seq)
+			cs[i].Exec, cs[i].Seq = e.rec.ID, seq
+		}
+		return cs
+	}
 	cs := e.chunks[from-e.firstSeq:]
 	if limit > 0 && len(cs) > limit {
 		cs = cs[:limit]
@@ -326,7 +346,7 @@ func (f *Fake) lookupExecLocked(id string) (*fakeExec, error) {
 // Attach follows an execution's output from fromSeq (0 = live only). For a
 // finished execution it replays the retained output and ends.
 func (f *Fake) Attach(ctx context.Context, execID string, fromSeq uint64) (session.Process, error) {
-	if err := f.checkOpen(ctx); err != nil {
+	if err := f.enter(ctx, "Attach"); err != nil {
 		return nil, err
 	}
 	f.mu.Lock()
@@ -344,7 +364,7 @@ func (f *Fake) Attach(ctx context.Context, execID string, fromSeq uint64) (sessi
 // Executions lists a session's executions in start order: the running ones,
 // or all recorded ones.
 func (f *Fake) Executions(ctx context.Context, name string, all bool) ([]session.Execution, error) {
-	if err := f.checkOpen(ctx); err != nil {
+	if err := f.enter(ctx, "Executions"); err != nil {
 		return nil, err
 	}
 	f.mu.Lock()
@@ -364,7 +384,7 @@ func (f *Fake) Executions(ctx context.Context, name string, all bool) ([]session
 
 // Execution returns one execution's record.
 func (f *Fake) Execution(ctx context.Context, execID string) (session.Execution, error) {
-	if err := f.checkOpen(ctx); err != nil {
+	if err := f.enter(ctx, "Execution"); err != nil {
 		return session.Execution{}, err
 	}
 	f.mu.Lock()
@@ -379,7 +399,7 @@ func (f *Fake) Execution(ctx context.Context, execID string) (session.Execution,
 // Output returns retained output from fromSeq (0 = the first), at most
 // limit chunks (all when limit <= 0), and the bytes trimmed in between.
 func (f *Fake) Output(ctx context.Context, execID string, fromSeq uint64, limit int) (session.OutputPage, error) {
-	if err := f.checkOpen(ctx); err != nil {
+	if err := f.enter(ctx, "Output"); err != nil {
 		return session.OutputPage{}, err
 	}
 	f.mu.Lock()
@@ -406,7 +426,7 @@ func (f *Fake) Output(ctx context.Context, execID string, fromSeq uint64, limit 
 // Cancel kills a running execution. Cancelling a finished one is an
 // ErrInvalidState.
 func (f *Fake) Cancel(ctx context.Context, execID string) error {
-	if err := f.checkOpen(ctx); err != nil {
+	if err := f.enter(ctx, "Cancel"); err != nil {
 		return err
 	}
 	f.mu.Lock()

@@ -4,7 +4,14 @@
 // The fake keeps the contract of the real Manager: names are validated, state
 // transitions are checked, errors wrap one of the session error classes with a
 // message saying what failed and what to do. Instead of VMs it runs commands
-// implemented in Go (see Commands) against an in-memory /workspace tree.
+// implemented in Go (see Commands and Fake.Handle) against an in-memory
+// /workspace tree.
+//
+// Tests and the TUI demo drive it further: seeding (AddSession,
+// AddExecution, AddGenerated for huge computed outputs, AddFile, Note) puts
+// it in any state a daemon could be in, Update, Grow and Crash change it as
+// a guest would, and faults (Options.Delay, FailNext, Hang, CloseWatchers)
+// make it slow, failing or wedged; Calls records what was called.
 package sessiontest
 
 import (
@@ -35,6 +42,12 @@ type Options struct {
 	// OutputRetention bounds the output bytes kept per execution; older
 	// chunks are trimmed and reported as a gap. Zero keeps everything.
 	OutputRetention int64
+	// Delay makes every lifecycle call (Create, Pause, Resume, Stop,
+	// Start, Sleep, Delete, Flush) wait this long before it acts, so a
+	// test can see the caller's pending state. Zero waits not at all.
+	Delay time.Duration
+	// FlushTook is how long Flush reports it took; zero means 3 ms.
+	FlushTook time.Duration
 }
 
 // Fake is an in-memory session.Service. Create one with New and Close it
@@ -53,6 +66,11 @@ type Fake struct {
 	eventSeq uint64
 	execSeq  int
 	pidSeq   int
+
+	// Faults and the call record (faults.go).
+	fail  map[string]error
+	hang  map[string]bool
+	calls map[string]int
 }
 
 type fakeSession struct {
@@ -87,6 +105,9 @@ func New(opts Options) *Fake {
 	if opts.Images == nil {
 		opts.Images = []string{"mini"}
 	}
+	if opts.FlushTook == 0 {
+		opts.FlushTook = 3 * time.Millisecond
+	}
 	life, shutdown := context.WithCancel(context.Background())
 	f := &Fake{
 		opts:     opts,
@@ -96,6 +117,9 @@ func New(opts Options) *Fake {
 		execs:    map[string]*fakeExec{},
 		watchers: map[*watcher]struct{}{},
 		commands: builtins(),
+		fail:     map[string]error{},
+		hang:     map[string]bool{},
+		calls:    map[string]int{},
 	}
 	return f
 }
@@ -139,7 +163,7 @@ func (f *Fake) getLocked(name string) (*fakeSession, error) {
 
 // List returns every session, sorted by name.
 func (f *Fake) List(ctx context.Context) ([]session.Session, error) {
-	if err := ctx.Err(); err != nil {
+	if err := f.enter(ctx, "List"); err != nil {
 		return nil, err
 	}
 	f.mu.Lock()
@@ -156,7 +180,7 @@ func (f *Fake) List(ctx context.Context) ([]session.Session, error) {
 
 // Get returns one session.
 func (f *Fake) Get(ctx context.Context, name string) (session.Session, error) {
-	if err := ctx.Err(); err != nil {
+	if err := f.enter(ctx, "Get"); err != nil {
 		return session.Session{}, err
 	}
 	f.mu.Lock()
@@ -171,7 +195,7 @@ func (f *Fake) Get(ctx context.Context, name string) (session.Session, error) {
 // Timeline returns the session's recorded events (all but stats), oldest
 // first; limit > 0 keeps the newest limit events.
 func (f *Fake) Timeline(ctx context.Context, name string, limit int) ([]session.Event, error) {
-	if err := ctx.Err(); err != nil {
+	if err := f.enter(ctx, "Timeline"); err != nil {
 		return nil, err
 	}
 	f.mu.Lock()

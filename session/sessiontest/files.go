@@ -105,8 +105,17 @@ func (s *fakeSession) updateUsed() {
 	s.info.WorkspaceUsed = used(s.root)
 }
 
-// files runs do on a usable session under the lock.
-func (f *Fake) files(ctx context.Context, name string, do func(s *fakeSession) error) error {
+// files begins a call of method and runs do on a usable session under the
+// lock.
+func (f *Fake) files(ctx context.Context, method, name string, do func(s *fakeSession) error) error {
+	if err := f.enter(ctx, method); err != nil {
+		return err
+	}
+	return f.onUsable(ctx, name, do)
+}
+
+// onUsable runs do on a usable session under the lock.
+func (f *Fake) onUsable(ctx context.Context, name string, do func(s *fakeSession) error) error {
 	if err := f.checkOpen(ctx); err != nil {
 		return err
 	}
@@ -122,7 +131,7 @@ func (f *Fake) files(ctx context.Context, name string, do func(s *fakeSession) e
 // ListDir lists a directory, sorted by name.
 func (f *Fake) ListDir(ctx context.Context, name, p string) ([]session.FileInfo, error) {
 	var out []session.FileInfo
-	err := f.files(ctx, name, func(s *fakeSession) error {
+	err := f.files(ctx, "ListDir", name, func(s *fakeSession) error {
 		n, rel, err := s.lookup(p)
 		if err != nil {
 			return err
@@ -143,7 +152,7 @@ func (f *Fake) ListDir(ctx context.Context, name, p string) ([]session.FileInfo,
 // Stat describes one file; the root is named "workspace".
 func (f *Fake) Stat(ctx context.Context, name, p string) (session.FileInfo, error) {
 	var fi session.FileInfo
-	err := f.files(ctx, name, func(s *fakeSession) error {
+	err := f.files(ctx, "Stat", name, func(s *fakeSession) error {
 		n, rel, err := s.lookup(p)
 		if err != nil {
 			return err
@@ -157,7 +166,7 @@ func (f *Fake) Stat(ctx context.Context, name, p string) (session.FileInfo, erro
 // ReadFile returns a snapshot of a file's content.
 func (f *Fake) ReadFile(ctx context.Context, name, p string) (io.ReadCloser, error) {
 	var data []byte
-	err := f.files(ctx, name, func(s *fakeSession) error {
+	err := f.files(ctx, "ReadFile", name, func(s *fakeSession) error {
 		n, rel, err := s.lookup(p)
 		if err != nil {
 			return err
@@ -187,14 +196,14 @@ func (f *Fake) WriteFile(ctx context.Context, name, p string, r io.Reader) (int6
 		}
 		return nil
 	}
-	if err := f.files(ctx, name, check); err != nil {
+	if err := f.files(ctx, "WriteFile", name, check); err != nil {
 		return 0, err
 	}
 	var buf bytes.Buffer
 	if _, err := io.Copy(&buf, ctxReader{ctx, r}); err != nil {
 		return 0, fmt.Errorf("write %s: reading content: %w", p, err)
 	}
-	err := f.files(ctx, name, func(s *fakeSession) error {
+	err := f.onUsable(ctx, name, func(s *fakeSession) error {
 		if err := check(s); err != nil {
 			return err
 		}
@@ -232,7 +241,7 @@ func (c ctxReader) Read(b []byte) (int, error) {
 // Mkdir creates a directory and any missing parents; an existing directory
 // is fine, an existing file is ErrExists.
 func (f *Fake) Mkdir(ctx context.Context, name, p string) error {
-	return f.files(ctx, name, func(s *fakeSession) error {
+	return f.files(ctx, "Mkdir", name, func(s *fakeSession) error {
 		rel, err := cleanPath(p)
 		if err != nil {
 			return err
@@ -259,7 +268,7 @@ func (f *Fake) Mkdir(ctx context.Context, name, p string) error {
 
 // Remove deletes a file, or a directory with everything in it.
 func (f *Fake) Remove(ctx context.Context, name, p string) error {
-	return f.files(ctx, name, func(s *fakeSession) error {
+	return f.files(ctx, "Remove", name, func(s *fakeSession) error {
 		d, base, rel, err := s.parent(p)
 		if err != nil {
 			return err
@@ -277,7 +286,7 @@ func (f *Fake) Remove(ctx context.Context, name, p string) error {
 // Rename moves from to to, replacing a file at to; a directory at to is
 // ErrExists.
 func (f *Fake) Rename(ctx context.Context, name, from, to string) error {
-	return f.files(ctx, name, func(s *fakeSession) error {
+	return f.files(ctx, "Rename", name, func(s *fakeSession) error {
 		fd, fbase, frel, err := s.parent(from)
 		if err != nil {
 			return err

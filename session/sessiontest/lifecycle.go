@@ -4,14 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/berthvm/berth/session"
 )
 
 // Create makes a session and boots it: the returned session is running.
 func (f *Fake) Create(ctx context.Context, opts session.CreateOptions) (session.Session, error) {
-	if err := f.checkOpen(ctx); err != nil {
+	if err := f.enter(ctx, "Create"); err != nil {
 		return session.Session{}, err
 	}
 	if err := f.validateCreate(&opts); err != nil {
@@ -144,7 +143,7 @@ func (f *Fake) usableLocked(ctx context.Context, name, verb string) (*fakeSessio
 
 // Pause stops a running session's vCPUs. It does not flush.
 func (f *Fake) Pause(ctx context.Context, name string) (session.Session, error) {
-	return f.transition(ctx, name, "pause", func(s *fakeSession) error {
+	return f.transition(ctx, "Pause", name, func(s *fakeSession) error {
 		if s.info.State != session.StateRunning {
 			return invalidState("pause", s)
 		}
@@ -155,7 +154,7 @@ func (f *Fake) Pause(ctx context.Context, name string) (session.Session, error) 
 
 // Resume continues a paused session, or wakes a sleeping one.
 func (f *Fake) Resume(ctx context.Context, name string) (session.Session, error) {
-	return f.transition(ctx, name, "resume", func(s *fakeSession) error {
+	return f.transition(ctx, "Resume", name, func(s *fakeSession) error {
 		switch s.info.State {
 		case session.StatePaused:
 			f.setStateLocked(ctx, s, session.StateRunning, causeBy(ctx, "resumed"))
@@ -170,7 +169,7 @@ func (f *Fake) Resume(ctx context.Context, name string) (session.Session, error)
 
 // Start boots a new VM for a stopped, crashed or sleeping session.
 func (f *Fake) Start(ctx context.Context, name string) (session.Session, error) {
-	return f.transition(ctx, name, "start", func(s *fakeSession) error {
+	return f.transition(ctx, "Start", name, func(s *fakeSession) error {
 		switch s.info.State {
 		case session.StateStopped, session.StateCrashed, session.StateSleeping:
 			f.bootLocked(ctx, s, causeBy(ctx, "started"))
@@ -181,8 +180,10 @@ func (f *Fake) Start(ctx context.Context, name string) (session.Session, error) 
 	})
 }
 
-func (f *Fake) transition(ctx context.Context, name, verb string, do func(*fakeSession) error) (session.Session, error) {
-	if err := f.checkOpen(ctx); err != nil {
+// transition begins a call of method and runs do on the session under the
+// lock.
+func (f *Fake) transition(ctx context.Context, method, name string, do func(*fakeSession) error) (session.Session, error) {
+	if err := f.enter(ctx, method); err != nil {
 		return session.Session{}, err
 	}
 	f.mu.Lock()
@@ -200,7 +201,7 @@ func (f *Fake) transition(ctx context.Context, name, verb string, do func(*fakeS
 // Stop ends the session's commands (they end cancelled), flushes and powers
 // the VM off.
 func (f *Fake) Stop(ctx context.Context, name string) (session.Session, error) {
-	if err := f.checkOpen(ctx); err != nil {
+	if err := f.enter(ctx, "Stop"); err != nil {
 		return session.Session{}, err
 	}
 	f.mu.Lock()
@@ -230,7 +231,7 @@ func (f *Fake) Stop(ctx context.Context, name string) (session.Session, error) {
 
 // Delete removes the session, its commands' records and its files.
 func (f *Fake) Delete(ctx context.Context, name string) error {
-	if err := f.checkOpen(ctx); err != nil {
+	if err := f.enter(ctx, "Delete"); err != nil {
 		return err
 	}
 	f.mu.Lock()
@@ -262,7 +263,7 @@ func (f *Fake) Delete(ctx context.Context, name string) error {
 // Flush makes pending writes durable. A sleeping session is woken first;
 // paused and stopped sessions refuse.
 func (f *Fake) Flush(ctx context.Context, name string) (session.FlushResult, error) {
-	if err := f.checkOpen(ctx); err != nil {
+	if err := f.enter(ctx, "Flush"); err != nil {
 		return session.FlushResult{}, err
 	}
 	f.mu.Lock()
@@ -271,24 +272,19 @@ func (f *Fake) Flush(ctx context.Context, name string) (session.FlushResult, err
 	if err != nil {
 		return session.FlushResult{}, err
 	}
-	res := session.FlushResult{DirtyBefore: s.info.DirtyBytes, Took: 3 * time.Millisecond}
+	res := session.FlushResult{DirtyBefore: s.info.DirtyBytes, Took: f.opts.FlushTook}
 	s.info.DirtyBytes = 0
-	f.publishLocked(ctx, s, session.Event{Kind: session.EventFlush, Message: fmt.Sprintf("flushed %d bytes", res.DirtyBefore)})
+	now := f.now()
+	f.publishLocked(ctx, s, session.Event{Time: now, Kind: session.EventFlush, Message: fmt.Sprintf("flushed %d bytes", res.DirtyBefore)})
+	// The figures changed: a real guest's next stats refresh says so.
+	f.publishLocked(ctx, s, session.Event{Time: now, Kind: session.EventStats})
 	return res, nil
 }
 
 // SetDirty sets the bytes a crash of the session's VM would lose now, as
 // the live figures from a guest would, and publishes a stats event.
 func (f *Fake) SetDirty(name string, n int64) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
-	if err != nil {
-		return err
-	}
-	s.info.DirtyBytes = n
-	f.publishLocked(context.Background(), s, session.Event{Kind: session.EventStats})
-	return nil
+	return f.Update(name, func(s *session.Session) { s.DirtyBytes = n })
 }
 
 // Crash simulates the session's VM dying: the session becomes crashed and
@@ -311,14 +307,20 @@ func (f *Fake) Crash(name, cause string) error {
 // Sleep simulates idle sleep: a running session with no running command
 // releases its VM; the next use wakes it.
 func (f *Fake) Sleep(ctx context.Context, name string) (session.Session, error) {
+	if err := f.enter(ctx, "Sleep"); err != nil {
+		return session.Session{}, err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, err := f.getLocked(name)
 	if err != nil {
 		return session.Session{}, err
 	}
-	if s.info.State != session.StateRunning || s.info.Running > 0 {
+	if s.info.State != session.StateRunning {
 		return session.Session{}, invalidState("sleep", s)
+	}
+	if n := s.info.Running; n > 0 {
+		return session.Session{}, fmt.Errorf("cannot sleep session %q: %d command(s) still running: %w", name, n, session.ErrInvalidState)
 	}
 	f.setStateLocked(ctx, s, session.StateSleeping, "idle")
 	return s.info, nil

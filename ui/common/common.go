@@ -41,7 +41,9 @@ type Common struct {
 	// output followers, pending calls) ends when it is done. It is a
 	// lifetime context owned by the root model, not a request context.
 	Ctx context.Context
-	// Svc is the session service (in-process Manager or socket client).
+	// Svc is the session service (in-process Manager or socket client)
+	// the root model acts with. Components do not use it: each is given
+	// the part of the service it calls (session.Execer, session.Files...).
 	Svc session.Service
 	// Styles is replaced in place when the terminal's background or colour
 	// profile becomes known; components read it at render time.

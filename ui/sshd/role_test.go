@@ -191,3 +191,59 @@ func TestRolesOverSSH(t *testing.T) {
 		t.Errorf("demo is %s, want paused by the admin", s.State)
 	}
 }
+
+// TestGuardActsAsTheKey: every call through the guard is made as the key
+// whatever the caller's context says, checked against the key's role at
+// that moment, and an interactive command is recorded as outside berth's
+// coordination.
+func TestGuardActsAsTheKey(t *testing.T) {
+	fake := sessiontest.New(sessiontest.Options{})
+	defer fake.Close()
+	ctx := session.WithActor(context.Background(), "spoofed")
+	fake.Create(ctx, session.CreateOptions{Name: "demo"})
+	role, gone := Operator, error(nil)
+	g := &guard{svc: fake, who: "ssh:otto", role: func(context.Context) (Role, error) { return role, gone }}
+
+	for _, c := range []struct {
+		req     session.ExecRequest
+		outside bool
+	}{
+		{session.ExecRequest{Argv: []string{"true"}}, false},
+		{session.ExecRequest{Argv: []string{"true"}, TTY: true}, true},
+	} {
+		r := sessiontest.Run(t, ctx, g, "demo", c.req, "")
+		if r.Exec.By != "ssh:otto" || r.Exec.Outside != c.outside {
+			t.Errorf("exec TTY %v: by %q outside %v, want ssh:otto, %v", c.req.TTY, r.Exec.By, r.Exec.Outside, c.outside)
+		}
+	}
+	if s, err := g.Pause(ctx, "demo"); err != nil || s.Cause != "paused by ssh:otto" {
+		t.Errorf("Pause = %q, %v; want it made as ssh:otto", s.Cause, err)
+	}
+	if _, err := g.Resume(ctx, "demo"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The role is looked up on every call.
+	own, err := g.Exec(ctx, "demo", session.ExecRequest{Argv: []string{"sleep", "30"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	attached, err := g.Attach(ctx, own.ID(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role = Viewer
+	if _, err := g.Pause(ctx, "demo"); !errors.Is(err, session.ErrPermission) {
+		t.Errorf("Pause after the role dropped to viewer: %v", err)
+	}
+	if err := attached.Cancel(ctx); !errors.Is(err, session.ErrPermission) {
+		t.Errorf("viewer cancelling an attached command: %v", err)
+	}
+	if err := own.Cancel(ctx); err != nil {
+		t.Errorf("cancelling its own command after the role dropped: %v", err)
+	}
+	gone = errors.New("key removed")
+	if _, err := g.List(ctx); !errors.Is(err, gone) {
+		t.Errorf("List after the key was removed: %v, want its error", err)
+	}
+}

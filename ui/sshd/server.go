@@ -406,9 +406,9 @@ func (s *Server) identify(sess ssh.Session) (AuthorizedKey, *conn, error) {
 // serviceFor returns the Service as the key may use it: its role is looked
 // up on every call, every call is recorded as the key.
 func (s *Server) serviceFor(ak AuthorizedKey) session.Service {
-	return As(RestrictFunc(s.svc, func(context.Context) (Role, error) {
+	return &guard{svc: s.svc, who: ak.Actor(), role: func(context.Context) (Role, error) {
 		return s.currentRole(ak.Key)
-	}), ak.Actor())
+	}}
 }
 
 // currentRole is key's role in authorized_keys now.

@@ -126,7 +126,7 @@ func (s *Server) runCommand(sess ssh.Session, ak AuthorizedKey, args []string, p
 		Stdin:        stdin,
 		Stdout:       sess,
 		Stderr:       stderr,
-		Connect:      func(context.Context) (session.Service, error) { return outsideShells{svc}, nil },
+		Connect:      func(context.Context) (session.Service, error) { return svc, nil },
 		StdinTTY:     isPty,
 		StdoutTTY:    isPty,
 		StderrTTY:    isPty,
@@ -300,15 +300,4 @@ func oneLine(err error) string {
 		msg = msg[:i] + " …"
 	}
 	return msg
-}
-
-// outsideShells marks interactive commands started over SSH (shell, exec
-// -t) as outside berth's coordination, so the TUI shows them as such.
-type outsideShells struct{ session.Service }
-
-func (o outsideShells) Exec(ctx context.Context, name string, req session.ExecRequest) (session.Process, error) {
-	if req.TTY {
-		req.Outside = true
-	}
-	return o.Service.Exec(ctx, name, req)
 }

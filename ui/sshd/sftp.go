@@ -72,7 +72,7 @@ func (s *Server) handleSFTP(sess ssh.Session) {
 // sftpFS maps sftp requests onto one session's Files.
 type sftpFS struct {
 	ctx  context.Context
-	svc  session.Service // restricted to the key's role
+	svc  session.Files // restricted to the key's role
 	name string
 	// may checks an op early, where the Service would only refuse it
 	// after the data arrived.

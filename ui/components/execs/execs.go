@@ -42,6 +42,7 @@ type loadedMsg struct {
 // Model is the Executions tab.
 type Model struct {
 	c    *common.Common
+	svc  session.Execer // lists executions
 	keys KeyMap
 	w, h int
 
@@ -57,8 +58,10 @@ type Model struct {
 
 var _ common.Component = (*Model)(nil)
 
-// New returns an empty tab.
-func New(c *common.Common) *Model { return &Model{c: c, keys: DefaultKeyMap()} }
+// New returns an empty tab that lists executions through svc.
+func New(c *common.Common, svc session.Execer) *Model {
+	return &Model{c: c, svc: svc, keys: DefaultKeyMap()}
+}
 
 // Keys returns the key map.
 func (m *Model) Keys() KeyMap { return m.keys }
@@ -84,7 +87,7 @@ func (m *Model) SetSession(name string) tea.Cmd {
 func (m *Model) load() tea.Cmd {
 	m.gen++
 	m.loading = true
-	gen, name, svc := m.gen, m.name, m.c.Svc
+	gen, name, svc := m.gen, m.name, m.svc
 	ctx, cancel := m.c.Call()
 	return func() tea.Msg {
 		defer cancel()

@@ -10,8 +10,8 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/sessiontest"
 	"github.com/berthvm/berth/ui/common"
-	"github.com/berthvm/berth/ui/internal/fakesvc"
 	"github.com/berthvm/berth/ui/internal/uitest"
 )
 
@@ -23,16 +23,21 @@ func TestMain(m *testing.M) {
 
 var t0 = time.Date(2026, 3, 14, 15, 0, 0, 0, time.UTC)
 
-func setup(t *testing.T, n int) (*Model, *fakesvc.Service, *uitest.Driver) {
-	f := fakesvc.New(func() time.Time { return t0 })
-	f.AddSession(session.Session{Name: "s", State: session.StateRunning})
+func setup(t *testing.T, n int) (*Model, *sessiontest.Fake, *uitest.Driver) {
+	f := sessiontest.New(sessiontest.Options{Now: func() time.Time { return t0 }})
+	t.Cleanup(func() { f.Close() })
+	if err := f.AddSession(session.Session{Name: "s", State: session.StateRunning}); err != nil {
+		t.Fatal(err)
+	}
 	for i := range n {
 		code := i % 3
-		f.AddExecution(session.Execution{ID: "x" + string(rune('a'+i)), Session: "s", Argv: []string{"cmd", string(rune('a' + i))},
-			State: session.ExecExited, ExitCode: &code, StartedAt: t0.Add(time.Duration(i) * time.Minute), EndedAt: t0.Add(time.Duration(i)*time.Minute + time.Second)})
+		if err := f.AddExecution(session.Execution{ID: "x" + string(rune('a'+i)), Session: "s", Argv: []string{"cmd", string(rune('a' + i))},
+			State: session.ExecExited, ExitCode: &code, StartedAt: t0.Add(time.Duration(i) * time.Minute), EndedAt: t0.Add(time.Duration(i)*time.Minute + time.Second)}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	c := &common.Common{Ctx: t.Context(), Svc: f, Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0.Add(time.Hour) }}
-	m := New(c)
+	c := &common.Common{Ctx: t.Context(), Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0.Add(time.Hour) }}
+	m := New(c, f)
 	m.SetSize(100, 8)
 	d := uitest.NewDriver(&uitest.Component{C: m})
 	d.Quiet = 5 * time.Millisecond
@@ -66,7 +71,9 @@ func TestNewestFirstNavigationAndOpen(t *testing.T) {
 	if e, _ := m.Selected(); e.ID != "xi" || m.list[0].ID != "xz" {
 		t.Fatalf("after new exec: selected %s first %s", e.ID, m.list[0].ID)
 	}
-	f.AddExecution(session.Execution{ID: "xy", Session: "s", State: session.ExecLost, StartedAt: t0.Add(2 * time.Hour)})
+	if err := f.AddExecution(session.Execution{ID: "xy", Session: "s", State: session.ExecLost, StartedAt: t0.Add(2 * time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
 	d.Send(keys.Key("r"))
 	if m.Len() != 11 || !strings.Contains(ansi.Strip(m.View()), "lost") {
 		t.Fatalf("refresh: %d\n%s", m.Len(), ansi.Strip(m.View()))

@@ -76,6 +76,7 @@ type preview struct {
 // Model is the Workspace tab.
 type Model struct {
 	c    *common.Common
+	svc  session.Files // lists and reads /workspace
 	keys KeyMap
 	w, h int
 
@@ -95,8 +96,10 @@ type Model struct {
 
 var _ common.Component = (*Model)(nil)
 
-// New returns an empty browser.
-func New(c *common.Common) *Model { return &Model{c: c, keys: DefaultKeyMap()} }
+// New returns an empty browser of the workspaces svc serves.
+func New(c *common.Common, svc session.Files) *Model {
+	return &Model{c: c, svc: svc, keys: DefaultKeyMap()}
+}
 
 // Keys returns the key map.
 func (m *Model) Keys() KeyMap { return m.keys }
@@ -164,7 +167,7 @@ func (m *Model) listSelect(sel string) tea.Cmd {
 	m.gen++
 	m.loading = true
 	m.err = ""
-	gen, name, dir, svc := m.gen, m.sess.Name, m.dir, m.c.Svc
+	gen, name, dir, svc := m.gen, m.sess.Name, m.dir, m.svc
 	ctx, cancel := m.c.Call()
 	return func() tea.Msg {
 		defer cancel()
@@ -295,7 +298,7 @@ func (m *Model) schedulePreview() tea.Cmd {
 }
 
 func (m *Model) loadPreview() tea.Cmd {
-	id, name, p, svc := m.previewID, m.sess.Name, m.pv.path, m.c.Svc
+	id, name, p, svc := m.previewID, m.sess.Name, m.pv.path, m.svc
 	ctx, cancel := m.c.Call()
 	return func() tea.Msg {
 		defer cancel()

@@ -1,6 +1,8 @@
 package files
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,8 +12,8 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/sessiontest"
 	"github.com/berthvm/berth/ui/common"
-	"github.com/berthvm/berth/ui/internal/fakesvc"
 	"github.com/berthvm/berth/ui/internal/uitest"
 )
 
@@ -25,23 +27,28 @@ var t0 = time.Date(2026, 3, 14, 15, 0, 0, 0, time.UTC)
 
 type env struct {
 	m *Model
-	f *fakesvc.Service
+	f *sessiontest.Fake
 	d *uitest.Driver
 }
 
 func setup(t *testing.T, st session.State) *env {
-	f := fakesvc.New(func() time.Time { return t0 })
-	f.AddSession(session.Session{Name: "s", State: session.StateRunning})
-	f.AddFile("s", "b.txt", []byte("hello\nworld\n"), t0)
-	f.AddFile("s", "a.bin", []byte("\x00\x01\x02binary"), t0)
-	f.AddFile("s", "dir/inner.go", []byte("package inner\n"), t0)
-	f.AddFile("s", "dir/sub/deep.txt", []byte("deep\n"), t0)
-	f.AddDir("s", "zdir", t0)
-	if st != session.StateRunning {
-		f.SetState("s", st, "test")
+	f := sessiontest.New(sessiontest.Options{Now: func() time.Time { return t0 }})
+	t.Cleanup(func() { f.Close() })
+	for _, err := range []error{
+		f.AddSession(session.Session{Name: "s", State: session.StateRunning}),
+		f.AddFile("s", "b.txt", []byte("hello\nworld\n"), t0),
+		f.AddFile("s", "a.bin", []byte("\x00\x01\x02binary"), t0),
+		f.AddFile("s", "dir/inner.go", []byte("package inner\n"), t0),
+		f.AddFile("s", "dir/sub/deep.txt", []byte("deep\n"), t0),
+		f.AddDir("s", "zdir", t0),
+		toState(f, "s", st),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
-	c := &common.Common{Ctx: t.Context(), Svc: f, Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0 }}
-	m := New(c)
+	c := &common.Common{Ctx: t.Context(), Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0 }}
+	m := New(c, f)
 	m.SetSize(100, 5) // 4 list rows: a half page is 2
 	d := uitest.NewDriver(&uitest.Component{C: m})
 	d.Quiet = 5 * time.Millisecond
@@ -49,6 +56,27 @@ func setup(t *testing.T, st session.State) *env {
 	s, _ := f.Get(t.Context(), "s")
 	d.Exec(m.SetSession(s, true))
 	return &env{m: m, f: f, d: d}
+}
+
+// toState moves a running session to st the way the service would (a
+// crash with cause "test").
+func toState(f *sessiontest.Fake, name string, st session.State) error {
+	ctx := context.Background()
+	var err error
+	switch st {
+	case session.StateRunning:
+	case session.StatePaused:
+		_, err = f.Pause(ctx, name)
+	case session.StateStopped:
+		_, err = f.Stop(ctx, name)
+	case session.StateSleeping:
+		_, err = f.Sleep(ctx, name)
+	case session.StateCrashed:
+		err = f.Crash(name, "test")
+	default:
+		err = fmt.Errorf("no way to %s", st)
+	}
+	return err
 }
 
 func (e *env) press(ks ...string) {

@@ -42,6 +42,7 @@ type timelineMsg struct {
 // Model is the Info tab.
 type Model struct {
 	c    *common.Common
+	svc  session.Watcher // reads the timeline
 	keys KeyMap
 	w, h int
 
@@ -56,8 +57,10 @@ type Model struct {
 
 var _ common.Component = (*Model)(nil)
 
-// New returns an empty tab.
-func New(c *common.Common) *Model { return &Model{c: c, keys: DefaultKeyMap()} }
+// New returns an empty tab that reads timelines through svc.
+func New(c *common.Common, svc session.Watcher) *Model {
+	return &Model{c: c, svc: svc, keys: DefaultKeyMap()}
+}
 
 // Keys returns the key map.
 func (m *Model) Keys() KeyMap { return m.keys }
@@ -98,7 +101,7 @@ func (m *Model) Open(s session.Session) tea.Cmd {
 func (m *Model) load() tea.Cmd {
 	m.gen++
 	m.loading = true
-	gen, name, svc := m.gen, m.sess.Name, m.c.Svc
+	gen, name, svc := m.gen, m.sess.Name, m.svc
 	ctx, cancel := m.c.Call()
 	return func() tea.Msg {
 		defer cancel()

@@ -9,8 +9,8 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/sessiontest"
 	"github.com/berthvm/berth/ui/common"
-	"github.com/berthvm/berth/ui/internal/fakesvc"
 	"github.com/berthvm/berth/ui/internal/uitest"
 )
 
@@ -23,15 +23,19 @@ func TestMain(m *testing.M) {
 var t0 = time.Date(2026, 3, 14, 15, 0, 0, 0, time.UTC)
 
 func TestTimelineAndConfig(t *testing.T) {
-	f := fakesvc.New(func() time.Time { return t0 })
-	f.AddSession(session.Session{Name: "s", State: session.StateRunning, Pid: 77, Accel: "kvm", Image: "mini", VMM: "qemu", DirtyBytes: 4096, StartedAt: t0.Add(-time.Hour)})
-	f.SetState("s", session.StateCrashed, "VMM killed by SIGKILL: oom")
-	f.Note("s", session.EventFlush, "flushed 4096 bytes")
+	f := sessiontest.New(sessiontest.Options{Now: func() time.Time { return t0 }})
+	t.Cleanup(func() { f.Close() })
+	must(t, f.AddSession(session.Session{Name: "s", State: session.StateRunning, Pid: 77, Accel: "kvm", Image: "mini", VMM: "qemu", DirtyBytes: 4096, StartedAt: t0.Add(-time.Hour)}))
+	must(t, f.Crash("s", "VMM killed by SIGKILL: oom"))
+	// The service reports an accelerator only while a VM runs; put one on
+	// the crashed record anyway so the row's rendering is checked.
+	must(t, f.Update("s", func(s *session.Session) { s.Accel = "kvm" }))
+	must(t, f.Note("s", session.EventFlush, "flushed 4096 bytes"))
 	for i := range 30 {
-		f.Note("s", session.EventNote, "note "+string(rune('a'+i%26)))
+		must(t, f.Note("s", session.EventNote, "note "+string(rune('a'+i%26))))
 	}
-	c := &common.Common{Ctx: t.Context(), Svc: f, Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0 }}
-	m := New(c)
+	c := &common.Common{Ctx: t.Context(), Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0 }}
+	m := New(c, f)
 	m.SetSize(100, 20)
 	d := uitest.NewDriver(&uitest.Component{C: m})
 	d.Quiet = 5 * time.Millisecond
@@ -64,9 +68,16 @@ func TestTimelineAndConfig(t *testing.T) {
 	if len(m.Events()) != 34 || m.Events()[0].Message != "live" {
 		t.Fatalf("live events: %d first %q", len(m.Events()), m.Events()[0].Message)
 	}
-	f.Note("s", session.EventNote, "after reload")
+	must(t, f.Note("s", session.EventNote, "after reload"))
 	d.Send(keys.Key("r"))
 	if m.Events()[0].Message != "live" && m.Events()[0].Message != "after reload" {
 		t.Fatalf("reload: first %q", m.Events()[0].Message)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

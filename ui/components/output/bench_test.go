@@ -14,8 +14,8 @@ import (
 	"github.com/charmbracelet/colorprofile"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/sessiontest"
 	"github.com/berthvm/berth/ui/common"
-	"github.com/berthvm/berth/ui/internal/fakesvc"
 	"github.com/berthvm/berth/ui/internal/uitest"
 )
 
@@ -42,13 +42,18 @@ func BenchmarkOutputView1M(b *testing.B) {
 		w, h       = 120, 40
 		sampleHeap = 50
 	)
-	f := fakesvc.New(time.Now)
-	f.AddSession(session.Session{Name: "s", State: session.StateRunning})
+	f := sessiontest.New(sessiontest.Options{})
+	defer f.Close()
+	if err := f.AddSession(session.Session{Name: "s", State: session.StateRunning}); err != nil {
+		b.Fatal(err)
+	}
 	x := session.Execution{ID: "big", Session: "s", Argv: []string{"gen"}, State: session.ExecRunning, StartedAt: time.Now()}
-	gen := fakesvc.Lines(x.ID, perChunk, 7, time.Now())
-	f.AddGenerated(x, initial, gen)
-	c := &common.Common{Ctx: b.Context(), Svc: f, Styles: common.NewStyles(true, colorprofile.TrueColor), Now: time.Now}
-	m := New(c)
+	gen := sessiontest.Lines(x.ID, perChunk, 7, time.Now())
+	if err := f.AddGenerated(x, initial, gen); err != nil {
+		b.Fatal(err)
+	}
+	c := &common.Common{Ctx: b.Context(), Styles: common.NewStyles(true, colorprofile.TrueColor), Now: time.Now}
+	m := New(c, f)
 	m.SetSize(w, h)
 
 	// Open: the tail page and the attach run before timing starts.

@@ -87,6 +87,7 @@ type pos struct{ line, off int }
 // Model is the Output tab.
 type Model struct {
 	c    *common.Common
+	svc  session.Execer // reads, follows and probes output
 	keys KeyMap
 	w, h int
 
@@ -129,13 +130,13 @@ type Model struct {
 
 var _ common.Component = (*Model)(nil)
 
-// New returns an empty Output view.
-func New(c *common.Common) *Model {
+// New returns an empty Output view that reads and follows output through svc.
+func New(c *common.Common, svc session.Execer) *Model {
 	in := textinput.New()
 	in.Prompt = "/"
 	in.Placeholder = "search (lower case: ignore case)"
 	in.SetStyles(c.Styles.Input)
-	return &Model{c: c, keys: DefaultKeyMap(), input: in, follow: true}
+	return &Model{c: c, svc: svc, keys: DefaultKeyMap(), input: in, follow: true}
 }
 
 // Keys returns the key map.
@@ -279,7 +280,7 @@ func (m *Model) learn(chunks, lines int) {
 // model from its goroutine.
 
 func (m *Model) loadTail() tea.Cmd {
-	gen, id, svc, limit := m.gen, m.exec.ID, m.c.Svc, m.pageLimit()
+	gen, id, svc, limit := m.gen, m.exec.ID, m.svc, m.pageLimit()
 	ctx, cancel := m.c.Call()
 	return func() tea.Msg {
 		defer cancel()
@@ -297,7 +298,7 @@ func (m *Model) loadTail() tea.Cmd {
 }
 
 func (m *Model) loadAt(target uint64, search int) tea.Cmd {
-	gen, id, svc, limit := m.gen, m.exec.ID, m.c.Svc, m.pageLimit()
+	gen, id, svc, limit := m.gen, m.exec.ID, m.svc, m.pageLimit()
 	from := uint64(1)
 	if target > uint64(limit/4) {
 		from = target - uint64(limit/4)
@@ -315,7 +316,7 @@ func (m *Model) loadBefore() tea.Cmd {
 		return nil
 	}
 	m.loadingBefore = true
-	gen, id, svc, limit := m.gen, m.exec.ID, m.c.Svc, m.pageLimit()
+	gen, id, svc, limit := m.gen, m.exec.ID, m.svc, m.pageLimit()
 	hi := m.win.lo // exclusive
 	from := uint64(1)
 	if hi > uint64(limit) {
@@ -334,7 +335,7 @@ func (m *Model) loadAfter() tea.Cmd {
 		return nil
 	}
 	m.loadingAfter = true
-	gen, id, svc, limit, from := m.gen, m.exec.ID, m.c.Svc, m.pageLimit(), m.win.next
+	gen, id, svc, limit, from := m.gen, m.exec.ID, m.svc, m.pageLimit(), m.win.next
 	ctx, cancel := m.c.Call()
 	return func() tea.Msg {
 		defer cancel()
@@ -350,7 +351,7 @@ func (m *Model) attach() tea.Cmd {
 	m.live = true
 	ctx, cancel := context.WithCancel(m.c.Ctx)
 	m.cancel = cancel
-	gen, id, svc, from := m.gen, m.exec.ID, m.c.Svc, m.win.next
+	gen, id, svc, from := m.gen, m.exec.ID, m.svc, m.win.next
 	return func() tea.Msg {
 		p, err := svc.Attach(ctx, id, from)
 		return attachedMsg{gen: gen, proc: p, err: err}
@@ -358,7 +359,7 @@ func (m *Model) attach() tea.Cmd {
 }
 
 func (m *Model) refreshExec() tea.Cmd {
-	gen, id, svc := m.gen, m.exec.ID, m.c.Svc
+	gen, id, svc := m.gen, m.exec.ID, m.svc
 	ctx, cancel := m.c.Call()
 	return func() tea.Msg {
 		defer cancel()
@@ -659,7 +660,7 @@ func (m *Model) scanStore(from uint64, dir int, wrap bool) tea.Cmd {
 	if !strings.HasPrefix(m.status, "search hit") {
 		m.status = searchingNote
 	}
-	gen, id, svc, needle, fold := m.gen, m.exec.ID, m.c.Svc, []byte(m.needle()), m.fold
+	gen, id, svc, needle, fold := m.gen, m.exec.ID, m.svc, []byte(m.needle()), m.fold
 	ctx, cancel := context.WithTimeout(m.c.Ctx, scanTimeout)
 	return func() tea.Msg {
 		defer cancel()

@@ -2,6 +2,7 @@ package output
 
 import (
 	"context"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -11,8 +12,8 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/sessiontest"
 	"github.com/berthvm/berth/ui/common"
-	"github.com/berthvm/berth/ui/internal/fakesvc"
 	"github.com/berthvm/berth/ui/internal/uitest"
 )
 
@@ -26,7 +27,7 @@ var t0 = time.Date(2026, 3, 14, 15, 0, 0, 0, time.UTC)
 
 type env struct {
 	t *testing.T
-	f *fakesvc.Service
+	f *sessiontest.Fake
 	m *Model
 	d *uitest.Driver
 }
@@ -34,10 +35,13 @@ type env struct {
 // newEnv returns an Output view (w x h) over a fake with one session.
 func newEnv(t *testing.T, w, h int) *env {
 	t.Helper()
-	f := fakesvc.New(func() time.Time { return t0 })
-	f.AddSession(session.Session{Name: "s", State: session.StateRunning})
-	c := &common.Common{Ctx: t.Context(), Svc: f, Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0 }}
-	m := New(c)
+	f := sessiontest.New(sessiontest.Options{Now: func() time.Time { return t0 }})
+	t.Cleanup(func() { f.Close() })
+	if err := f.AddSession(session.Session{Name: "s", State: session.StateRunning}); err != nil {
+		t.Fatal(err)
+	}
+	c := &common.Common{Ctx: t.Context(), Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0 }}
+	m := New(c, f)
 	m.SetSize(w, h)
 	d := uitest.NewDriver(&uitest.Component{C: m})
 	d.Quiet = 5 * time.Millisecond
@@ -83,9 +87,25 @@ func gutterBytes(l string) int {
 	return n
 }
 
+func (e *env) grow(id string, n uint64) {
+	e.t.Helper()
+	if err := e.f.Grow(id, n); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) add(x session.Execution, chunks ...session.Chunk) {
+	e.t.Helper()
+	if err := e.f.AddExecution(x, chunks...); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 func generated(e *env, id string, chunks uint64, perChunk int, st session.ExecState) session.Execution {
 	x := session.Execution{ID: id, Session: "s", Argv: []string{"gen"}, State: st, StartedAt: t0}
-	e.f.AddGenerated(x, chunks, fakesvc.Lines(id, perChunk, 7, t0))
+	if err := e.f.AddGenerated(x, chunks, sessiontest.Lines(id, perChunk, 7, t0)); err != nil {
+		e.t.Fatal(err)
+	}
 	return x
 }
 
@@ -117,7 +137,7 @@ func TestWindowJoinsPartialLinesAndSplitEscapes(t *testing.T) {
 
 func TestWindowPrependAndTrimKeepChunkBoundaries(t *testing.T) {
 	var w window
-	gen := fakesvc.Lines("x", 3, 0, t0)
+	gen := sessiontest.Lines("x", 3, 0, t0)
 	w.reset(11)
 	for s := uint64(11); s <= 20; s++ {
 		c := gen(s)
@@ -130,10 +150,10 @@ func TestWindowPrependAndTrimKeepChunkBoundaries(t *testing.T) {
 	if n := w.prepend(before, true, 0); n != 30 || len(w.lines) != 60 || w.lo != 1 || !w.atStart {
 		t.Fatalf("prepend: n %d lines %d lo %d", n, len(w.lines), w.lo)
 	}
-	if d := w.trimFront(4); d != 6 || w.lo != 3 || w.lines[0].text != fakesvc.LineText(6) {
+	if d := w.trimFront(4); d != 6 || w.lo != 3 || w.lines[0].text != sessiontest.LineText(6) {
 		t.Fatalf("trimFront: dropped %d lo %d first %q", d, w.lo, w.lines[0].text)
 	}
-	if d := w.trimBack(2); d != 3 || w.next != 20 || w.lines[len(w.lines)-1].text != fakesvc.LineText(56) {
+	if d := w.trimBack(2); d != 3 || w.next != 20 || w.lines[len(w.lines)-1].text != sessiontest.LineText(56) {
 		t.Fatalf("trimBack: dropped %d next %d last %q", d, w.next, w.lines[len(w.lines)-1].text)
 	}
 	// A partial line split by the page boundary is joined on prepend.
@@ -175,7 +195,7 @@ func TestOpensAtTheEndAndScrollsBackThroughPages(t *testing.T) {
 	x := generated(e, "big", 10_000, 10, session.ExecExited) // 100,000 lines
 	e.open(x)
 	rows := e.rows()
-	if last := rows[len(rows)-1]; last != fakesvc.LineText(99_999) {
+	if last := rows[len(rows)-1]; last != sessiontest.LineText(99_999) {
 		t.Fatalf("last row %q", last)
 	}
 	// Scroll up 5,000 rows in half pages; pages load as needed and the
@@ -184,7 +204,7 @@ func TestOpensAtTheEndAndScrollsBackThroughPages(t *testing.T) {
 		e.press("ctrl+u")
 	}
 	e.d.Settle()
-	if got, want := e.rows()[0], fakesvc.LineText(99_980-5_000); got != want {
+	if got, want := e.rows()[0], sessiontest.LineText(99_980-5_000); got != want {
 		t.Fatalf("after scrolling up: top %q, want %q", got, want)
 	}
 	if n := e.m.WindowLines(); n > maxLines {
@@ -195,15 +215,15 @@ func TestOpensAtTheEndAndScrollsBackThroughPages(t *testing.T) {
 	}
 	// g goes to the very top, G back to the end.
 	e.press("g")
-	if got := e.rows()[0]; got != fakesvc.LineText(0) {
+	if got := e.rows()[0]; got != sessiontest.LineText(0) {
 		t.Fatalf("top %q", got)
 	}
 	e.press("j", "down", "ctrl+d", "pgdown", "k", "up", "pgup", "home")
-	if got := e.rows()[0]; got != fakesvc.LineText(0) {
+	if got := e.rows()[0]; got != sessiontest.LineText(0) {
 		t.Fatalf("top after nav %q", got)
 	}
 	e.press("G")
-	if rows := e.rows(); rows[len(rows)-1] != fakesvc.LineText(99_999) || !e.m.Following() {
+	if rows := e.rows(); rows[len(rows)-1] != sessiontest.LineText(99_999) || !e.m.Following() {
 		t.Fatalf("G: last row %q following %v", rows[len(rows)-1], e.m.Following())
 	}
 	e.press("end")
@@ -216,8 +236,8 @@ func TestFollowPausesOnScrollAndCountsNewLines(t *testing.T) {
 	if !e.d.WaitFor(func() bool { return e.m.live }, time.Second) {
 		t.Fatal("not attached")
 	}
-	e.f.GrowGenerated(x.ID, 5)
-	if !e.d.WaitFor(func() bool { return e.rows()[len(e.rows())-1] == fakesvc.LineText(109) }, 2*time.Second) {
+	e.grow(x.ID, 5)
+	if !e.d.WaitFor(func() bool { return e.rows()[len(e.rows())-1] == sessiontest.LineText(109) }, 2*time.Second) {
 		t.Fatalf("did not follow: %q", e.rows())
 	}
 	e.press("k")
@@ -225,7 +245,7 @@ func TestFollowPausesOnScrollAndCountsNewLines(t *testing.T) {
 		t.Fatal("scrolling up did not pause following")
 	}
 	top := e.rows()[0]
-	e.f.GrowGenerated(x.ID, 3)
+	e.grow(x.ID, 3)
 	if !e.d.WaitFor(func() bool { return e.m.NewLines() == 6 }, 2*time.Second) {
 		t.Fatalf("new lines %d", e.m.NewLines())
 	}
@@ -236,7 +256,7 @@ func TestFollowPausesOnScrollAndCountsNewLines(t *testing.T) {
 		t.Fatalf("no badge:\n%s", ansi.Strip(e.m.View()))
 	}
 	e.press("G")
-	if !e.m.Following() || e.m.NewLines() != 0 || e.rows()[len(e.rows())-1] != fakesvc.LineText(115) {
+	if !e.m.Following() || e.m.NewLines() != 0 || e.rows()[len(e.rows())-1] != sessiontest.LineText(115) {
 		t.Fatalf("G: following %v new %d last %q", e.m.Following(), e.m.NewLines(), e.rows()[len(e.rows())-1])
 	}
 	// Scrolling back down to the end resumes following too.
@@ -257,7 +277,7 @@ func TestFollowPausesOnScrollAndCountsNewLines(t *testing.T) {
 func TestStreamsWrapTimestamps(t *testing.T) {
 	e := newEnv(t, 40, 12)
 	x := session.Execution{ID: "w", Session: "s", State: session.ExecExited, StartedAt: t0}
-	e.f.AddExecution(x,
+	e.add(x,
 		session.Chunk{Stream: session.Stdout, Time: t0, Data: []byte("out one\n")},
 		session.Chunk{Stream: session.Stderr, Time: t0.Add(time.Second), Data: []byte("err one\n")},
 		session.Chunk{Stream: session.Stdout, Time: t0.Add(2 * time.Second), Data: []byte(strings.Repeat("abcdefghij", 8) + "\n")},
@@ -298,7 +318,7 @@ func TestSearchInWindowAndInStore(t *testing.T) {
 	e.press("/")
 	e.d.Send(toMsgs(uitest.Type("line 0099990"))...)
 	e.press("enter")
-	if l, ok := e.m.Match(); !ok || e.m.win.lines[l].text != fakesvc.LineText(99_990) {
+	if l, ok := e.m.Match(); !ok || e.m.win.lines[l].text != sessiontest.LineText(99_990) {
 		t.Fatalf("match %d %v", l, ok)
 	}
 	// Far outside the window: found by scanning the store.
@@ -307,11 +327,11 @@ func TestSearchInWindowAndInStore(t *testing.T) {
 	e.press("enter")
 	if !e.d.WaitFor(func() bool {
 		l, ok := e.m.Match()
-		return ok && e.m.win.lines[l].text == fakesvc.LineText(42)
+		return ok && e.m.win.lines[l].text == sessiontest.LineText(42)
 	}, 3*time.Second) {
 		t.Fatalf("store search did not land: %q", e.m.status)
 	}
-	if !strings.Contains(strings.Join(e.rows(), "\n"), fakesvc.LineText(42)) {
+	if !strings.Contains(strings.Join(e.rows(), "\n"), sessiontest.LineText(42)) {
 		t.Fatal("match not on screen")
 	}
 	// N finds no other occurrence above, wraps around from the end and
@@ -319,7 +339,7 @@ func TestSearchInWindowAndInStore(t *testing.T) {
 	e.press("N")
 	if !e.d.WaitFor(func() bool {
 		l, ok := e.m.Match()
-		return ok && e.m.win.lines[l].text == fakesvc.LineText(42) && strings.Contains(e.m.status, "search hit the top")
+		return ok && e.m.win.lines[l].text == sessiontest.LineText(42) && strings.Contains(e.m.status, "search hit the top")
 	}, 3*time.Second) {
 		t.Fatalf("N: %q", e.m.status)
 	}
@@ -361,7 +381,7 @@ func toMsgs(ks []tea.KeyPressMsg) []tea.Msg {
 func TestHostileOutputCannotBreakTheLayout(t *testing.T) {
 	e := newEnv(t, 60, 10)
 	x := session.Execution{ID: "evil", Session: "s", State: session.ExecExited, StartedAt: t0}
-	e.f.AddExecution(x, session.Chunk{Stream: session.Stdout, Data: []byte(
+	e.add(x, session.Chunk{Stream: session.Stdout, Data: []byte(
 		"\x1b[2J\x1b[H\x1b]0;pwned\x07\x1b[?1049lclear\n" +
 			"tab\there\x07bell\x00nul\n" +
 			"\x1bP+q544e\x1b\\dcs gone\n" +
@@ -396,13 +416,16 @@ func TestHostileOutputCannotBreakTheLayout(t *testing.T) {
 func TestOwnedProcessIsDrainedWhenAbandoned(t *testing.T) {
 	e := newEnv(t, 60, 10)
 	hold := make(chan struct{})
-	e.f.OnExec = func(f *fakesvc.Service, id string, req session.ExecRequest) {
+	e.f.Handle("x", func(ctx context.Context, p *sessiontest.Proc) (int, error) {
 		for i := range 100 {
-			f.Emit(id, session.Stdout, "chunk "+itoa(uint64(i))+"\n")
+			io.WriteString(p.Stdout, "chunk "+itoa(uint64(i))+"\n")
 		}
-		<-hold
-		f.Finish(id, session.ExecExited, 0)
-	}
+		select {
+		case <-hold:
+		case <-ctx.Done():
+		}
+		return 0, nil
+	})
 	p, err := e.f.Exec(context.Background(), "s", session.ExecRequest{Argv: []string{"x"}})
 	if err != nil {
 		t.Fatal(err)

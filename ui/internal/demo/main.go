@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/sessiontest"
 	"github.com/berthvm/berth/ui"
-	"github.com/berthvm/berth/ui/internal/fakesvc"
 )
 
 func main() {
@@ -28,32 +28,38 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	f := fakesvc.New(time.Now)
+	f := sessiontest.New(sessiontest.Options{})
+	defer f.Close()
 	states := []session.State{session.StateRunning, session.StateRunning, session.StatePaused, session.StateStopped, session.StateSleeping, session.StateCrashed}
 	now := time.Now()
 	for i := range *n {
 		st := states[i%len(states)]
-		f.AddSession(session.Session{Name: "session-" + strconv.Itoa(i), State: st, CPUs: 1 + i%4, MemoryMiB: 512 << (i % 3),
+		seed(f.AddSession(session.Session{Name: "session-" + strconv.Itoa(i), State: st, CPUs: 1 + i%4, MemoryMiB: 512 << (i % 3),
 			DiskBytes: 10 << 30, Image: "mini", VMM: "qemu", Accel: "tcg", Pid: 4000 + i, StartedAt: now.Add(-time.Duration(i) * time.Hour),
-			LastActivity: now.Add(-time.Duration(i) * time.Minute), WorkspaceUsed: int64(i+1) << 28, DirtyBytes: int64(i) << 20})
+			LastActivity: now.Add(-time.Duration(i) * time.Minute), WorkspaceUsed: int64(i+1) << 28, DirtyBytes: int64(i) << 20}))
 	}
-	f.AddFile("session-0", "README.md", []byte("# demo\n\nA file in /workspace.\n"), now)
-	f.AddFile("session-0", "src/main.go", []byte("package main\n\nfunc main() {}\n"), now)
-	f.AddFile("session-0", "bin/tool", []byte("\x7fELF\x00\x00binary"), now)
+	seed(f.AddFile("session-0", "README.md", []byte("# demo\n\nA file in /workspace.\n"), now))
+	seed(f.AddFile("session-0", "src/main.go", []byte("package main\n\nfunc main() {}\n"), now))
+	seed(f.AddFile("session-0", "bin/tool", []byte("\x7fELF\x00\x00binary"), now))
 	const per = 10
 	big := session.Execution{ID: "x-big-output", Session: "session-0", Argv: []string{"/bin/sh", "-c", "yes | nl"}, By: "demo",
 		State: session.ExecRunning, StartedAt: now.Add(-time.Hour)}
-	f.AddGenerated(big, uint64(*lines/per), fakesvc.Lines(big.ID, per, 7, now.Add(-time.Hour)))
-	f.OnExec = func(f *fakesvc.Service, id string, req session.ExecRequest) {
+	seed(f.AddGenerated(big, uint64(*lines/per), sessiontest.Lines(big.ID, per, 7, now.Add(-time.Hour))))
+	// Every command the TUI runs (as /bin/sh -c LINE) prints 20 steps.
+	f.Handle("sh", func(ctx context.Context, p *sessiontest.Proc) (int, error) {
 		for i := range 20 {
-			f.Emit(id, session.Stdout, fmt.Sprintf("step %d of %v\n", i, req.Argv))
+			fmt.Fprintf(p.Stdout, "step %d of %v\n", i, p.Args)
 			if i%5 == 4 {
-				f.Emit(id, session.Stderr, "warning: demo\n")
+				fmt.Fprint(p.Stderr, "warning: demo\n")
 			}
-			time.Sleep(200 * time.Millisecond)
+			select {
+			case <-time.After(200 * time.Millisecond):
+			case <-ctx.Done():
+				return 0, sessiontest.Signal("SIGKILL")
+			}
 		}
-		f.Finish(id, session.ExecExited, 0)
-	}
+		return 0, nil
+	})
 	go func() {
 		// Live figures and 10,000 lines/s into the big execution.
 		t := time.NewTicker(100 * time.Millisecond)
@@ -64,7 +70,7 @@ func main() {
 				return
 			case <-t.C:
 			}
-			f.GrowGenerated(big.ID, 1000/per)
+			f.Grow(big.ID, 1000/per)
 			if i%10 == 0 {
 				name := "session-" + strconv.Itoa(rand.IntN(*n))
 				f.Update(name, func(s *session.Session) {
@@ -74,9 +80,16 @@ func main() {
 			}
 		}
 	}()
-	err := ui.Run(ctx, f, ui.Options{ReadOnly: *ro, Who: os.Getenv("USER") + "@demo", DaemonStatus: func() string { return "fake" }})
+	err := ui.Run(session.WithActor(ctx, "tui"), f, ui.Options{ReadOnly: *ro, Who: os.Getenv("USER") + "@demo", DaemonStatus: func() string { return "fake" }})
 	if err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func seed(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
