@@ -16,22 +16,27 @@ import (
 
 func TestTransitions(t *testing.T) {
 	all := []State{StateCreating, StateRunning, StatePaused, StateStopping, StateStopped, StateCrashed, StateDeleting, StateSleeping}
-	allowed := map[string][]State{
+	allowed := map[Action][]State{
 		"pause":  {StateRunning},
 		"resume": {StatePaused, StateSleeping},
 		"stop":   {StateRunning, StatePaused, StateCrashed, StateSleeping},
 		"start":  {StateStopped, StateCrashed, StateSleeping},
 		"flush":  {StateRunning, StateSleeping},
 		"exec":   {StateRunning, StateSleeping},
+		"files":  {StateRunning, StateSleeping},
 		"sleep":  {StateRunning},
+		"bogus":  {},
 		"delete": {StateRunning, StatePaused, StateStopped, StateCrashed, StateSleeping},
 	}
 	for action, ok := range allowed {
 		for _, st := range all {
-			err := checkTransition("a", action, st)
+			err := CheckTransition("a", action, st)
 			want := false
 			for _, s := range ok {
 				want = want || s == st
+			}
+			if Allowed(action, st) != want {
+				t.Errorf("Allowed(%s, %s) = %v, want %v", action, st, !want, want)
 			}
 			if want && err != nil {
 				t.Errorf("%s from %s: %v, want allowed", action, st, err)
@@ -41,7 +46,7 @@ func TestTransitions(t *testing.T) {
 			}
 		}
 	}
-	err := checkTransition("alpha", "pause", StateStopped)
+	err := CheckTransition("alpha", ActionPause, StateStopped)
 	if got := err.Error(); got != `cannot pause session "alpha": it is stopped (start it first): invalid state` {
 		t.Errorf("message %q", got)
 	}
