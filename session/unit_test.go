@@ -65,12 +65,13 @@ func TestValidateName(t *testing.T) {
 }
 
 func TestParseSize(t *testing.T) {
-	for in, want := range map[string]int64{"512M": 512 << 20, "4G": 4 << 30, "1.5G": 3 << 29, "1024K": 1 << 20, "4GiB": 4 << 30, "100": 100, "2t": 2 << 40} {
+	for in, want := range map[string]int64{"512M": 512 << 20, "4G": 4 << 30, "1.5G": 3 << 29, "1024K": 1 << 20, "4GiB": 4 << 30, "100": 100, "2t": 2 << 40,
+		"10G": 10 << 30, "1.5GiB": 3 << 29, "2048": 2048} {
 		if got, err := ParseSize(in); err != nil || got != want {
 			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "x", "4Q", "-1G", "0", "1.5", "1e9"} {
+	for _, bad := range []string{"", "x", "4Q", "-1G", "0", "1.5", "1e9", "lots"} {
 		if _, err := ParseSize(bad); err == nil {
 			t.Errorf("ParseSize(%q) succeeded", bad)
 		}

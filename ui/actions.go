@@ -117,7 +117,7 @@ func (m *Model) pauseResume(s session.Session) tea.Cmd {
 			if _, err := svc.Pause(ctx, name); err != nil {
 				return "", nil, err
 			}
-			return "paused " + name + ". Pause does not flush: " + common.BytesLong(dirty) + " still only in guest memory (f flushes)", nil, nil
+			return "paused " + name + ". Pause does not flush: " + session.FormatBytes(dirty) + " still only in guest memory (f flushes)", nil, nil
 		})
 	case session.StatePaused:
 		return m.runOp("resuming "+name, func(ctx context.Context) (string, tea.Msg, error) {
@@ -143,7 +143,7 @@ func (m *Model) sleepWake(s session.Session) tea.Cmd {
 			if err != nil {
 				return "", nil, err
 			}
-			return fmt.Sprintf("%s is asleep: flushed, %s snapshot on disk, VM released", name, common.BytesLong(got.SnapshotBytes)), nil, nil
+			return fmt.Sprintf("%s is asleep: flushed, %s snapshot on disk, VM released", name, session.FormatBytes(got.SnapshotBytes)), nil, nil
 		})
 	case session.StateSleeping:
 		return m.runOp("waking "+name, func(ctx context.Context) (string, tea.Msg, error) {
@@ -177,7 +177,7 @@ func (m *Model) flush(s session.Session) tea.Cmd {
 		if r.DirtyBefore == 0 {
 			return "flushed " + name + ": nothing was pending", nil, nil
 		}
-		return fmt.Sprintf("flushed %s: %s made durable in %s", name, common.BytesLong(r.DirtyBefore), common.Duration(r.Took)), nil, nil
+		return fmt.Sprintf("flushed %s: %s made durable in %s", name, session.FormatBytes(r.DirtyBefore), session.FormatDuration(r.Took)), nil, nil
 	})
 }
 
@@ -221,7 +221,7 @@ func (m *Model) confirmDelete(s session.Session) tea.Cmd {
 	}
 	svc, name := m.c.Svc, s.Name
 	body := []string{
-		"This destroys the VM and ALL of its storage, including /workspace (" + common.Bytes(s.WorkspaceUsed) + " used of " + common.Bytes(s.DiskBytes) + "). It cannot be undone.",
+		"This destroys the VM and ALL of its storage, including /workspace (" + session.FormatBytesShort(s.WorkspaceUsed) + " used of " + session.FormatBytesShort(s.DiskBytes) + "). It cannot be undone.",
 	}
 	if s.Running > 0 {
 		body = append(body, fmt.Sprintf("%d command(s) are running in it.", s.Running))
@@ -237,33 +237,16 @@ func (m *Model) confirmDelete(s session.Session) tea.Cmd {
 	return m.openDialog(d, cmd)
 }
 
-// validName is what the TUI accepts as a session name (lower case
-// letters, digits, '.', '_', '-'; up to 63); the daemon has the final word.
-func validName(s string) bool {
-	if s == "" || len(s) > 63 {
-		return false
-	}
-	for i, c := range []byte(s) {
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
-		case i > 0 && (c == '.' || c == '_' || c == '-'):
-		default:
-			return false
-		}
-	}
-	return true
-}
-
 func (m *Model) newSessionDialog(name string) tea.Cmd {
 	if m.c.ReadOnly {
 		return m.refuse("create")
 	}
 	fields := []dialog.Field{
-		{Label: "name", Placeholder: "my-session", Value: name, Hint: "lower case letters, digits, . _ -"},
+		{Label: "name", Placeholder: "my-session", Value: name, Hint: "lowercase letters, digits and dashes"},
 		{Label: "vCPUs", Placeholder: "default", Hint: "e.g. 2"},
-		{Label: "memory", Placeholder: "default", Hint: "e.g. 1G or 512M"},
-		{Label: "disk", Placeholder: "default", Hint: "/workspace volume size, e.g. 10G"},
-		{Label: "image", Placeholder: "default (mini)"},
+		{Label: "memory", Placeholder: "default", Hint: "e.g. 1G or 512M (a bare number is bytes)"},
+		{Label: "disk", Placeholder: "default", Hint: "/workspace volume size, e.g. 10G (a bare number is bytes)"},
+		{Label: "image", Placeholder: "default (" + session.DefaultImage + ")"},
 	}
 	d, cmd := dialog.NewForm(m.c, "New session", "", fields, func(v []string) (tea.Cmd, error) {
 		opts, err := createOptions(v[0], v[1], v[2], v[3], v[4])
@@ -275,10 +258,12 @@ func (m *Model) newSessionDialog(name string) tea.Cmd {
 	return m.openDialog(d, cmd)
 }
 
+// createOptions reads the new-session form (or :create's settings) with
+// session's rules; empty fields take the daemon's defaults.
 func createOptions(name, cpus, mem, disk, image string) (session.CreateOptions, error) {
 	o := session.CreateOptions{Name: strings.TrimSpace(name), Image: strings.TrimSpace(image)}
-	if !validName(o.Name) {
-		return o, fmt.Errorf("name %q: use lower case letters, digits, '.', '_' or '-'", o.Name)
+	if err := session.ValidateName(o.Name); err != nil {
+		return o, err
 	}
 	if s := strings.TrimSpace(cpus); s != "" {
 		n, err := strconv.Atoi(s)
@@ -288,16 +273,16 @@ func createOptions(name, cpus, mem, disk, image string) (session.CreateOptions, 
 		o.CPUs = n
 	}
 	if s := strings.TrimSpace(mem); s != "" {
-		b, err := common.ParseSize(s, 1<<20) // a bare number is MiB
-		if err != nil || b < 64<<20 {
-			return o, fmt.Errorf("memory %q: a size of at least 64M, e.g. 1G", s)
+		mib, err := session.ParseMemory(s)
+		if err != nil {
+			return o, fmt.Errorf("memory %q: %v", s, err)
 		}
-		o.MemoryMiB = int(b >> 20)
+		o.MemoryMiB = mib
 	}
 	if s := strings.TrimSpace(disk); s != "" {
-		b, err := common.ParseSize(s, 1<<30) // a bare number is GiB
-		if err != nil || b < 64<<20 {
-			return o, fmt.Errorf("disk %q: a size of at least 64M, e.g. 10G", s)
+		b, err := session.ParseSize(s)
+		if err != nil {
+			return o, fmt.Errorf("disk %q: %v", s, err)
 		}
 		o.DiskBytes = b
 	}

@@ -215,7 +215,7 @@ func TestNewSessionForm(t *testing.T) {
 	h.press("n")
 	h.typeText("Bad Name")
 	h.press("enter")
-	if h.m.dialog == nil || !strings.Contains(h.screen(), "use lower case letters") {
+	if h.m.dialog == nil || !strings.Contains(h.screen(), "invalid session name") {
 		t.Fatalf("invalid name accepted:\n%s", h.screen())
 	}
 	for range len("Bad Name") {
