@@ -447,7 +447,7 @@ func defs(v, d string) string {
 	return v
 }
 
-func (f *Service) transition(ctx context.Context, op, name string, from []session.State, to session.State, cause string) (session.Session, error) {
+func (f *Service) transition(ctx context.Context, op, name string, to session.State, cause string) (session.Session, error) {
 	if err := f.sleep(ctx); err != nil {
 		return session.Session{}, err
 	}
@@ -460,8 +460,8 @@ func (f *Service) transition(ctx context.Context, op, name string, from []sessio
 	if err != nil {
 		return session.Session{}, err
 	}
-	if !slices.Contains(from, s.s.State) {
-		return session.Session{}, fmt.Errorf("%s %q: session is %s: %w", strings.ToLower(op), name, s.s.State, session.ErrInvalidState)
+	if err := session.CheckTransition(name, session.Action(strings.ToLower(op)), s.s.State); err != nil {
+		return session.Session{}, err
 	}
 	if to == session.StateStopped {
 		s.s.DirtyBytes = 0 // stop flushes first
@@ -472,27 +472,27 @@ func (f *Service) transition(ctx context.Context, op, name string, from []sessio
 
 // Pause implements session.Lifecycle; like the real one it does not flush.
 func (f *Service) Pause(ctx context.Context, name string) (session.Session, error) {
-	return f.transition(ctx, "Pause", name, []session.State{session.StateRunning}, session.StatePaused, "paused by tui")
+	return f.transition(ctx, "Pause", name, session.StatePaused, "paused by tui")
 }
 
 // Resume implements session.Lifecycle.
 func (f *Service) Resume(ctx context.Context, name string) (session.Session, error) {
-	return f.transition(ctx, "Resume", name, []session.State{session.StatePaused, session.StateSleeping}, session.StateRunning, "resumed by tui")
+	return f.transition(ctx, "Resume", name, session.StateRunning, "resumed by tui")
 }
 
 // Sleep implements session.Lifecycle.
 func (f *Service) Sleep(ctx context.Context, name string) (session.Session, error) {
-	return f.transition(ctx, "Sleep", name, []session.State{session.StateRunning}, session.StateSleeping, "put to sleep by tui")
+	return f.transition(ctx, "Sleep", name, session.StateSleeping, "put to sleep by tui")
 }
 
 // Stop implements session.Lifecycle.
 func (f *Service) Stop(ctx context.Context, name string) (session.Session, error) {
-	return f.transition(ctx, "Stop", name, []session.State{session.StateRunning, session.StatePaused}, session.StateStopped, "stopped by tui")
+	return f.transition(ctx, "Stop", name, session.StateStopped, "stopped by tui")
 }
 
 // Start implements session.Lifecycle.
 func (f *Service) Start(ctx context.Context, name string) (session.Session, error) {
-	return f.transition(ctx, "Start", name, []session.State{session.StateStopped, session.StateCrashed, session.StateSleeping}, session.StateRunning, "started by tui")
+	return f.transition(ctx, "Start", name, session.StateRunning, "started by tui")
 }
 
 // Delete implements session.Lifecycle.
@@ -527,8 +527,8 @@ func (f *Service) Flush(ctx context.Context, name string) (session.FlushResult, 
 	if err != nil {
 		return session.FlushResult{}, err
 	}
-	if s.s.State != session.StateRunning {
-		return session.FlushResult{}, fmt.Errorf("flush %q: session is %s: %w", name, s.s.State, session.ErrInvalidState)
+	if err := session.CheckTransition(name, session.ActionFlush, s.s.State); err != nil {
+		return session.FlushResult{}, err
 	}
 	r := session.FlushResult{DirtyBefore: s.s.DirtyBytes, Took: 120 * time.Millisecond}
 	s.s.DirtyBytes = 0
@@ -549,9 +549,9 @@ func (f *Service) Exec(ctx context.Context, name string, req session.ExecRequest
 		f.mu.Unlock()
 		return nil, err
 	}
-	if s.s.State != session.StateRunning {
+	if err := session.CheckTransition(name, session.ActionExec, s.s.State); err != nil {
 		f.mu.Unlock()
-		return nil, fmt.Errorf("exec in %q: session is %s: %w", name, s.s.State, session.ErrInvalidState)
+		return nil, err
 	}
 	f.execN++
 	id := fmt.Sprintf("x%07d", f.execN)
