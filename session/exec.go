@@ -94,13 +94,13 @@ func (m *Manager) Exec(ctx context.Context, name string, req ExecRequest) (Proce
 	if err != nil {
 		return nil, err
 	}
-	if err := checkTransition(name, "exec", s.state()); err != nil {
+	if err := CheckTransition(name, ActionExec, s.state()); err != nil {
 		return nil, err
 	}
 	if err := m.ensureAwake(ctx, s); err != nil {
 		return nil, err
 	}
-	if err := checkTransition(name, "exec", s.state()); err != nil {
+	if err := CheckTransition(name, ActionExec, s.state()); err != nil {
 		return nil, err // changed while waiting
 	}
 	c, err := s.connectedAgent()

@@ -151,14 +151,14 @@ func (m *Manager) removeSession(s *sess, why string) {
 }
 
 // lifecycle runs fn for an allowed transition under the session's op lock.
-func (m *Manager) lifecycle(ctx context.Context, name, action string, fn func(s *sess) error) (Session, error) {
+func (m *Manager) lifecycle(ctx context.Context, name string, action Action, fn func(s *sess) error) (Session, error) {
 	s, err := m.get(name)
 	if err != nil {
 		return Session{}, err
 	}
 	s.op.Lock()
 	defer s.op.Unlock()
-	if err := checkTransition(name, action, s.state()); err != nil {
+	if err := CheckTransition(name, action, s.state()); err != nil {
 		return Session{}, err
 	}
 	s.touch()
@@ -180,7 +180,7 @@ func (s *sess) currentVM() (vmm.VM, error) {
 // Pause stops the session's vCPUs. It does not flush: dirty pages stay in
 // the guest until a flush or a clean stop.
 func (m *Manager) Pause(ctx context.Context, name string) (Session, error) {
-	return m.lifecycle(ctx, name, "pause", func(s *sess) error {
+	return m.lifecycle(ctx, name, ActionPause, func(s *sess) error {
 		vm, err := s.currentVM()
 		if err != nil {
 			return err
@@ -194,7 +194,7 @@ func (m *Manager) Pause(ctx context.Context, name string) (Session, error) {
 
 // Resume continues a paused session.
 func (m *Manager) Resume(ctx context.Context, name string) (Session, error) {
-	return m.lifecycle(ctx, name, "resume", func(s *sess) error {
+	return m.lifecycle(ctx, name, ActionResume, func(s *sess) error {
 		if s.state() == StateSleeping {
 			return s.wake(ctx, Actor(ctx))
 		}
@@ -220,7 +220,7 @@ const stopGrace = 5 * time.Second
 // workspace is flushed and unmounted, the VM powers off. A VM that does
 // not answer is killed, and the event says so.
 func (m *Manager) Stop(ctx context.Context, name string) (Session, error) {
-	return m.lifecycle(ctx, name, "stop", func(s *sess) error {
+	return m.lifecycle(ctx, name, ActionStop, func(s *sess) error {
 		by := Actor(ctx)
 		prev := s.state()
 		if prev == StateSleeping {
@@ -278,7 +278,7 @@ func (s *sess) shutdownVM(ctx context.Context, vm vmm.VM) error {
 // Start boots a new VM on the session's retained workspace: how a stopped
 // or crashed session comes back. VM-local state is gone; files are not.
 func (m *Manager) Start(ctx context.Context, name string) (Session, error) {
-	return m.lifecycle(ctx, name, "start", func(s *sess) error {
+	return m.lifecycle(ctx, name, ActionStart, func(s *sess) error {
 		if s.state() == StateSleeping {
 			return s.wake(ctx, Actor(ctx))
 		}
@@ -291,7 +291,7 @@ func (m *Manager) Start(ctx context.Context, name string) (Session, error) {
 
 // Delete removes the session's VM and all its storage, permanently.
 func (m *Manager) Delete(ctx context.Context, name string) error {
-	_, err := m.lifecycle(ctx, name, "delete", func(s *sess) error {
+	_, err := m.lifecycle(ctx, name, ActionDelete, func(s *sess) error {
 		if err := s.setState(StateDeleting, "delete requested", Actor(ctx)); err != nil {
 			return err
 		}
@@ -313,7 +313,7 @@ func (m *Manager) Delete(ctx context.Context, name string) error {
 // Flush makes every pending workspace write durable.
 func (m *Manager) Flush(ctx context.Context, name string) (FlushResult, error) {
 	var res FlushResult
-	_, err := m.lifecycle(ctx, name, "flush", func(s *sess) error {
+	_, err := m.lifecycle(ctx, name, ActionFlush, func(s *sess) error {
 		if s.state() == StateSleeping {
 			return nil // flushed when it went to sleep; nothing is dirty
 		}

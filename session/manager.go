@@ -17,38 +17,56 @@ import (
 	"github.com/berthvm/berth/vmm"
 )
 
+// The defaults of new sessions and of the daemon, used when neither
+// Create nor the config file sets them. assets/config.toml documents the
+// same values; a test keeps the two equal.
+const (
+	DefaultImage     = "mini"
+	DefaultCPUs      = 1
+	DefaultMemoryMiB = 512
+	DefaultDiskBytes = 4 << 30
+	DefaultVMM       = "qemu"
+	DefaultAccel     = vmm.AccelAuto
+	// DefaultRetention is the recorded output kept per session.
+	DefaultRetention = store.DefaultRetention
+	// DefaultIdleTimeout is how long an idle session runs before it is
+	// put to sleep, unless the config file says otherwise.
+	DefaultIdleTimeout = 15 * time.Minute
+)
+
 // Defaults are the settings of new sessions when Create leaves them zero.
+// Zero fields take the Default constants.
 type Defaults struct {
-	Image     string // default "mini"
-	CPUs      int    // default 1
-	MemoryMiB int    // default 512
-	DiskBytes int64  // default 4 GiB
-	VMM       string // default "qemu"
+	Image     string
+	CPUs      int
+	MemoryMiB int
+	DiskBytes int64
+	VMM       string
 	Accel     vmm.Accel
-	Retention int64 // recorded output per session; default 256 MiB
+	Retention int64 // recorded output per session
 }
 
 func (d Defaults) withFallbacks() Defaults {
 	if d.Image == "" {
-		d.Image = "mini"
+		d.Image = DefaultImage
 	}
 	if d.CPUs == 0 {
-		d.CPUs = 1
+		d.CPUs = DefaultCPUs
 	}
 	if d.MemoryMiB == 0 {
-		d.MemoryMiB = 512
+		d.MemoryMiB = DefaultMemoryMiB
 	}
 	if d.DiskBytes == 0 {
-		d.DiskBytes = 4 << 30
+		d.DiskBytes = DefaultDiskBytes
 	}
 	if d.VMM == "" {
-		d.VMM = "qemu"
+		d.VMM = DefaultVMM
 	}
 	if d.Accel == "" {
-		d.Accel = vmm.AccelAuto
+		d.Accel = DefaultAccel
 	}
 	if d.Retention == 0 {
-		d.Retention = 256 << 20
+		d.Retention = DefaultRetention
 	}
 	return d
 }

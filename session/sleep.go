@@ -47,7 +47,7 @@ func (m *Manager) crash(point string) {
 
 // Sleep snapshots a running, idle session to disk and stops its VM.
 func (m *Manager) Sleep(ctx context.Context, name string) (Session, error) {
-	return m.lifecycle(ctx, name, "sleep", func(s *sess) error {
+	return m.lifecycle(ctx, name, ActionSleep, func(s *sess) error {
 		return s.sleep(ctx, Actor(ctx))
 	})
 }
@@ -120,7 +120,7 @@ func (s *sess) sleep(ctx context.Context, by string) error {
 	s.rec.SnapshotPath, s.rec.SnapshotBytes = s.snapshotPath(), size
 	s.intended = true
 	s.mu.Unlock()
-	if err := s.setState(StateSleeping, fmt.Sprintf("asleep: %s snapshot written in %s", humanBytes(size), time.Since(start).Round(time.Millisecond)), by); err != nil {
+	if err := s.setState(StateSleeping, fmt.Sprintf("asleep: %s snapshot written in %s", FormatBytes(size), time.Since(start).Round(time.Millisecond)), by); err != nil {
 		return abandon("recording", err)
 	}
 	m.crash("sleep:recorded")
@@ -319,16 +319,4 @@ func syncDir(path string) error {
 	}
 	defer d.Close()
 	return d.Sync()
-}
-
-func humanBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }

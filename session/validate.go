@@ -8,29 +8,67 @@ import (
 	"strings"
 )
 
+// The rules every front end (CLI, TUI, SSH server) and fake shares live
+// here, each defined once: session names, state transitions and sizes.
+// Front ends call them; where they check early (the CLI refusing a bad name
+// before it connects) they call the same function the service does.
+
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// A NameError is a refused session name. It wraps ErrInvalid; its message
+// says what a name may contain.
+type NameError struct{ Name string }
+
+func (e *NameError) Error() string {
+	return fmt.Sprintf("invalid session name %q: use 1-63 lowercase letters, digits and dashes, starting with a letter or digit", e.Name)
+}
+
+func (e *NameError) Unwrap() error { return ErrInvalid }
 
 // ValidateName checks a session name: lower-case letters, digits and
 // dashes, starting with a letter or digit, at most 63 characters (it is
-// used in paths and as an SSH user name).
+// used in paths and as an SSH user name). It returns a *NameError.
 func ValidateName(name string) error {
 	if !nameRE.MatchString(name) {
-		return fmt.Errorf("invalid session name %q: use 1-63 of a-z, 0-9 and '-', starting with a letter or digit: %w", name, ErrInvalid)
+		return &NameError{Name: name}
 	}
 	return nil
 }
 
+// An Action is something done to a session that only some states allow.
+type Action string
+
+// The actions of the transition table.
+const (
+	ActionPause  Action = "pause"
+	ActionResume Action = "resume" // also wakes a sleeping session
+	ActionStop   Action = "stop"
+	ActionStart  Action = "start"
+	ActionDelete Action = "delete"
+	ActionFlush  Action = "flush"
+	ActionExec   Action = "exec"
+	ActionFiles  Action = "files"
+	ActionSleep  Action = "sleep"
+)
+
 // transitions lists, per action, the states it is allowed from.
-var transitions = map[string][]State{
-	"pause":  {StateRunning},
-	"resume": {StatePaused, StateSleeping},
-	"stop":   {StateRunning, StatePaused, StateCrashed, StateSleeping},
-	"start":  {StateStopped, StateCrashed, StateSleeping},
-	"delete": {StateRunning, StatePaused, StateStopped, StateCrashed, StateSleeping},
-	"flush":  {StateRunning, StateSleeping},
-	"exec":   {StateRunning, StateSleeping},
-	"files":  {StateRunning, StateSleeping},
-	"sleep":  {StateRunning},
+var transitions = map[Action][]State{
+	ActionPause:  {StateRunning},
+	ActionResume: {StatePaused, StateSleeping},
+	ActionStop:   {StateRunning, StatePaused, StateCrashed, StateSleeping},
+	ActionStart:  {StateStopped, StateCrashed, StateSleeping},
+	ActionDelete: {StateRunning, StatePaused, StateStopped, StateCrashed, StateSleeping},
+	ActionFlush:  {StateRunning, StateSleeping},
+	ActionExec:   {StateRunning, StateSleeping},
+	ActionFiles:  {StateRunning, StateSleeping},
+	ActionSleep:  {StateRunning},
+}
+
+// phrases are how a refusal names an action when its bare name does not
+// read ("cannot exec in session").
+var phrases = map[Action]string{
+	ActionExec:  "exec in",
+	ActionFiles: "use files of",
 }
 
 // hints say what to do when an action is refused in a state.
@@ -44,33 +82,52 @@ var hints = map[State]string{
 	StateRunning:  "it is already running",
 }
 
-// checkTransition returns a wrapped ErrInvalidState when action is not
-// allowed in state.
-func checkTransition(name, action string, state State) error {
+// Allowed reports whether the transition table allows action in state.
+// An action the table does not list is allowed in no state.
+func Allowed(action Action, state State) bool {
 	for _, s := range transitions[action] {
 		if s == state {
-			return nil
+			return true
 		}
+	}
+	return false
+}
+
+// CheckTransition returns nil when action is allowed in state, else an
+// error wrapping ErrInvalidState that names the session and the state and
+// says what to do: `cannot pause session "a": it is stopped (start it
+// first)`. The service returns it; front ends show it as it is.
+func CheckTransition(name string, action Action, state State) error {
+	if Allowed(action, state) {
+		return nil
 	}
 	hint := hints[state]
 	if hint != "" {
 		hint = " (" + hint + ")"
 	}
-	return fmt.Errorf("cannot %s session %q: it is %s%s: %w", action, name, state, hint, ErrInvalidState)
+	verb := string(action)
+	if p, ok := phrases[action]; ok {
+		verb = p
+	}
+	return fmt.Errorf("cannot %s session %q: it is %s%s: %w", verb, name, state, hint, ErrInvalidState)
 }
 
 var sizeRE = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?$`)
 
-// ParseSize reads 512M, 4G, 1.5G, 1024K, 4GiB or plain bytes. Units are
-// binary (K = 1024).
+const sizeWant = "want a number with an optional K, M, G or T suffix, like 512M or 1.5G"
+
+// ParseSize reads a size in bytes: 512M, 4G, 1.5G, 1024K, 4GiB, 2t. Units
+// are binary (1K = 1024) and case does not matter. A bare number is bytes,
+// everywhere sizes are read (flags, the TUI, the config file). The size
+// must be a whole number of bytes above zero.
 func ParseSize(s string) (int64, error) {
 	m := sizeRE.FindStringSubmatch(strings.ToLower(strings.TrimSpace(s)))
 	if m == nil {
-		return 0, fmt.Errorf("want a number with an optional K, M, G or T suffix, like 512M or 1.5G")
+		return 0, fmt.Errorf("%s", sizeWant)
 	}
 	v, err := strconv.ParseFloat(m[1], 64)
 	if err != nil {
-		return 0, fmt.Errorf("want a number with an optional K, M, G or T suffix, like 512M or 1.5G")
+		return 0, fmt.Errorf("%s", sizeWant)
 	}
 	shift := map[string]uint{"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m[2]]
 	bytes := v * float64(uint64(1)<<shift)
@@ -83,4 +140,22 @@ func ParseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("want a size above zero")
 	}
 	return int64(bytes), nil
+}
+
+// ParseMemory reads a guest memory size as ParseSize does and returns it
+// in MiB; it must be a whole number of MiB. A bare number is bytes, as
+// everywhere, so "512" is refused with a hint to write 512M.
+func ParseMemory(s string) (mib int, err error) {
+	n, err := ParseSize(s)
+	if err != nil {
+		return 0, err
+	}
+	if n%(1<<20) != 0 {
+		t := strings.TrimSpace(s)
+		if _, err := strconv.ParseUint(t, 10, 64); err == nil {
+			return 0, fmt.Errorf("%s means %s bytes; want a whole number of MiB (did you mean %sM?)", t, t, t)
+		}
+		return 0, fmt.Errorf("%s is %d bytes; want a whole number of MiB, like 512M", t, n)
+	}
+	return int(n >> 20), nil
 }

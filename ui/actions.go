@@ -2,7 +2,9 @@ package ui
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -54,6 +56,10 @@ func (m *Model) handleOpDone(msg opDoneMsg) tea.Cmd {
 	delete(m.pending, msg.id)
 	if msg.err != nil {
 		m.c.Logger.Warn("action failed", "action", msg.label, "err", msg.err)
+		if errors.Is(msg.err, session.ErrInvalidState) {
+			// The service's refusal names the action and says what to do.
+			return m.setFlash(common.FlashError, common.ErrorText(msg.err))
+		}
 		return m.setFlash(common.FlashError, msg.label+" failed: "+common.ErrorText(msg.err))
 	}
 	cmd := m.setFlash(common.FlashOK, msg.text)
@@ -70,33 +76,277 @@ func (m *Model) refuse(what string) tea.Cmd {
 	return m.setFlash(common.FlashError, "read-only: "+what+" is not allowed")
 }
 
-func (m *Model) runAction(b key.Binding) tea.Cmd {
-	a := &m.actions
-	is := func(x key.Binding) bool { return x.Help().Key == b.Help().Key }
-	if is(a.New) {
-		return m.newSessionDialog("")
+// The action table. Every thing an operator does to sessions and
+// executions, by key or on the ":" command line, is one entry of
+// actionTable; the key bindings, the help, read-only mode, key dispatch,
+// the command line and its suggestions are all computed from it. The TUI
+// does not predict the service's refusals: it asks, and shows the answer,
+// which says what to do instead.
+
+// confirmKind is what an action asks before it runs.
+type confirmKind int
+
+const (
+	noConfirm   confirmKind = iota
+	confirmYes              // a yes/no dialog
+	confirmName             // the session's name must be typed
+)
+
+// targetKind is what an action applies to.
+type targetKind int
+
+const (
+	noTarget targetKind = iota
+	// onSession: the session named on the command line, else the one
+	// shown or selected.
+	onSession
+	// onExecution: the execution shown in Output or selected in
+	// Executions.
+	onExecution
+)
+
+// An action is one entry of the table.
+type action struct {
+	// key is its key and help; no keys means command line only.
+	key key.Binding
+	// verbs are its ":" names, the first suggested; none means key only.
+	verbs []string
+	// args are the command line's arguments after the verb (after the
+	// session name for onSession), for usage messages.
+	args string
+	// mutates: it changes something, so read-only mode hides and refuses
+	// it.
+	mutates bool
+	target  targetKind
+	// when, if set, says whether the key applies in the current view.
+	when func(m *Model) bool
+	// confirm is what is asked first; prompt gives the dialog's title and
+	// body.
+	confirm confirmKind
+	prompt  func(m *Model, c call) (title string, body []string)
+	run     func(m *Model, c call) tea.Cmd
+}
+
+// call is one invocation of an action.
+type call struct {
+	a    *action
+	line bool   // from the command line; else from the key
+	verb string // the verb typed
+	arg  string // the first word after it
+	tail string // what follows arg
+	rest string // what follows the verb
+	s    session.Session
+	e    session.Execution
+}
+
+func bind(k, help string) key.Binding {
+	return key.NewBinding(key.WithKeys(k), key.WithHelp(k, help))
+}
+
+// actionTable returns every action. The order of the keyed ones is the
+// order of the help and the footer.
+func actionTable() []action {
+	return []action{
+		{key: bind("p", "pause/resume (does not flush)"), mutates: true, target: onSession,
+			run: func(m *Model, c call) tea.Cmd {
+				return m.do(pick(c.s.State, session.ActionPause, session.ActionResume), c)
+			}},
+		{verbs: []string{"pause"}, mutates: true, target: onSession, run: (*Model).pause},
+		{verbs: []string{"resume"}, mutates: true, target: onSession, run: (*Model).resume},
+		{key: bind("S", "sleep/wake (snapshot to disk)"), mutates: true, target: onSession,
+			run: func(m *Model, c call) tea.Cmd {
+				if c.s.State == session.StateSleeping {
+					return m.do(session.ActionResume, c)
+				}
+				return m.do(session.ActionSleep, c)
+			}},
+		{verbs: []string{"sleep"}, mutates: true, target: onSession, run: (*Model).sleep},
+		{key: bind("f", "flush workspace"), verbs: []string{"flush"}, mutates: true, target: onSession, run: (*Model).flush},
+		{key: bind("s", "stop/start"), mutates: true, target: onSession,
+			run: func(m *Model, c call) tea.Cmd {
+				return m.do(pick(c.s.State, session.ActionStart, session.ActionStop), c)
+			}},
+		{verbs: []string{"stop"}, mutates: true, target: onSession, confirm: confirmYes, prompt: stopPrompt, run: (*Model).stop},
+		{verbs: []string{"start"}, mutates: true, target: onSession, run: (*Model).start},
+		{key: bind("d", "delete session"), verbs: []string{"delete"}, mutates: true, target: onSession,
+			confirm: confirmName, prompt: deletePrompt, run: (*Model).delete},
+		{key: bind("n", "new session"), verbs: []string{"create", "new"}, args: "NAME [cpus=N] [mem=SIZE] [disk=SIZE] [image=NAME]",
+			mutates: true, run: (*Model).create},
+		{key: bind("x", "run command"), verbs: []string{"exec", "x"}, args: "COMMAND", mutates: true, target: onSession, run: (*Model).execAction},
+		{key: bind("K", "cancel execution"), mutates: true, target: onExecution, when: (*Model).onExecTab,
+			confirm: confirmYes, prompt: cancelPrompt, run: (*Model).cancelExec},
+		{verbs: []string{"open"}, target: onSession, run: func(m *Model, c call) tea.Cmd { return m.openDetail(c.s.Name) }},
+		{verbs: []string{"sort"}, args: "COLUMN", run: func(m *Model, c call) tea.Cmd {
+			if !m.sessions.SortByName(c.arg) {
+				return m.setFlash(common.FlashError, "no column "+c.arg+" (name, state, vcpu, mem, workspace, dirty, run, uptime, activity)")
+			}
+			return nil
+		}},
+		{verbs: []string{"filter"}, args: "TEXT", run: func(m *Model, c call) tea.Cmd {
+			m.page = pageSessions
+			m.sessions.SetFilter(c.rest)
+			return nil
+		}},
+		{verbs: []string{"help", "h"}, run: func(m *Model, c call) tea.Cmd { m.showHelp = true; return nil }},
+		{verbs: []string{"quit", "q", "q!"}, run: func(m *Model, c call) tea.Cmd { return m.quit() }},
 	}
-	s, ok := m.target()
-	if !ok {
-		return m.setFlash(common.FlashError, "no session selected")
+}
+
+// newActions returns the table for one program: in read-only mode the
+// keys of the actions that change anything are disabled, which hides them
+// from the help and the footer.
+func newActions(readOnly bool) []action {
+	acts := actionTable()
+	for i := range acts {
+		if readOnly && acts[i].mutates {
+			acts[i].key.SetEnabled(false)
+		}
 	}
-	switch {
-	case is(a.PauseResume):
-		return m.pauseResume(s)
-	case is(a.Sleep):
-		return m.sleepWake(s)
-	case is(a.Flush):
-		return m.flush(s)
-	case is(a.StopStart):
-		return m.stopStart(s)
-	case is(a.Delete):
-		return m.confirmDelete(s)
-	case is(a.Exec):
-		return m.execDialog(s)
-	case is(a.CancelExec):
-		return m.confirmCancel()
+	return acts
+}
+
+// actionKeys returns the bindings of the keyed actions (the key coverage
+// check).
+func actionKeys() []key.Binding {
+	var out []key.Binding
+	for _, a := range actionTable() {
+		if len(a.key.Keys()) > 0 {
+			out = append(out, a.key)
+		}
+	}
+	return out
+}
+
+// commandSuggestions are the command line's completions: each action's
+// first verb, with a space when it takes arguments.
+func commandSuggestions(acts []action) []string {
+	var out []string
+	for _, a := range acts {
+		if len(a.verbs) == 0 {
+			continue
+		}
+		v := a.verbs[0]
+		if a.target == onSession || a.args != "" {
+			v += " "
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// pick returns the first of actions the transition table allows in st, or,
+// when none is, the first, for the service to refuse with its hint.
+func pick(st session.State, actions ...session.Action) session.Action {
+	for _, a := range actions {
+		if session.Allowed(a, st) {
+			return a
+		}
+	}
+	return actions[0]
+}
+
+// verb returns the action a command-line verb names, or nil.
+func (m *Model) verb(v string) *action {
+	for i := range m.actions {
+		if slices.Contains(m.actions[i].verbs, v) {
+			return &m.actions[i]
+		}
 	}
 	return nil
+}
+
+// do runs the action named by a transition-table action (a key that
+// toggles between two), on the target c already has.
+func (m *Model) do(a session.Action, c call) tea.Cmd {
+	c.a = m.verb(string(a))
+	return m.proceed(c)
+}
+
+// invoke runs a: it refuses what read-only mode forbids, finds the target,
+// then asks for confirmation if a wants it.
+func (m *Model) invoke(a *action, c call) tea.Cmd {
+	c.a = a
+	if a.mutates && m.c.ReadOnly {
+		what := a.key.Help().Desc
+		if c.line {
+			what = ":" + c.verb
+		}
+		return m.refuse(what)
+	}
+	switch a.target {
+	case onSession:
+		s, ok := m.target()
+		if c.line && c.arg != "" {
+			s, ok = m.sessions.Get(c.arg)
+		}
+		switch {
+		case ok:
+			c.s = s
+		case !c.line:
+			return m.setFlash(common.FlashError, "no session selected")
+		case c.arg == "":
+			return m.setFlash(common.FlashError, ":"+c.verb+" needs a session name")
+		default:
+			return m.setFlash(common.FlashError, "no session "+c.arg)
+		}
+	case onExecution:
+		var e session.Execution
+		var ok bool
+		if m.tab == tabOutput {
+			e, ok = m.output.Exec()
+		} else {
+			e, ok = m.execs.Selected()
+		}
+		if !ok {
+			return m.setFlash(common.FlashError, "no execution selected")
+		}
+		if e.State.Done() {
+			return m.setFlash(common.FlashError, "execution "+common.ShortID(e.ID)+" already "+string(e.State))
+		}
+		c.e = e
+	}
+	return m.proceed(c)
+}
+
+// proceed asks c.a's confirmation, if any, then runs it.
+func (m *Model) proceed(c call) tea.Cmd {
+	a := c.a
+	run := func() tea.Cmd { return a.run(m, c) }
+	switch a.confirm {
+	case confirmYes:
+		title, body := a.prompt(m, c)
+		return m.openDialog(dialog.NewConfirm(m.c, title, body, run), nil)
+	case confirmName:
+		title, body := a.prompt(m, c)
+		d, cmd := dialog.NewTypedConfirm(m.c, title, body, c.s.Name, run)
+		return m.openDialog(d, cmd)
+	}
+	return run()
+}
+
+// runCommand runs a ":" command line.
+func (m *Model) runCommand(line string) tea.Cmd {
+	verb, rest, _ := strings.Cut(line, " ")
+	rest = strings.TrimSpace(rest)
+	arg, tail, _ := strings.Cut(rest, " ")
+	a := m.verb(verb)
+	if a == nil {
+		return m.setFlash(common.FlashError, "unknown command :"+verb+" (try :create, :exec, :flush, :open, :q)")
+	}
+	return m.invoke(a, call{line: true, verb: verb, arg: arg, tail: strings.TrimSpace(tail), rest: rest})
+}
+
+// usage flashes how c's command line is written.
+func (m *Model) usage(c call) tea.Cmd {
+	u := ":" + c.a.verbs[0]
+	if c.a.target == onSession {
+		u += " NAME"
+	}
+	return m.setFlash(common.FlashError, u+" "+c.a.args)
+}
+
+func (m *Model) onExecTab() bool {
+	return m.page == pageDetail && (m.tab == tabExecs || m.tab == tabOutput)
 }
 
 func (m *Model) openDialog(d dialog.Dialog, cmd tea.Cmd) tea.Cmd {
@@ -105,47 +355,20 @@ func (m *Model) openDialog(d dialog.Dialog, cmd tea.Cmd) tea.Cmd {
 	return cmd
 }
 
-func (m *Model) pauseResume(s session.Session) tea.Cmd {
-	if m.c.ReadOnly {
-		return m.refuse("pause/resume")
-	}
-	svc, name := m.c.Svc, s.Name
-	switch s.State {
-	case session.StateRunning:
-		dirty := s.DirtyBytes
-		return m.runOp("pausing "+name, func(ctx context.Context) (string, tea.Msg, error) {
-			if _, err := svc.Pause(ctx, name); err != nil {
-				return "", nil, err
-			}
-			return "paused " + name + ". Pause does not flush: " + common.BytesLong(dirty) + " still only in guest memory (f flushes)", nil, nil
-		})
-	case session.StatePaused:
-		return m.runOp("resuming "+name, func(ctx context.Context) (string, tea.Msg, error) {
-			if _, err := svc.Resume(ctx, name); err != nil {
-				return "", nil, err
-			}
-			return "resumed " + name, nil, nil
-		})
-	}
-	return m.setFlash(common.FlashError, "can't pause or resume "+name+": it is "+string(s.State))
+func (m *Model) pause(c call) tea.Cmd {
+	svc, name, dirty := m.c.Svc, c.s.Name, c.s.DirtyBytes
+	return m.runOp("pausing "+name, func(ctx context.Context) (string, tea.Msg, error) {
+		if _, err := svc.Pause(ctx, name); err != nil {
+			return "", nil, err
+		}
+		return "paused " + name + ". Pause does not flush: " + session.FormatBytes(dirty) + " still only in guest memory (f flushes)", nil, nil
+	})
 }
 
-// sleepWake puts an idle running session to sleep, or wakes a sleeping one.
-func (m *Model) sleepWake(s session.Session) tea.Cmd {
-	if m.c.ReadOnly {
-		return m.refuse("sleep/wake")
-	}
-	svc, name := m.c.Svc, s.Name
-	switch s.State {
-	case session.StateRunning:
-		return m.runOp("putting "+name+" to sleep", func(ctx context.Context) (string, tea.Msg, error) {
-			got, err := svc.Sleep(ctx, name)
-			if err != nil {
-				return "", nil, err
-			}
-			return fmt.Sprintf("%s is asleep: flushed, %s snapshot on disk, VM released", name, common.BytesLong(got.SnapshotBytes)), nil, nil
-		})
-	case session.StateSleeping:
+// resume continues a paused session, or wakes a sleeping one.
+func (m *Model) resume(c call) tea.Cmd {
+	svc, name := m.c.Svc, c.s.Name
+	if c.s.State == session.StateSleeping {
 		return m.runOp("waking "+name, func(ctx context.Context) (string, tea.Msg, error) {
 			got, err := svc.Resume(ctx, name)
 			if err != nil {
@@ -154,21 +377,28 @@ func (m *Model) sleepWake(s session.Session) tea.Cmd {
 			return fmt.Sprintf("woke %s in %s", name, got.LastWake.Round(time.Millisecond)), nil, nil
 		})
 	}
-	return m.setFlash(common.FlashError, "can't sleep or wake "+name+": it is "+string(s.State))
+	return m.runOp("resuming "+name, func(ctx context.Context) (string, tea.Msg, error) {
+		if _, err := svc.Resume(ctx, name); err != nil {
+			return "", nil, err
+		}
+		return "resumed " + name, nil, nil
+	})
 }
 
-func (m *Model) flush(s session.Session) tea.Cmd {
-	if m.c.ReadOnly {
-		return m.refuse("flush")
-	}
-	if s.State != session.StateRunning {
-		hint := ""
-		if s.State == session.StatePaused {
-			hint = " (resume it first)"
+// sleep puts an idle running session to sleep.
+func (m *Model) sleep(c call) tea.Cmd {
+	svc, name := m.c.Svc, c.s.Name
+	return m.runOp("putting "+name+" to sleep", func(ctx context.Context) (string, tea.Msg, error) {
+		got, err := svc.Sleep(ctx, name)
+		if err != nil {
+			return "", nil, err
 		}
-		return m.setFlash(common.FlashError, "can't flush "+s.Name+": it is "+string(s.State)+hint)
-	}
-	svc, name := m.c.Svc, s.Name
+		return fmt.Sprintf("%s is asleep: flushed, %s snapshot on disk, VM released", name, session.FormatBytes(got.SnapshotBytes)), nil, nil
+	})
+}
+
+func (m *Model) flush(c call) tea.Cmd {
+	svc, name := m.c.Svc, c.s.Name
 	return m.runOp("flushing "+name, func(ctx context.Context) (string, tea.Msg, error) {
 		r, err := svc.Flush(ctx, name)
 		if err != nil {
@@ -177,108 +407,107 @@ func (m *Model) flush(s session.Session) tea.Cmd {
 		if r.DirtyBefore == 0 {
 			return "flushed " + name + ": nothing was pending", nil, nil
 		}
-		return fmt.Sprintf("flushed %s: %s made durable in %s", name, common.BytesLong(r.DirtyBefore), common.Duration(r.Took)), nil, nil
+		return fmt.Sprintf("flushed %s: %s made durable in %s", name, session.FormatBytes(r.DirtyBefore), session.FormatDuration(r.Took)), nil, nil
 	})
 }
 
-func (m *Model) stopStart(s session.Session) tea.Cmd {
-	if m.c.ReadOnly {
-		return m.refuse("stop/start")
+func stopPrompt(m *Model, c call) (string, []string) {
+	body := []string{
+		"Stop shuts the VM down cleanly: commands are stopped, /workspace is flushed and unmounted, then the VM powers off.",
+		"Kept: every file in /workspace. Lost: the VM's own state (home directory, processes, memory).",
 	}
-	svc, name := m.c.Svc, s.Name
-	switch s.State {
-	case session.StateRunning, session.StatePaused:
-		body := []string{
-			"Stop shuts the VM down cleanly: commands are stopped, /workspace is flushed and unmounted, then the VM powers off.",
-			"Kept: every file in /workspace. Lost: the VM's own state (home directory, processes, memory).",
-		}
-		if s.Running > 0 {
-			body = append(body, fmt.Sprintf("%d running command(s) will be killed; there is no rollback of their partial changes.", s.Running))
-		}
-		d := dialog.NewConfirm(m.c, "Stop "+name+"?", body, func() tea.Cmd {
-			return m.runOp("stopping "+name, func(ctx context.Context) (string, tea.Msg, error) {
-				if _, err := svc.Stop(ctx, name); err != nil {
-					return "", nil, err
-				}
-				return "stopped " + name + " (workspace flushed)", nil, nil
-			})
-		})
-		return m.openDialog(d, nil)
-	case session.StateStopped, session.StateCrashed, session.StateSleeping:
-		return m.runOp("starting "+name, func(ctx context.Context) (string, tea.Msg, error) {
-			if _, err := svc.Start(ctx, name); err != nil {
-				return "", nil, err
-			}
-			return "started " + name, nil, nil
-		})
+	if c.s.Running > 0 {
+		body = append(body, fmt.Sprintf("%d running command(s) will be killed; there is no rollback of their partial changes.", c.s.Running))
 	}
-	return m.setFlash(common.FlashError, "can't stop or start "+name+": it is "+string(s.State))
+	return "Stop " + c.s.Name + "?", body
 }
 
-func (m *Model) confirmDelete(s session.Session) tea.Cmd {
-	if m.c.ReadOnly {
-		return m.refuse("delete")
-	}
-	svc, name := m.c.Svc, s.Name
+func (m *Model) stop(c call) tea.Cmd {
+	svc, name := m.c.Svc, c.s.Name
+	return m.runOp("stopping "+name, func(ctx context.Context) (string, tea.Msg, error) {
+		if _, err := svc.Stop(ctx, name); err != nil {
+			return "", nil, err
+		}
+		return "stopped " + name + " (workspace flushed)", nil, nil
+	})
+}
+
+func (m *Model) start(c call) tea.Cmd {
+	svc, name := m.c.Svc, c.s.Name
+	return m.runOp("starting "+name, func(ctx context.Context) (string, tea.Msg, error) {
+		if _, err := svc.Start(ctx, name); err != nil {
+			return "", nil, err
+		}
+		return "started " + name, nil, nil
+	})
+}
+
+func deletePrompt(m *Model, c call) (string, []string) {
+	s := c.s
 	body := []string{
-		"This destroys the VM and ALL of its storage, including /workspace (" + common.Bytes(s.WorkspaceUsed) + " used of " + common.Bytes(s.DiskBytes) + "). It cannot be undone.",
+		"This destroys the VM and ALL of its storage, including /workspace (" + session.FormatBytesShort(s.WorkspaceUsed) + " used of " + session.FormatBytesShort(s.DiskBytes) + "). It cannot be undone.",
 	}
 	if s.Running > 0 {
 		body = append(body, fmt.Sprintf("%d command(s) are running in it.", s.Running))
 	}
-	d, cmd := dialog.NewTypedConfirm(m.c, "Delete "+name+" permanently?", body, name, func() tea.Cmd {
-		return m.runOp("deleting "+name, func(ctx context.Context) (string, tea.Msg, error) {
-			if err := svc.Delete(ctx, name); err != nil {
-				return "", nil, err
-			}
-			return "deleted " + name, nil, nil
-		})
-	})
-	return m.openDialog(d, cmd)
+	return "Delete " + s.Name + " permanently?", body
 }
 
-// validName is what the TUI accepts as a session name (lower case
-// letters, digits, '.', '_', '-'; up to 63); the daemon has the final word.
-func validName(s string) bool {
-	if s == "" || len(s) > 63 {
-		return false
-	}
-	for i, c := range []byte(s) {
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
-		case i > 0 && (c == '.' || c == '_' || c == '-'):
-		default:
-			return false
+func (m *Model) delete(c call) tea.Cmd {
+	svc, name := m.c.Svc, c.s.Name
+	return m.runOp("deleting "+name, func(ctx context.Context) (string, tea.Msg, error) {
+		if err := svc.Delete(ctx, name); err != nil {
+			return "", nil, err
 		}
+		return "deleted " + name, nil, nil
+	})
+}
+
+// create opens the new-session form, or, given a name on the command line,
+// creates the session from key=value settings.
+func (m *Model) create(c call) tea.Cmd {
+	if !c.line || c.arg == "" {
+		return m.newSessionDialog("")
 	}
-	return true
+	kv := map[string]string{}
+	for _, f := range strings.Fields(c.tail) {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			return m.usage(c)
+		}
+		kv[k] = v
+	}
+	opts, err := createOptions(c.arg, kv["cpus"], kv["mem"], kv["disk"], kv["image"])
+	if err != nil {
+		return m.setFlash(common.FlashError, err.Error())
+	}
+	return m.createSession(opts)
 }
 
 func (m *Model) newSessionDialog(name string) tea.Cmd {
-	if m.c.ReadOnly {
-		return m.refuse("create")
-	}
 	fields := []dialog.Field{
-		{Label: "name", Placeholder: "my-session", Value: name, Hint: "lower case letters, digits, . _ -"},
+		{Label: "name", Placeholder: "my-session", Value: name, Hint: "lowercase letters, digits and dashes"},
 		{Label: "vCPUs", Placeholder: "default", Hint: "e.g. 2"},
-		{Label: "memory", Placeholder: "default", Hint: "e.g. 1G or 512M"},
-		{Label: "disk", Placeholder: "default", Hint: "/workspace volume size, e.g. 10G"},
-		{Label: "image", Placeholder: "default (mini)"},
+		{Label: "memory", Placeholder: "default", Hint: "e.g. 1G or 512M (a bare number is bytes)"},
+		{Label: "disk", Placeholder: "default", Hint: "/workspace volume size, e.g. 10G (a bare number is bytes)"},
+		{Label: "image", Placeholder: "default (" + session.DefaultImage + ")"},
 	}
 	d, cmd := dialog.NewForm(m.c, "New session", "", fields, func(v []string) (tea.Cmd, error) {
 		opts, err := createOptions(v[0], v[1], v[2], v[3], v[4])
 		if err != nil {
 			return nil, err
 		}
-		return m.create(opts), nil
+		return m.createSession(opts), nil
 	})
 	return m.openDialog(d, cmd)
 }
 
+// createOptions reads the new-session form (or :create's settings) with
+// session's rules; empty fields take the daemon's defaults.
 func createOptions(name, cpus, mem, disk, image string) (session.CreateOptions, error) {
 	o := session.CreateOptions{Name: strings.TrimSpace(name), Image: strings.TrimSpace(image)}
-	if !validName(o.Name) {
-		return o, fmt.Errorf("name %q: use lower case letters, digits, '.', '_' or '-'", o.Name)
+	if err := session.ValidateName(o.Name); err != nil {
+		return o, err
 	}
 	if s := strings.TrimSpace(cpus); s != "" {
 		n, err := strconv.Atoi(s)
@@ -288,23 +517,23 @@ func createOptions(name, cpus, mem, disk, image string) (session.CreateOptions, 
 		o.CPUs = n
 	}
 	if s := strings.TrimSpace(mem); s != "" {
-		b, err := common.ParseSize(s, 1<<20) // a bare number is MiB
-		if err != nil || b < 64<<20 {
-			return o, fmt.Errorf("memory %q: a size of at least 64M, e.g. 1G", s)
+		mib, err := session.ParseMemory(s)
+		if err != nil {
+			return o, fmt.Errorf("memory %q: %v", s, err)
 		}
-		o.MemoryMiB = int(b >> 20)
+		o.MemoryMiB = mib
 	}
 	if s := strings.TrimSpace(disk); s != "" {
-		b, err := common.ParseSize(s, 1<<30) // a bare number is GiB
-		if err != nil || b < 64<<20 {
-			return o, fmt.Errorf("disk %q: a size of at least 64M, e.g. 10G", s)
+		b, err := session.ParseSize(s)
+		if err != nil {
+			return o, fmt.Errorf("disk %q: %v", s, err)
 		}
 		o.DiskBytes = b
 	}
 	return o, nil
 }
 
-func (m *Model) create(opts session.CreateOptions) tea.Cmd {
+func (m *Model) createSession(opts session.CreateOptions) tea.Cmd {
 	svc := m.c.Svc
 	return m.runOp("creating "+opts.Name, func(ctx context.Context) (string, tea.Msg, error) {
 		s, err := svc.Create(ctx, opts)
@@ -318,14 +547,23 @@ func (m *Model) create(opts session.CreateOptions) tea.Cmd {
 // createdMsg carries a session just created, to show and select.
 type createdMsg struct{ s session.Session }
 
-func (m *Model) execDialog(s session.Session) tea.Cmd {
-	if m.c.ReadOnly {
-		return m.refuse("exec")
+// execAction opens the run-a-command form, or runs the command given on
+// the command line.
+func (m *Model) execAction(c call) tea.Cmd {
+	if !c.line {
+		return m.execDialog(c.s)
 	}
+	if c.tail == "" {
+		return m.usage(c)
+	}
+	return m.exec(c.s.Name, c.tail)
+}
+
+func (m *Model) execDialog(s session.Session) tea.Cmd {
 	name := s.Name
 	note := ""
-	if s.State != session.StateRunning {
-		note = name + " is " + string(s.State) + "; the command will fail unless it is running."
+	if err := session.CheckTransition(name, session.ActionExec, s.State); err != nil {
+		note = common.ErrorText(err) + "."
 	}
 	d, cmd := dialog.NewForm(m.c, "Run in "+name, note, []dialog.Field{
 		{Label: "$", Placeholder: "make test", Hint: "sh -c in /workspace; opens in Output"},
@@ -367,134 +605,20 @@ func (m *Model) exec(name, command string) tea.Cmd {
 	})
 }
 
-func (m *Model) confirmCancel() tea.Cmd {
-	if m.c.ReadOnly {
-		return m.refuse("cancel")
-	}
-	var e session.Execution
-	var ok bool
-	if m.tab == tabOutput {
-		e, ok = m.output.Exec()
-	} else {
-		e, ok = m.execs.Selected()
-	}
-	if !ok {
-		return m.setFlash(common.FlashError, "no execution selected")
-	}
-	if e.State.Done() {
-		return m.setFlash(common.FlashError, "execution "+common.ShortID(e.ID)+" already "+string(e.State))
-	}
-	svc, id := m.c.Svc, e.ID
-	d := dialog.NewConfirm(m.c, "Cancel "+common.ShortID(id)+"?", []string{
-		"$ " + common.ExecLabel(e),
+func cancelPrompt(m *Model, c call) (string, []string) {
+	return "Cancel " + common.ShortID(c.e.ID) + "?", []string{
+		"$ " + common.ExecLabel(c.e),
 		"This kills the command's whole process group in the guest.",
 		"There is no rollback: changes it already made to /workspace stay.",
-	}, func() tea.Cmd {
-		return m.runOp("cancelling "+common.ShortID(id), func(ctx context.Context) (string, tea.Msg, error) {
-			if err := svc.Cancel(ctx, id); err != nil {
-				return "", nil, err
-			}
-			return "cancelled " + common.ShortID(id) + " (partial changes, if any, remain)", nil, nil
-		})
-	})
-	return m.openDialog(d, nil)
+	}
 }
 
-// runCommand runs a ":" command line.
-func (m *Model) runCommand(line string) tea.Cmd {
-	verb, rest, _ := strings.Cut(line, " ")
-	rest = strings.TrimSpace(rest)
-	arg, tail, _ := strings.Cut(rest, " ")
-	tail = strings.TrimSpace(tail)
-	named := func() (session.Session, bool) {
-		if arg == "" {
-			return m.target()
+func (m *Model) cancelExec(c call) tea.Cmd {
+	svc, id := m.c.Svc, c.e.ID
+	return m.runOp("cancelling "+common.ShortID(id), func(ctx context.Context) (string, tea.Msg, error) {
+		if err := svc.Cancel(ctx, id); err != nil {
+			return "", nil, err
 		}
-		return m.sessions.Get(arg)
-	}
-	noSession := func() tea.Cmd {
-		if arg == "" {
-			return m.setFlash(common.FlashError, ":"+verb+" needs a session name")
-		}
-		return m.setFlash(common.FlashError, "no session "+arg)
-	}
-	mutating := map[string]bool{"create": true, "exec": true, "flush": true, "pause": true, "resume": true, "stop": true, "start": true, "delete": true}
-	if m.c.ReadOnly && mutating[verb] {
-		return m.refuse(":" + verb)
-	}
-	switch verb {
-	case "q", "quit", "q!":
-		return m.quit()
-	case "help", "h":
-		m.showHelp = true
-		return nil
-	case "create", "new":
-		if arg == "" {
-			return m.newSessionDialog("")
-		}
-		kv := map[string]string{}
-		for _, f := range strings.Fields(tail) {
-			k, v, ok := strings.Cut(f, "=")
-			if !ok {
-				return m.setFlash(common.FlashError, ":create NAME [cpus=N] [mem=SIZE] [disk=SIZE] [image=NAME]")
-			}
-			kv[k] = v
-		}
-		opts, err := createOptions(arg, kv["cpus"], kv["mem"], kv["disk"], kv["image"])
-		if err != nil {
-			return m.setFlash(common.FlashError, err.Error())
-		}
-		return m.create(opts)
-	case "exec", "x":
-		if arg == "" || tail == "" {
-			return m.setFlash(common.FlashError, ":exec NAME COMMAND")
-		}
-		if _, ok := m.sessions.Get(arg); !ok {
-			return noSession()
-		}
-		return m.exec(arg, tail)
-	case "flush", "pause", "resume", "stop", "start", "delete", "open":
-		s, ok := named()
-		if !ok {
-			return noSession()
-		}
-		switch verb {
-		case "flush":
-			return m.flush(s)
-		case "pause":
-			if s.State != session.StateRunning {
-				return m.setFlash(common.FlashError, "can't pause "+s.Name+": it is "+string(s.State))
-			}
-			return m.pauseResume(s)
-		case "resume":
-			if s.State != session.StatePaused {
-				return m.setFlash(common.FlashError, "can't resume "+s.Name+": it is "+string(s.State))
-			}
-			return m.pauseResume(s)
-		case "stop":
-			if s.State != session.StateRunning && s.State != session.StatePaused {
-				return m.setFlash(common.FlashError, "can't stop "+s.Name+": it is "+string(s.State))
-			}
-			return m.stopStart(s)
-		case "start":
-			if s.State == session.StateRunning || s.State == session.StatePaused {
-				return m.setFlash(common.FlashError, s.Name+" is already "+string(s.State))
-			}
-			return m.stopStart(s)
-		case "delete":
-			return m.confirmDelete(s)
-		case "open":
-			return m.openDetail(s.Name)
-		}
-	case "sort":
-		if !m.sessions.SortByName(arg) {
-			return m.setFlash(common.FlashError, "no column "+arg+" (name, state, vcpu, mem, workspace, dirty, run, uptime, activity)")
-		}
-		return nil
-	case "filter":
-		m.page = pageSessions
-		m.sessions.SetFilter(rest)
-		return nil
-	}
-	return m.setFlash(common.FlashError, "unknown command :"+verb+" (try :create, :exec, :flush, :open, :q)")
+		return "cancelled " + common.ShortID(id) + " (partial changes, if any, remain)", nil, nil
+	})
 }

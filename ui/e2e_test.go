@@ -140,9 +140,9 @@ func TestTUIEndToEnd(t *testing.T) {
 	}
 	e.wantState(name, session.StatePaused)
 	step("paused")
-	// A paused VM cannot flush; the TUI says why instead of trying.
+	// A paused VM cannot flush; the TUI shows the daemon's refusal and hint.
 	e.typeText("f")
-	e.waitFor(t, "can't flush "+name+": it is paused (resume it first)", uiWait)
+	e.waitFor(t, "cannot flush session \""+name+"\": it is paused (resume it first)", uiWait)
 	e.wantState(name, session.StatePaused)
 
 	// Resume.

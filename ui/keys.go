@@ -2,7 +2,8 @@ package ui
 
 import "charm.land/bubbles/v2/key"
 
-// KeyMap are the root's global keys.
+// KeyMap are the root's global keys. The keys of actions are in the
+// action table (actions.go).
 type KeyMap struct {
 	Quit    key.Binding
 	Help    key.Binding
@@ -30,37 +31,6 @@ func DefaultKeyMap() KeyMap {
 		Tab3:    key.NewBinding(key.WithKeys("3"), key.WithHelp("3", "workspace")),
 		Tab4:    key.NewBinding(key.WithKeys("4"), key.WithHelp("4", "info")),
 	}
-}
-
-// ActionKeys are the keys that change sessions. All of them are disabled
-// (hidden from help and refused) in read-only mode.
-type ActionKeys struct {
-	PauseResume key.Binding
-	Sleep       key.Binding
-	Flush       key.Binding
-	StopStart   key.Binding
-	Delete      key.Binding
-	New         key.Binding
-	Exec        key.Binding
-	CancelExec  key.Binding
-}
-
-// DefaultActionKeys returns the action bindings.
-func DefaultActionKeys() ActionKeys {
-	return ActionKeys{
-		PauseResume: key.NewBinding(key.WithKeys("p"), key.WithHelp("p", "pause/resume (does not flush)")),
-		Sleep:       key.NewBinding(key.WithKeys("S"), key.WithHelp("S", "sleep/wake (snapshot to disk)")),
-		Flush:       key.NewBinding(key.WithKeys("f"), key.WithHelp("f", "flush workspace")),
-		StopStart:   key.NewBinding(key.WithKeys("s"), key.WithHelp("s", "stop/start")),
-		Delete:      key.NewBinding(key.WithKeys("d"), key.WithHelp("d", "delete session")),
-		New:         key.NewBinding(key.WithKeys("n"), key.WithHelp("n", "new session")),
-		Exec:        key.NewBinding(key.WithKeys("x"), key.WithHelp("x", "run command")),
-		CancelExec:  key.NewBinding(key.WithKeys("K"), key.WithHelp("K", "cancel execution")),
-	}
-}
-
-func (a ActionKeys) all() []key.Binding {
-	return []key.Binding{a.PauseResume, a.Sleep, a.Flush, a.StopStart, a.Delete, a.New, a.Exec, a.CancelExec}
 }
 
 // CmdKeys apply while the command line is open.

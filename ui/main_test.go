@@ -11,7 +11,7 @@ import (
 func TestMain(m *testing.M) {
 	uitest.Main(m, &keys, map[string]any{
 		"ui.KeyMap":     DefaultKeyMap(),
-		"ui.ActionKeys": DefaultActionKeys(),
+		"ui.ActionKeys": actionKeys(),
 		"ui.CmdKeys":    DefaultCmdKeys(),
 	})
 }

@@ -105,7 +105,7 @@ type Model struct {
 	opts   Options
 
 	keys    KeyMap
-	actions ActionKeys
+	actions []action // actionTable, with read-only mode applied
 	cmdKeys CmdKeys
 
 	width, height int
@@ -174,7 +174,7 @@ func newModel(svc session.Service, opts Options) *Model {
 	}
 	m := &Model{
 		c: c, cancel: cancel, opts: opts,
-		keys: DefaultKeyMap(), actions: DefaultActionKeys(), cmdKeys: DefaultCmdKeys(),
+		keys: DefaultKeyMap(), actions: newActions(opts.ReadOnly), cmdKeys: DefaultCmdKeys(),
 		isDark: true, profile: colorprofile.TrueColor,
 		sessions: sessions.New(c),
 		execs:    execs.New(c, svc),
@@ -185,17 +185,11 @@ func newModel(svc session.Service, opts Options) *Model {
 		pending:  map[int]string{},
 		spinner:  spinner.New(spinner.WithSpinner(spinner.MiniDot)),
 	}
-	if opts.ReadOnly {
-		for _, b := range []*key.Binding{&m.actions.PauseResume, &m.actions.Sleep, &m.actions.Flush, &m.actions.StopStart,
-			&m.actions.Delete, &m.actions.New, &m.actions.Exec, &m.actions.CancelExec} {
-			b.SetEnabled(false)
-		}
-	}
 	m.cmdline = textinput.New()
 	m.cmdline.Prompt = ":"
 	m.cmdline.Placeholder = "create NAME · exec NAME CMD · flush NAME · open NAME · sort COLUMN · q"
 	m.cmdline.ShowSuggestions = true
-	m.cmdline.SetSuggestions([]string{"create ", "exec ", "flush ", "pause ", "resume ", "stop ", "start ", "delete ", "open ", "sort ", "filter ", "help", "quit"})
+	m.cmdline.SetSuggestions(commandSuggestions(m.actions))
 	m.restyle()
 	return m
 }
@@ -428,9 +422,9 @@ func (m *Model) handleKey(k tea.KeyPressMsg) tea.Cmd {
 	if matchesAny(k, comp.FullHelp()) {
 		return comp.Update(k)
 	}
-	for _, b := range m.actionBindings() {
-		if key.Matches(k, b) {
-			return m.runAction(b)
+	for _, a := range m.keyActions() {
+		if key.Matches(k, a.key) {
+			return m.invoke(a, call{})
 		}
 	}
 	return m.handleGlobal(k)
@@ -445,10 +439,10 @@ func matchesAny(k tea.KeyPressMsg, groups [][]key.Binding) bool {
 	return false
 }
 
-// actionBindings returns the actions available in the current view: the
-// enabled ones that apply here and whose keys the component does not
+// keyActions returns the actions whose keys work in the current view:
+// the enabled ones that apply here and whose keys the component does not
 // claim. Help and key handling both use it, so they cannot disagree.
-func (m *Model) actionBindings() []key.Binding {
+func (m *Model) keyActions() []*action {
 	claimed := map[string]bool{}
 	for _, g := range m.active().FullHelp() {
 		for _, b := range g {
@@ -459,21 +453,28 @@ func (m *Model) actionBindings() []key.Binding {
 			}
 		}
 	}
-	var out []key.Binding
-	for _, b := range m.actions.all() {
-		if !b.Enabled() {
-			continue
-		}
-		if b.Help().Key == m.actions.CancelExec.Help().Key && !(m.page == pageDetail && (m.tab == tabExecs || m.tab == tabOutput)) {
+	var out []*action
+	for i := range m.actions {
+		a := &m.actions[i]
+		if !a.key.Enabled() || (a.when != nil && !a.when(m)) {
 			continue
 		}
 		shadowed := false
-		for _, k := range b.Keys() {
+		for _, k := range a.key.Keys() {
 			shadowed = shadowed || claimed[k]
 		}
 		if !shadowed {
-			out = append(out, b)
+			out = append(out, a)
 		}
+	}
+	return out
+}
+
+// actionBindings returns the keys of keyActions, for the help and footer.
+func (m *Model) actionBindings() []key.Binding {
+	var out []key.Binding
+	for _, a := range m.keyActions() {
+		out = append(out, a.key)
 	}
 	return out
 }

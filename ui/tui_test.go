@@ -136,10 +136,20 @@ func TestActionErrorsAreFlashed(t *testing.T) {
 	if k, txt := h.m.Flash(); k != common.FlashError || !strings.Contains(txt, "pausing alpha failed: qmp: stop: device busy") {
 		t.Fatalf("flash %v %q", k, txt)
 	}
+	// p follows the transition table: a sleeping session resumes (wakes);
+	// where neither pause nor resume is allowed, the service's refusal
+	// and its hint are shown.
 	h.press("G") // experiment (sleeping)
 	h.press("p")
-	if !strings.Contains(h.flash(), "can't pause or resume experiment: it is sleeping") {
+	h.waitFor("woken", func() bool { s, _ := h.m.sessions.Get("experiment"); return s.State == session.StateRunning })
+	if !strings.Contains(h.flash(), "woke experiment") {
 		t.Fatalf("flash %q", h.flash())
+	}
+	h.press("k") // docs (stopped)
+	h.press("p")
+	h.waitFor("refusal", func() bool { return len(h.m.Pending()) == 0 && strings.Contains(h.flash(), "docs") })
+	if k, txt := h.m.Flash(); k != common.FlashError || txt != `cannot pause session "docs": it is stopped (start it first)` {
+		t.Fatalf("flash %v %q", k, txt)
 	}
 }
 
@@ -153,8 +163,18 @@ func TestFlushShowsBytes(t *testing.T) {
 		t.Fatalf("flash %q", h.flash())
 	}
 	h.waitFor("dirty zero", func() bool { s, _ := h.m.sessions.Get("alpha"); return s.DirtyBytes == 0 })
-	h.press("j", "f") // build-cache is paused
-	if !strings.Contains(h.flash(), "can't flush build-cache: it is paused (resume it first)") {
+	h.press("j", "f") // build-cache is paused: the service refuses, with its hint
+	h.waitFor("refusal", func() bool { return f.Calls("Flush") == 2 && len(h.m.Pending()) == 0 })
+	if !strings.Contains(h.flash(), `cannot flush session "build-cache": it is paused (resume it first)`) {
+		t.Fatalf("flash %q", h.flash())
+	}
+	if s, _ := h.m.sessions.Get("build-cache"); s.State != session.StatePaused {
+		t.Fatalf("build-cache is %s", s.State)
+	}
+	// The table allows flushing a sleeping session (the TUI used to refuse).
+	h.press("G", "f") // experiment is sleeping
+	h.waitFor("flush", func() bool { return f.Calls("Flush") == 3 && len(h.m.Pending()) == 0 })
+	if !strings.Contains(h.flash(), "flushed experiment: nothing was pending") {
 		t.Fatalf("flash %q", h.flash())
 	}
 }
@@ -218,7 +238,7 @@ func TestNewSessionForm(t *testing.T) {
 	h.press("n")
 	h.typeText("Bad Name")
 	h.press("enter")
-	if h.m.dialog == nil || !strings.Contains(h.screen(), "use lower case letters") {
+	if h.m.dialog == nil || !strings.Contains(h.screen(), "invalid session name") {
 		t.Fatalf("invalid name accepted:\n%s", h.screen())
 	}
 	for range len("Bad Name") {

@@ -66,15 +66,15 @@ func (m *Model) headerView() string {
 	if m.page == pageDetail {
 		s, _ := m.detailSession()
 		left += sep + st.Bold.Render(common.SanitizeLine(s.Name)) + "  " + st.StateBadge(s.State)
-		facts := []string{strconv.Itoa(s.CPUs) + " vCPU", common.MiB(s.MemoryMiB) + " mem",
-			"ws " + common.Bytes(s.WorkspaceUsed) + "/" + common.Bytes(s.DiskBytes)}
-		dirty := "dirty " + common.Bytes(s.DirtyBytes)
+		facts := []string{strconv.Itoa(s.CPUs) + " vCPU", session.FormatBytesShort(int64(s.MemoryMiB)<<20) + " mem",
+			"ws " + session.FormatBytesShort(s.WorkspaceUsed) + "/" + session.FormatBytesShort(s.DiskBytes)}
+		dirty := "dirty " + session.FormatBytesShort(s.DirtyBytes)
 		if s.DirtyBytes > 0 {
 			dirty = lipgloss.NewStyle().Foreground(st.Palette.Warn).Render(dirty)
 		}
 		facts = append(facts, dirty)
 		if !s.StartedAt.IsZero() && (s.State == session.StateRunning || s.State == session.StatePaused) {
-			facts = append(facts, "up "+common.Duration(m.c.Now().Sub(s.StartedAt)))
+			facts = append(facts, "up "+session.FormatDuration(m.c.Now().Sub(s.StartedAt)))
 		}
 		left += "  " + strings.Join(facts, st.Muted.Render(" · "))
 	} else {

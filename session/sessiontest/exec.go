@@ -71,7 +71,7 @@ func (f *Fake) Exec(ctx context.Context, name string, req session.ExecRequest) (
 
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	s, err := f.usableLocked(ctx, name, "exec in")
+	s, err := f.usableLocked(ctx, name, session.ActionExec)
 	if err != nil {
 		return nil, err
 	}

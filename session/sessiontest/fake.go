@@ -17,7 +17,6 @@ package sessiontest
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"slices"
 	"sort"
 	"sync"
@@ -30,14 +29,14 @@ import (
 type Options struct {
 	// Now is the clock stamped on records and events; nil means time.Now.
 	Now func() time.Time
-	// Defaults for zero CreateOptions fields: 1 CPU, 512 MiB, 4 GiB,
-	// image "mini", VMM "qemu".
+	// Defaults for zero CreateOptions fields; zero means session's
+	// (1 CPU, 512 MiB, 4 GiB, image "mini", VMM "qemu").
 	CPUs      int
 	MemoryMiB int
 	DiskBytes int64
 	Image     string
 	VMM       string
-	// Images lists the images Create accepts; nil means just "mini".
+	// Images lists the images Create accepts; nil means just the default.
 	Images []string
 	// OutputRetention bounds the output bytes kept per execution; older
 	// chunks are trimmed and reported as a gap. Zero keeps everything.
@@ -88,22 +87,22 @@ func New(opts Options) *Fake {
 		opts.Now = time.Now
 	}
 	if opts.CPUs == 0 {
-		opts.CPUs = 1
+		opts.CPUs = session.DefaultCPUs
 	}
 	if opts.MemoryMiB == 0 {
-		opts.MemoryMiB = 512
+		opts.MemoryMiB = session.DefaultMemoryMiB
 	}
 	if opts.DiskBytes == 0 {
-		opts.DiskBytes = 4 << 30
+		opts.DiskBytes = session.DefaultDiskBytes
 	}
 	if opts.Image == "" {
-		opts.Image = "mini"
+		opts.Image = session.DefaultImage
 	}
 	if opts.VMM == "" {
-		opts.VMM = "qemu"
+		opts.VMM = session.DefaultVMM
 	}
 	if opts.Images == nil {
-		opts.Images = []string{"mini"}
+		opts.Images = []string{session.DefaultImage}
 	}
 	if opts.FlushTook == 0 {
 		opts.FlushTook = 3 * time.Millisecond
@@ -138,16 +137,6 @@ func (f *Fake) Handle(name string, cmd Command) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.commands[name] = cmd
-}
-
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-
-// validName reports whether name is a valid session name.
-func validName(name string) error {
-	if !nameRE.MatchString(name) {
-		return fmt.Errorf("invalid session name %q: use 1-63 lowercase letters, digits and dashes, starting with a letter or digit: %w", name, session.ErrInvalid)
-	}
-	return nil
 }
 
 func (f *Fake) now() time.Time { return f.opts.Now() }

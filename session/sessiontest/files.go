@@ -121,7 +121,7 @@ func (f *Fake) onUsable(ctx context.Context, name string, do func(s *fakeSession
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	s, err := f.usableLocked(ctx, name, "use files of")
+	s, err := f.usableLocked(ctx, name, session.ActionFiles)
 	if err != nil {
 		return err
 	}

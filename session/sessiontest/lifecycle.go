@@ -43,7 +43,7 @@ func (f *Fake) Create(ctx context.Context, opts session.CreateOptions) (session.
 }
 
 func (f *Fake) validateCreate(opts *session.CreateOptions) error {
-	if err := validName(opts.Name); err != nil {
+	if err := session.ValidateName(opts.Name); err != nil {
 		return err
 	}
 	switch {
@@ -107,25 +107,17 @@ func (f *Fake) setStateLocked(ctx context.Context, s *fakeSession, st session.St
 }
 
 // invalidState says why verb cannot be done to s in its current state and
-// what to do instead.
-func invalidState(verb string, s *fakeSession) error {
-	hint := ""
-	switch s.info.State {
-	case session.StatePaused:
-		hint = " (resume it first)"
-	case session.StateStopped, session.StateCrashed:
-		hint = " (start it first)"
-	case session.StateRunning:
-		if verb == "start" || verb == "resume" {
-			hint = " (it is already running)"
-		}
+// what to do instead, as the service does.
+func invalidState(verb session.Action, s *fakeSession) error {
+	if err := session.CheckTransition(s.info.Name, verb, s.info.State); err != nil {
+		return err
 	}
-	return fmt.Errorf("cannot %s session %q: it is %s%s: %w", verb, s.info.Name, s.info.State, hint, session.ErrInvalidState)
+	return fmt.Errorf("cannot %s session %q now: %w", verb, s.info.Name, session.ErrInvalidState)
 }
 
 // usableLocked checks that s can run commands and file operations, waking
 // it when it sleeps.
-func (f *Fake) usableLocked(ctx context.Context, name, verb string) (*fakeSession, error) {
+func (f *Fake) usableLocked(ctx context.Context, name string, verb session.Action) (*fakeSession, error) {
 	s, err := f.getLocked(name)
 	if err != nil {
 		return nil, err
@@ -317,7 +309,7 @@ func (f *Fake) Sleep(ctx context.Context, name string) (session.Session, error) 
 		return session.Session{}, err
 	}
 	if s.info.State != session.StateRunning {
-		return session.Session{}, invalidState("sleep", s)
+		return session.Session{}, invalidState(session.ActionSleep, s)
 	}
 	if n := s.info.Running; n > 0 {
 		return session.Session{}, fmt.Errorf("cannot sleep session %q: %d command(s) still running: %w", name, n, session.ErrInvalidState)

@@ -21,7 +21,7 @@ import (
 // Its CreatedAt defaults to now; its Running count is the number of running
 // executions later added with AddExecution or AddGenerated.
 func (f *Fake) AddSession(s session.Session) error {
-	if err := validName(s.Name); err != nil {
+	if err := session.ValidateName(s.Name); err != nil {
 		return err
 	}
 	f.mu.Lock()

@@ -114,7 +114,7 @@ func TestSizes(t *testing.T) {
 		{name: "512M", args: []string{"create", "a", "--memory", "512M"}, stdout: "~512 MiB memory"},
 		{name: "1.5G", args: []string{"create", "b", "--memory", "1.5G", "--disk", "1.5G"}, stdout: "~1.5 GiB memory, 1.5 GiB disk"},
 		{name: "K", args: []string{"create", "c", "--memory", "131072K", "--disk", "4GiB"}, stdout: "~128 MiB memory, 4.0 GiB disk"},
-		{name: "plain bytes", args: []string{"create", "d", "--disk", "17179869184"}, stdout: "~16.0 GiB disk"},
+		{name: "plain bytes", args: []string{"create", "d", "--disk", "17179869184"}, stdout: "~16 GiB disk"},
 		{name: "lowercase", args: []string{"create", "e", "--memory", "2g"}, stdout: "~2.0 GiB memory"},
 		{name: "unit junk", args: []string{"create", "x", "--memory", "12Q"}, code: 2,
 			stderr: "berth: create: invalid value \"12Q\" for flag -memory: want a number with an optional K, M, G or T suffix, like 512M or 1.5G (usage: berth create NAME [flags]; see 'berth create --help')\n"},
@@ -123,6 +123,8 @@ func TestSizes(t *testing.T) {
 		{name: "fraction of a byte", args: []string{"create", "x", "--disk", "1.5"}, code: 2, stderr: "~1.5 is not a whole number of bytes"},
 		{name: "empty", args: []string{"create", "x", "--memory", ""}, code: 2, stderr: "~invalid value \"\" for flag -memory"},
 		{name: "not whole MiB", args: []string{"create", "x", "--memory", "1000K"}, code: 2, stderr: "~want a whole number of MiB"},
+		{name: "bare memory is bytes", args: []string{"create", "x", "--memory", "512"}, code: 2,
+			stderr: "~512 means 512 bytes; want a whole number of MiB (did you mean 512M?)"},
 		{name: "too small for the service", args: []string{"create", "x", "--memory", "1M"}, code: 1,
 			stderr: "berth: memory 1 MiB: want at least 64 MiB: invalid argument\n"},
 	})

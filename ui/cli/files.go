@@ -50,7 +50,7 @@ func filesCmd() *command {
 				loc := c.env.Now().Location()
 				t := newTable(c.env.Stdout, "MODE", "SIZE", "MODIFIED", "NAME")
 				for _, f := range list {
-					size := humanBytes(f.Size)
+					size := session.FormatBytes(f.Size)
 					if f.IsDir() {
 						size = "-"
 					}
@@ -154,7 +154,7 @@ and renamed into place. Progress goes to stderr for transfers over 8 MB.`,
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(c.env.Stdout, "wrote %d bytes (%s) to %s:%s, durably\n", n, humanBytes(n), name, workspaceDisplay(remote))
+				fmt.Fprintf(c.env.Stdout, "wrote %d bytes (%s) to %s:%s, durably\n", n, session.FormatBytes(n), name, workspaceDisplay(remote))
 				return nil
 			}
 		},
@@ -219,7 +219,7 @@ a directory). LOCAL is replaced only once the whole file has arrived.`,
 				if err != nil {
 					return fmt.Errorf("get %s: %w", remote, err)
 				}
-				fmt.Fprintf(c.env.Stdout, "wrote %d bytes (%s) to %s\n", n, humanBytes(n), local)
+				fmt.Fprintf(c.env.Stdout, "wrote %d bytes (%s) to %s\n", n, session.FormatBytes(n), local)
 				return nil
 			}
 		},

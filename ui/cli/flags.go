@@ -3,7 +3,6 @@ package cli
 import (
 	"flag"
 	"fmt"
-	"regexp"
 	"sort"
 	"strings"
 
@@ -36,36 +35,51 @@ func parseInterleaved(fs *flag.FlagSet, args []string, stopAfter int) ([]string,
 	}
 }
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-
-// checkName refuses what the service would refuse, before connecting.
+// checkName refuses, before connecting, what the service would refuse:
+// the same rule, as a usage error.
 func checkName(name string) error {
-	if !nameRE.MatchString(name) {
-		return &exitError{code: ExitUsage, msg: fmt.Sprintf(
-			"invalid session name %q: use 1-63 lowercase letters, digits and dashes, starting with a letter or digit", name)}
+	if err := session.ValidateName(name); err != nil {
+		return &exitError{code: ExitUsage, msg: err.Error()}
 	}
 	return nil
 }
 
-// parseSize reads 512M, 4G, 1.5G, 1024K, 4GiB or plain bytes.
-func parseSize(s string) (int64, error) { return session.ParseSize(s) }
-
-// sizeFlag is a flag holding a byte size.
+// sizeFlag is a flag holding a byte size (session.ParseSize).
 type sizeFlag struct{ n int64 }
 
 func (f *sizeFlag) String() string {
 	if f == nil || f.n == 0 {
 		return ""
 	}
-	return humanBytes(f.n)
+	return session.FormatBytes(f.n)
 }
 
 func (f *sizeFlag) Set(s string) error {
-	n, err := parseSize(s)
+	n, err := session.ParseSize(s)
 	if err != nil {
 		return err
 	}
 	f.n = n
+	return nil
+}
+
+// memoryFlag is a flag holding a guest memory size in MiB
+// (session.ParseMemory).
+type memoryFlag struct{ mib int }
+
+func (f *memoryFlag) String() string {
+	if f == nil || f.mib == 0 {
+		return ""
+	}
+	return session.FormatBytes(int64(f.mib) << 20)
+}
+
+func (f *memoryFlag) Set(s string) error {
+	mib, err := session.ParseMemory(s)
+	if err != nil {
+		return err
+	}
+	f.mib = mib
 	return nil
 }
 

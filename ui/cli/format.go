@@ -8,63 +8,17 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/berthvm/berth/session"
 )
 
-// humanBytes prints a size in binary units: "0 B", "812 B", "4.0 GiB",
-// "512 MiB" (no decimal from 100 up).
-func humanBytes(n int64) string {
-	if n < 1024 && n > -1024 {
-		return fmt.Sprintf("%d B", n)
-	}
-	v := float64(n)
-	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	i := -1
-	for (v >= 1024 || v <= -1024) && i < len(units)-1 {
-		v /= 1024
-		i++
-	}
-	if v >= 100 || v <= -100 {
-		return fmt.Sprintf("%.0f %s", v, units[i])
-	}
-	return fmt.Sprintf("%.1f %s", v, units[i])
-}
-
-// shortDuration prints d compactly: 350ms, 2.5s, 42s, 3m04s, 2h05m, 3d04h.
-func shortDuration(d time.Duration) string {
-	switch {
-	case d < 0:
-		return "-"
-	case d < time.Second:
-		return fmt.Sprintf("%dms", d.Milliseconds())
-	case d < 10*time.Second:
-		return fmt.Sprintf("%.1fs", d.Seconds())
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d.Seconds()))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
-	case d < 24*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
-	}
-	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
-}
-
-// ago prints how long ago t was, coarsely: "just now", "42s ago", "5m ago".
+// ago prints how long ago t was (session.FormatAgo), or "-" for a time
+// that never was.
 func ago(now, t time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
-	d := now.Sub(t)
-	switch {
-	case d < time.Second:
-		return "just now"
-	case d < time.Minute:
-		return fmt.Sprintf("%ds ago", int(d.Seconds()))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm ago", int(d.Minutes()))
-	case d < 24*time.Hour:
-		return fmt.Sprintf("%dh ago", int(d.Hours()))
-	}
-	return fmt.Sprintf("%dd ago", int(d.Hours())/24)
+	return session.FormatAgo(now.Sub(t))
 }
 
 // table writes aligned columns; the first row is the header.

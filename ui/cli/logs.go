@@ -155,8 +155,8 @@ func psCmd() *command {
 					if x.Outside {
 						cmd += "  (outside berth)"
 					}
-					t.row(x.ID, string(x.State), exitColumn(x), shortDuration(end.Sub(x.StartedAt)),
-						humanBytes(x.StdoutBytes+x.StderrBytes), dash(x.By), cmd)
+					t.row(x.ID, string(x.State), exitColumn(x), session.FormatDuration(end.Sub(x.StartedAt)),
+						session.FormatBytes(x.StdoutBytes+x.StderrBytes), dash(x.By), cmd)
 				}
 				return t.flush()
 			}

@@ -5,6 +5,8 @@ import (
 	"io"
 	"sync/atomic"
 	"time"
+
+	"github.com/berthvm/berth/session"
 )
 
 // progress shows a transfer's progress on a terminal's stderr. Its
@@ -57,9 +59,9 @@ func (p *progress) draw() {
 		return
 	}
 	if p.total > 0 {
-		fmt.Fprintf(p.w, "\r%s: %s of %s (%d%%)\x1b[K", p.label, humanBytes(n), humanBytes(p.total), n*100/p.total)
+		fmt.Fprintf(p.w, "\r%s: %s of %s (%d%%)\x1b[K", p.label, session.FormatBytes(n), session.FormatBytes(p.total), n*100/p.total)
 	} else {
-		fmt.Fprintf(p.w, "\r%s: %s\x1b[K", p.label, humanBytes(n))
+		fmt.Fprintf(p.w, "\r%s: %s\x1b[K", p.label, session.FormatBytes(n))
 	}
 	p.shown = true
 }

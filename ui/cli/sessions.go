@@ -17,11 +17,14 @@ func createCmd() *command {
 		usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--vmm qemu|cloud-hypervisor] [--idle-timeout D]",
 		args:    []string{"NAME"},
 		summary: "create a session and boot it",
-		help:    "Creates the session's workspace volume and boots its VM. Unset flags take the daemon's defaults.",
+		help: "Creates the session's workspace volume and boots its VM. Unset flags take the daemon's defaults.\n" +
+			"A SIZE is a number with an optional K, M, G or T suffix, in binary units (1G is 1024M);\n" +
+			"a bare number is bytes, so --memory 512 is refused: write 512M.",
 		example: "berth create demo --cpus 2 --memory 1G --disk 8G",
 		setup: func(fs *flag.FlagSet) runFunc {
 			cpus := fs.Int("cpus", 0, "number of virtual `N` CPUs")
-			var memory, disk sizeFlag
+			var memory memoryFlag
+			var disk sizeFlag
 			fs.Var(&memory, "memory", "guest memory `SIZE`, a whole number of MiB (512M, 2G)")
 			fs.Var(&disk, "disk", "workspace volume `SIZE` (4G)")
 			image := fs.String("image", "", "guest image `NAME` (mini)")
@@ -32,11 +35,8 @@ func createCmd() *command {
 				if *cpus < 0 {
 					return usageErrorf("--cpus %d: want a positive number", *cpus)
 				}
-				if memory.n%(1<<20) != 0 {
-					return usageErrorf("--memory %d bytes: want a whole number of MiB, like 512M", memory.n)
-				}
 				opts := session.CreateOptions{
-					Name: args[0], CPUs: *cpus, MemoryMiB: int(memory.n >> 20), DiskBytes: disk.n,
+					Name: args[0], CPUs: *cpus, MemoryMiB: memory.mib, DiskBytes: disk.n,
 					Image: *image, VMM: vmm.value,
 				}
 				if *idle != "" {
@@ -55,7 +55,7 @@ func createCmd() *command {
 					return err
 				}
 				fmt.Fprintf(c.env.Stdout, "created %s: %s, %s, %s memory, %s disk, image %s on %s\n",
-					s.Name, s.State, plural(s.CPUs, "CPU"), humanBytes(int64(s.MemoryMiB)<<20), humanBytes(s.DiskBytes), s.Image, s.VMM)
+					s.Name, s.State, plural(s.CPUs, "CPU"), session.FormatBytes(int64(s.MemoryMiB)<<20), session.FormatBytes(s.DiskBytes), s.Image, s.VMM)
 				return nil
 			}
 		},
@@ -92,8 +92,8 @@ func lsCmd() *command {
 				now := c.env.Now()
 				t := newTable(c.env.Stdout, "NAME", "STATE", "CPUS", "MEMORY", "DISK", "USED", "DIRTY", "RUNNING", "CREATED")
 				for _, s := range list {
-					t.row(s.Name, stateText(s), fmt.Sprint(s.CPUs), humanBytes(int64(s.MemoryMiB)<<20),
-						humanBytes(s.DiskBytes), humanBytes(s.WorkspaceUsed), humanBytes(s.DirtyBytes),
+					t.row(s.Name, stateText(s), fmt.Sprint(s.CPUs), session.FormatBytes(int64(s.MemoryMiB)<<20),
+						session.FormatBytes(s.DiskBytes), session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DirtyBytes),
 						fmt.Sprint(s.Running), ago(now, s.CreatedAt))
 				}
 				return t.flush()
@@ -138,7 +138,7 @@ func stateText(s session.Session) string {
 	if s.LastWake > 0 {
 		wake = ", wakes in ~" + s.LastWake.Round(10*time.Millisecond).String()
 	}
-	return fmt.Sprintf("sleeping (%s%s)", humanBytes(s.SnapshotBytes), wake)
+	return fmt.Sprintf("sleeping (%s%s)", session.FormatBytes(s.SnapshotBytes), wake)
 }
 
 func writeInfo(w io.Writer, c *cli, s session.Session) {
@@ -159,13 +159,13 @@ func writeInfo(w io.Writer, c *cli, s session.Session) {
 	t.row("VMM:", vm)
 	t.row("Image:", s.Image)
 	t.row("CPUs:", fmt.Sprint(s.CPUs))
-	mem := humanBytes(int64(s.MemoryMiB) << 20)
+	mem := session.FormatBytes(int64(s.MemoryMiB) << 20)
 	if s.MemUsedBytes > 0 {
-		mem += fmt.Sprintf(" (%s used)", humanBytes(s.MemUsedBytes))
+		mem += fmt.Sprintf(" (%s used)", session.FormatBytes(s.MemUsedBytes))
 	}
 	t.row("Memory:", mem)
-	t.row("Workspace:", fmt.Sprintf("%s used of %s", humanBytes(s.WorkspaceUsed), humanBytes(s.DiskBytes)))
-	t.row("Dirty:", humanBytes(s.DirtyBytes)+" not yet durable")
+	t.row("Workspace:", fmt.Sprintf("%s used of %s", session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DiskBytes)))
+	t.row("Dirty:", session.FormatBytes(s.DirtyBytes)+" not yet durable")
 	t.row("Running:", plural(s.Running, "command"))
 	if s.IdleTimeout > 0 {
 		t.row("Idle sleep:", "after "+s.IdleTimeout.String())
@@ -173,7 +173,7 @@ func writeInfo(w io.Writer, c *cli, s session.Session) {
 		t.row("Idle sleep:", "never")
 	}
 	if s.State == session.StateSleeping {
-		t.row("Snapshot:", humanBytes(s.SnapshotBytes)+" on disk")
+		t.row("Snapshot:", session.FormatBytes(s.SnapshotBytes)+" on disk")
 	}
 	if s.LastWake > 0 {
 		t.row("Last wake:", s.LastWake.Round(time.Millisecond).String())
@@ -234,9 +234,9 @@ func flushCmd() *command {
 					return err
 				}
 				flushed := res.DirtyBefore // all of it was written back; DirtyAfter is what came since
-				fmt.Fprintf(c.env.Stdout, "%s: flushed %d bytes (%s) in %s", args[0], flushed, humanBytes(flushed), shortDuration(res.Took))
+				fmt.Fprintf(c.env.Stdout, "%s: flushed %d bytes (%s) in %s", args[0], flushed, session.FormatBytes(flushed), session.FormatDuration(res.Took))
 				if res.DirtyAfter > 0 {
-					fmt.Fprintf(c.env.Stdout, "; %s written since is not yet durable", humanBytes(res.DirtyAfter))
+					fmt.Fprintf(c.env.Stdout, "; %s written since is not yet durable", session.FormatBytes(res.DirtyAfter))
 				}
 				fmt.Fprintln(c.env.Stdout)
 				return nil
@@ -269,7 +269,7 @@ func deleteCmd() *command {
 				if !*yes {
 					fmt.Fprintf(c.env.Stderr, "Session %s is %s, with %s in /workspace (%s not yet flushed).\n"+
 						"Deleting removes its VM and all its files permanently.\n"+
-						"Type the session name to confirm: ", name, s.State, humanBytes(s.WorkspaceUsed), humanBytes(s.DirtyBytes))
+						"Type the session name to confirm: ", name, s.State, session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DirtyBytes))
 					answer, err := readLine(c.env.Stdin)
 					if err != nil && answer == "" {
 						return fmt.Errorf("delete %s: no confirmation (%v); nothing was deleted", name, err)

@@ -28,7 +28,8 @@ type File struct {
 	IdleTimeout string `toml:"idle_timeout"`
 }
 
-// Config is the parsed configuration.
+// Config is the parsed configuration. Sizes are read by session.ParseSize
+// (a bare number is bytes); unset keys take session's defaults.
 type Config struct {
 	Defaults    session.Defaults
 	IdleTimeout time.Duration
@@ -71,11 +72,11 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		}
 		return n, nil
 	}
-	mem, err := size("memory", f.Memory)
-	if err != nil {
-		return c, err
+	if f.Memory != "" {
+		if d.MemoryMiB, err = session.ParseMemory(f.Memory); err != nil {
+			return c, fmt.Errorf("%s: memory = %q: %v", path, f.Memory, err)
+		}
 	}
-	d.MemoryMiB = int(mem >> 20)
 	if d.DiskBytes, err = size("disk", f.Disk); err != nil {
 		return c, err
 	}
@@ -98,7 +99,7 @@ func ParseConfig(path string, b []byte) (Config, error) {
 			return c, fmt.Errorf("%s: idle_timeout = %q: %v", path, f.IdleTimeout, err)
 		}
 	} else {
-		c.IdleTimeout = 15 * time.Minute
+		c.IdleTimeout = session.DefaultIdleTimeout
 	}
 	return c, nil
 }

@@ -238,7 +238,7 @@ func (m *Model) View() string {
 		}
 		took := "—"
 		if !e.StartedAt.IsZero() {
-			took = common.Duration(end.Sub(e.StartedAt))
+			took = session.FormatDuration(end.Sub(e.StartedAt))
 		}
 		started := "—"
 		if !e.StartedAt.IsZero() {
@@ -263,7 +263,7 @@ func (m *Model) View() string {
 		by := common.SanitizeLine(e.By)
 		row := mark + common.Fit(common.ShortID(e.ID), wID) + "  " + stateCell + "  " + exitCell + "  " +
 			common.Fit(started, wStart) + "  " + common.FitLeft(took, wDur) + "  " +
-			common.FitLeft(common.Bytes(e.StdoutBytes)+"/"+common.Bytes(e.StderrBytes), wOut) + "  " +
+			common.FitLeft(session.FormatBytesShort(e.StdoutBytes)+"/"+session.FormatBytesShort(e.StderrBytes), wOut) + "  " +
 			common.Fit(by, wBy) + "  " + common.ExecLabel(*e)
 		row = common.Fit(row, m.w)
 		if sel {

@@ -419,7 +419,7 @@ func (m *Model) View() string {
 		e := m.entries[i]
 		sel := i == m.cursor
 		name := common.SanitizeLine(e.Name)
-		size := common.Bytes(e.Size)
+		size := session.FormatBytesShort(e.Size)
 		switch {
 		case e.IsDir():
 			name += "/"
@@ -459,7 +459,7 @@ func (m *Model) previewView(w int) string {
 	if pv.path == "" {
 		return st.Muted.Render("no file selected")
 	}
-	head := st.Bold.Render(common.SanitizeLine(path.Base(pv.path))) + st.Muted.Render("  "+common.BytesLong(pv.size))
+	head := st.Bold.Render(common.SanitizeLine(path.Base(pv.path))) + st.Muted.Render("  "+session.FormatBytes(pv.size))
 	switch {
 	case pv.err != "":
 		return head + "\n\n" + st.FlashErr.Width(w).Render(pv.err)

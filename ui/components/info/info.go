@@ -186,7 +186,7 @@ func (m *Model) View() string {
 	}
 	uptime := "—"
 	if !s.StartedAt.IsZero() && (s.State == session.StateRunning || s.State == session.StatePaused) {
-		uptime = common.Duration(now.Sub(s.StartedAt)) + " (since " + s.StartedAt.In(loc).Format("Jan _2 15:04:05") + ")"
+		uptime = session.FormatDuration(now.Sub(s.StartedAt)) + " (since " + s.StartedAt.In(loc).Format("Jan _2 15:04:05") + ")"
 	}
 	pid := "—"
 	if s.Pid > 0 {
@@ -196,15 +196,15 @@ func (m *Model) View() string {
 	if accel == "" {
 		accel = "—"
 	}
-	mem := common.MiB(s.MemoryMiB)
+	mem := session.FormatBytesShort(int64(s.MemoryMiB) << 20)
 	if s.MemUsedBytes > 0 {
-		mem = common.Bytes(s.MemUsedBytes) + " used of " + mem
+		mem = session.FormatBytesShort(s.MemUsedBytes) + " used of " + mem
 	}
 	cause := ""
 	if s.Cause != "" {
 		cause = st.Muted.Render(" — " + common.SanitizeLine(s.Cause))
 	}
-	dirty := common.BytesLong(s.DirtyBytes)
+	dirty := session.FormatBytes(s.DirtyBytes)
 	if s.DirtyBytes > 0 {
 		dirty = st.DialogWarn.Render(dirty + " not yet durable (a crash would lose it; f flushes)")
 	}
@@ -216,7 +216,7 @@ func (m *Model) View() string {
 		two(kv("vmm", common.SanitizeLine(s.VMM)+" · accel "+common.SanitizeLine(accel)), kv("activity", common.Ago(now, s.LastActivity))),
 		two(kv("vm pid", pid), kv("running", strconv.Itoa(s.Running)+" command(s)")),
 		two(kv("vcpus", strconv.Itoa(s.CPUs)), kv("memory", mem)),
-		kv("workspace", common.Bytes(s.WorkspaceUsed)+" used of "+common.Bytes(s.DiskBytes)+" (/workspace volume)"),
+		kv("workspace", session.FormatBytesShort(s.WorkspaceUsed)+" used of "+session.FormatBytesShort(s.DiskBytes)+" (/workspace volume)"),
 		kv("dirty", dirty),
 		"",
 		st.TableHead.Render("TIMELINE") + st.Muted.Render("  newest first"),

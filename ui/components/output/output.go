@@ -883,7 +883,7 @@ func (m *Model) handlePage(msg pageMsg) tea.Cmd {
 	case kindTail, kindAt:
 		m.win.reset(msg.from)
 		if p.Gap > 0 && len(p.Chunks) > 0 {
-			m.win.addMarker("… "+common.BytesLong(p.Gap)+" of earlier output trimmed by retention", p.Chunks[0].Seq)
+			m.win.addMarker("… "+session.FormatBytes(p.Gap)+" of earlier output trimmed by retention", p.Chunks[0].Seq)
 		}
 		for i := range p.Chunks {
 			m.win.appendChunk(&p.Chunks[i])

@@ -122,9 +122,9 @@ func (m *Model) header() string {
 		end = m.c.Now()
 	}
 	if !e.StartedAt.IsZero() {
-		parts = append(parts, common.Duration(end.Sub(e.StartedAt)))
+		parts = append(parts, session.FormatDuration(end.Sub(e.StartedAt)))
 	}
-	parts = append(parts, "out "+common.Bytes(e.StdoutBytes)+" err "+common.Bytes(e.StderrBytes))
+	parts = append(parts, "out "+session.FormatBytesShort(e.StdoutBytes)+" err "+session.FormatBytesShort(e.StderrBytes))
 	if note := stateNote(e.State); note != "" {
 		parts = append(parts, st.DialogWarn.Render(note))
 	}

@@ -129,7 +129,7 @@ func (w *window) prepend(chunks []session.Chunk, atStart bool, gap int64) int {
 	}
 	t.reset(chunks[0].Seq)
 	if gap > 0 {
-		t.addMarker("… "+common.BytesLong(gap)+" of earlier output trimmed by retention", chunks[0].Seq)
+		t.addMarker("… "+session.FormatBytes(gap)+" of earlier output trimmed by retention", chunks[0].Seq)
 	}
 	for i := range chunks {
 		t.appendChunk(&chunks[i])

@@ -739,15 +739,15 @@ func (m *Model) renderRow(r *row, selected bool, now time.Time) string {
 		case ColCPUs:
 			cell = common.FitLeft(strconv.Itoa(s.CPUs), w)
 		case ColMemory:
-			cell = common.FitLeft(common.MiB(s.MemoryMiB), w)
+			cell = common.FitLeft(session.FormatBytesShort(int64(s.MemoryMiB)<<20), w)
 		case ColWorkspace:
-			txt := common.Bytes(s.WorkspaceUsed) + "/" + common.Bytes(s.DiskBytes)
+			txt := session.FormatBytesShort(s.WorkspaceUsed) + "/" + session.FormatBytesShort(s.DiskBytes)
 			cell = common.FitLeft(txt, w)
 			if styled && s.DiskBytes > 0 && s.WorkspaceUsed*10 >= s.DiskBytes*9 {
 				cell = st.ErrP.Render(cell)
 			}
 		case ColDirty:
-			cell = common.FitLeft(common.Bytes(s.DirtyBytes), w)
+			cell = common.FitLeft(session.FormatBytesShort(s.DirtyBytes), w)
 			if styled {
 				if s.DirtyBytes > 0 {
 					cell = st.WarnP.Render(cell)
@@ -763,7 +763,7 @@ func (m *Model) renderRow(r *row, selected bool, now time.Time) string {
 		case ColUptime:
 			txt := "—"
 			if !s.StartedAt.IsZero() && (s.State == session.StateRunning || s.State == session.StatePaused) {
-				txt = common.Duration(now.Sub(s.StartedAt))
+				txt = session.FormatDuration(now.Sub(s.StartedAt))
 			}
 			cell = common.FitLeft(txt, w)
 		case ColActivity:

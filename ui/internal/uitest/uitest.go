@@ -109,8 +109,12 @@ func (c *Coverage) Missing(km any) []string {
 }
 
 // Bindings returns every key.Binding field of a key map struct (or
-// pointer to one), in field order, including embedded key maps.
+// pointer to one), in field order, including embedded key maps. A
+// []key.Binding (a table's keys) is returned as it is.
 func Bindings(km any) []key.Binding {
+	if bs, ok := km.([]key.Binding); ok {
+		return bs
+	}
 	v := reflect.Indirect(reflect.ValueOf(km))
 	var out []key.Binding
 	bt := reflect.TypeFor[key.Binding]()

@@ -1,0 +1,259 @@
+package session
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/berthvm/berth/assets"
+)
+
+// The rules front ends share: each is table-tested here, where it is
+// defined.
+
+func TestTransitionMessages(t *testing.T) {
+	for _, c := range []struct {
+		action Action
+		state  State
+		want   string
+	}{
+		{ActionPause, StateStopped, `cannot pause session "a": it is stopped (start it first): invalid state`},
+		{ActionFlush, StatePaused, `cannot flush session "a": it is paused (resume it first): invalid state`},
+		{ActionExec, StateStopped, `cannot exec in session "a": it is stopped (start it first): invalid state`},
+		{ActionFiles, StateCrashed, `cannot use files of session "a": it is crashed (start it to boot a new VM on its workspace): invalid state`},
+		{ActionStart, StateRunning, `cannot start session "a": it is running (it is already running): invalid state`},
+		{ActionStop, StateStopping, `cannot stop session "a": it is stopping (wait for it to stop): invalid state`},
+		{ActionSleep, StateSleeping, `cannot sleep session "a": it is sleeping: invalid state`},
+		{ActionFlush, StateSleeping, ``},
+		{ActionResume, StateSleeping, ``},
+	} {
+		err := CheckTransition("a", c.action, c.state)
+		got := ""
+		if err != nil {
+			got = err.Error()
+		}
+		if got != c.want {
+			t.Errorf("CheckTransition(%s, %s) = %q, want %q", c.action, c.state, got, c.want)
+		}
+	}
+}
+
+func TestValidateNameError(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ok   bool
+	}{
+		{"a", true}, {"0-a", true}, {strings.Repeat("x", 63), true},
+		{"", false}, {"Demo", false}, {"_demo", false}, {"de_mo", false}, {"de.mo", false},
+		{"de mo", false}, {"démo", false}, {"a/b", false}, {"-a", false}, {strings.Repeat("x", 64), false},
+	} {
+		err := ValidateName(c.name)
+		if (err == nil) != c.ok {
+			t.Errorf("ValidateName(%q) = %v, want ok=%v", c.name, err, c.ok)
+			continue
+		}
+		if c.ok {
+			continue
+		}
+		var ne *NameError
+		if !errors.Is(err, ErrInvalid) || !errors.As(err, &ne) || ne.Name != c.name {
+			t.Errorf("ValidateName(%q) = %#v: want a *NameError wrapping ErrInvalid", c.name, err)
+		}
+		if want := `invalid session name "` + c.name + `": use 1-63 lowercase letters, digits and dashes, starting with a letter or digit`; err.Error() != want {
+			t.Errorf("ValidateName(%q) message %q", c.name, err)
+		}
+	}
+}
+
+func TestParseSizeErrors(t *testing.T) {
+	for _, c := range []struct {
+		in, want string
+	}{
+		{"", "want a number with an optional K, M, G or T suffix"},
+		{"12Q", "want a number with an optional K, M, G or T suffix"},
+		{"-4G", "want a number with an optional K, M, G or T suffix"},
+		{"0", "want a size above zero"},
+		{"1.5", "1.5 is not a whole number of bytes"},
+		{"9999999T", "too large"},
+	} {
+		if _, err := ParseSize(c.in); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParseSize(%q) = %v, want %q", c.in, err, c.want)
+		}
+	}
+}
+
+func TestParseMemory(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		mib  int
+		fail string
+	}{
+		{in: "512M", mib: 512},
+		{in: "2g", mib: 2048},
+		{in: "1.5G", mib: 1536},
+		{in: "131072K", mib: 128},
+		{in: "536870912", mib: 512}, // bytes, a whole number of MiB
+		{in: "512", fail: "512 means 512 bytes; want a whole number of MiB (did you mean 512M?)"},
+		{in: " 64 ", fail: "64 means 64 bytes; want a whole number of MiB (did you mean 64M?)"},
+		{in: "1000K", fail: "1000K is 1024000 bytes; want a whole number of MiB, like 512M"},
+		{in: "0", fail: "want a size above zero"},
+		{in: "lots", fail: "want a number with an optional K, M, G or T suffix"},
+	} {
+		mib, err := ParseMemory(c.in)
+		switch {
+		case c.fail == "" && (err != nil || mib != c.mib):
+			t.Errorf("ParseMemory(%q) = %d, %v; want %d", c.in, mib, err, c.mib)
+		case c.fail != "" && (err == nil || !strings.Contains(err.Error(), c.fail)):
+			t.Errorf("ParseMemory(%q) = %d, %v; want an error with %q", c.in, mib, err, c.fail)
+		}
+	}
+}
+
+func TestFormatBytes(t *testing.T) {
+	for _, c := range []struct {
+		n           int64
+		long, short string
+	}{
+		{0, "0 B", "0"},
+		{1, "1 B", "1B"},
+		{512, "512 B", "512B"},
+		{1023, "1023 B", "1023B"},
+		{1024, "1.0 KiB", "1.0K"},
+		{1536, "1.5 KiB", "1.5K"},
+		{3 << 20, "3.0 MiB", "3.0M"},
+		{12 << 20, "12 MiB", "12M"},
+		{12<<20 + 300<<10, "12 MiB", "12M"},
+		{512 << 20, "512 MiB", "512M"},
+		{4 << 30, "4.0 GiB", "4.0G"},
+		{10 << 30, "10 GiB", "10G"},
+		{16 << 30, "16 GiB", "16G"},
+		{1<<40 + 1<<39, "1.5 TiB", "1.5T"},
+		{-2048, "-2.0 KiB", "-2.0K"},
+		{1 << 62, "4.0 EiB", "4.0E"},
+	} {
+		if got := FormatBytes(c.n); got != c.long {
+			t.Errorf("FormatBytes(%d) = %q, want %q", c.n, got, c.long)
+		}
+		if got := FormatBytesShort(c.n); got != c.short {
+			t.Errorf("FormatBytesShort(%d) = %q, want %q", c.n, got, c.short)
+		}
+	}
+}
+
+func TestFormatDuration(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{-time.Second, "0ms"},
+		{0, "0ms"},
+		{120 * time.Millisecond, "120ms"},
+		{1500 * time.Millisecond, "1.5s"},
+		{45 * time.Second, "45s"},
+		{192 * time.Second, "3m12s"},
+		{3*time.Hour + 5*time.Minute, "3h05m"},
+		{26 * time.Hour, "26h00m"},
+		{47*time.Hour + 59*time.Minute, "47h59m"},
+		{48 * time.Hour, "2d0h"},
+		{50 * time.Hour, "2d2h"},
+		{76 * time.Hour, "3d4h"},
+	} {
+		if got := FormatDuration(c.d); got != c.want {
+			t.Errorf("FormatDuration(%v) = %q, want %q", c.d, got, c.want)
+		}
+	}
+}
+
+func TestFormatAgo(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{-time.Minute, "now"},
+		{0, "now"},
+		{1900 * time.Millisecond, "now"},
+		{30 * time.Second, "30s ago"},
+		{5 * time.Minute, "5m ago"},
+		{30 * time.Hour, "30h ago"},
+		{47 * time.Hour, "47h ago"},
+		{48 * time.Hour, "2d ago"},
+		{72 * time.Hour, "3d ago"},
+	} {
+		if got := FormatAgo(c.d); got != c.want {
+			t.Errorf("FormatAgo(%v) = %q, want %q", c.d, got, c.want)
+		}
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	got := Defaults{}.withFallbacks()
+	want := Defaults{Image: "mini", CPUs: 1, MemoryMiB: 512, DiskBytes: 4 << 30, VMM: "qemu", Accel: "auto", Retention: 256 << 20}
+	if got != want {
+		t.Errorf("zero Defaults become %+v, want %+v", got, want)
+	}
+	set := Defaults{Image: "big", CPUs: 4, MemoryMiB: 2048, DiskBytes: 1 << 30, VMM: "cloud-hypervisor", Accel: "tcg", Retention: 1 << 20}
+	if got := set.withFallbacks(); got != set {
+		t.Errorf("set Defaults become %+v, want them kept", got)
+	}
+	if DefaultIdleTimeout != 15*time.Minute {
+		t.Errorf("DefaultIdleTimeout %v", DefaultIdleTimeout)
+	}
+}
+
+// TestDefaultConfigDocumentsDefaults: assets/config.toml, written into a
+// new data directory, documents the defaults; its values must be these.
+func TestDefaultConfigDocumentsDefaults(t *testing.T) {
+	var f struct {
+		Image       string `toml:"image"`
+		CPUs        int    `toml:"cpus"`
+		Memory      string `toml:"memory"`
+		Disk        string `toml:"disk"`
+		VMM         string `toml:"vmm"`
+		Accel       string `toml:"accel"`
+		Retention   string `toml:"retention"`
+		IdleTimeout string `toml:"idle_timeout"`
+	}
+	md, err := toml.Decode(assets.DefaultConfig(), &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		t.Fatalf("config.toml has keys this test does not check: %v", und)
+	}
+	mem, err := ParseMemory(f.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk, err := ParseSize(f.Disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ret, err := ParseSize(f.Retention)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle, err := time.ParseDuration(f.IdleTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		key       string
+		doc, code any
+	}{
+		{"image", f.Image, DefaultImage},
+		{"cpus", f.CPUs, DefaultCPUs},
+		{"memory", mem, DefaultMemoryMiB},
+		{"disk", disk, int64(DefaultDiskBytes)},
+		{"vmm", f.VMM, DefaultVMM},
+		{"accel", f.Accel, string(DefaultAccel)},
+		{"retention", ret, DefaultRetention},
+		{"idle_timeout", idle, DefaultIdleTimeout},
+	} {
+		if c.doc != c.code {
+			t.Errorf("config.toml documents %s = %v (%T), session defaults to %v (%T)", c.key, c.doc, c.doc, c.code, c.code)
+		}
+	}
+}
