@@ -103,7 +103,7 @@ func TestCommandVerbs(t *testing.T) {
 		{"pause docs", flash(`cannot pause session "docs": it is stopped (start it first)`)},
 		{"resume build-cache", state("build-cache", session.StateRunning)},
 		{"resume experiment", flash("woke experiment in")},
-		{"sleep alpha", flash("alpha is asleep")},
+		{"sleep alpha", flash(`cannot sleep session "alpha": 1 command(s) still running`)},
 		{"sleep build-cache", flash(`cannot sleep session "build-cache": it is paused (resume it first)`)},
 		{"flush experiment", flash("flushed experiment: nothing was pending")},
 		{"start docs", state("docs", session.StateRunning)},
