@@ -26,7 +26,7 @@ func Doctor(ctx context.Context, g Globals) int {
 			fmt.Fprintf(w, "%s\tyes\t%s\n", name, good)
 		}
 	}
-	qerr := (&qemu.Driver{}).Available()
+	qerr := qemu.New(qemu.Options{}).Available()
 	qpath, _ := exec.LookPath("qemu-system-x86_64")
 	ok("qemu", qerr, qpath)
 

@@ -137,22 +137,22 @@ func Drivers(o Options, images func(context.Context, string) (session.Image, err
 			if vmm.KVMDevice() != nil {
 				return
 			}
+			// The verdict is kept for the daemon's life: the caller
+			// going away must not decide it.
+			ctx := context.WithoutCancel(ctx)
 			im, err := images(ctx, "mini")
 			if err != nil {
 				return
 			}
-			r := vmm.KVMProbe{QEMU: "qemu-system-x86_64", Kernel: im.Kernel, Initramfs: im.Initramfs, CacheDir: o.CacheDir}.Run(ctx)
+			r := vmm.KVMProbe{QEMU: qemu.DefaultBinary, Kernel: im.Kernel, Initramfs: im.Initramfs, CacheDir: o.CacheDir}.Run(ctx)
 			log.Info("KVM probe", "works", r.Works, "reason", r.Reason)
 			works = r.Works
 		})
 		return works
 	}
 	return map[string]vmm.Driver{
-		"qemu": &qemu.Driver{KVM: kvm, Logger: log.With("component", "qemu")},
-		"cloud-hypervisor": cloudhypervisor.New(cloudhypervisor.Options{
-			Binary: o.CHBinary, Logger: log.With("component", "cloud-hypervisor"),
-			KVMWorks: func() bool { return kvm(context.Background()) },
-		}),
+		qemu.Name:            qemu.New(qemu.Options{KVM: kvm, Logger: log}),
+		cloudhypervisor.Name: cloudhypervisor.New(cloudhypervisor.Options{Binary: o.CHBinary, KVM: kvm, Logger: log}),
 	}
 }
 
