@@ -22,9 +22,9 @@ import (
 	"github.com/berthvm/berth/guest/image"
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/api"
+	"github.com/berthvm/berth/session/daemon"
 	"github.com/berthvm/berth/ui"
 	"github.com/berthvm/berth/ui/cli"
-	"github.com/berthvm/berth/ui/daemon"
 )
 
 // Globals are the flags valid before any command.
@@ -238,7 +238,11 @@ func Serve(ctx context.Context, g Globals, args []string, version string) int {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	o := daemon.Options{DataDir: g.Data, CacheDir: g.Cache, CHBinary: *ch, Version: version, Logger: log, Out: os.Stderr}
+	o := daemon.Options{
+		DataDir: g.Data, CacheDir: g.Cache, CHBinary: *ch, Version: version, Logger: log, Out: os.Stderr,
+		// The end-to-end tests set these on the berth serve they start.
+		CrashAt: os.Getenv("BERTH_CRASH_AT"), NoTemplates: os.Getenv("BERTH_NO_TEMPLATES") != "",
+	}
 	if *sshAddr != "" {
 		o.Extra = append(o.Extra, sshServer(g, *sshAddr, log))
 	}

@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/berthvm/berth/guest/image"
-	"github.com/berthvm/berth/ui/daemon"
+	"github.com/berthvm/berth/session/daemon"
 	"github.com/berthvm/berth/vmm"
 	"github.com/berthvm/berth/vmm/cloudhypervisor"
 	"github.com/berthvm/berth/vmm/qemu"

@@ -19,9 +19,9 @@ func sshDir(g Globals) string { return filepath.Join(g.Data, "ssh") }
 
 // sshServer returns the daemon extra that serves SSH on addr with the
 // in-process Manager; it runs until ctx ends, then shuts the server down.
-func sshServer(g Globals, addr string, log *slog.Logger) func(ctx context.Context, m *session.Manager) error {
-	return func(ctx context.Context, m *session.Manager) error {
-		srv, err := sshd.New(m, sshd.Options{
+func sshServer(g Globals, addr string, log *slog.Logger) func(ctx context.Context, svc session.Service) error {
+	return func(ctx context.Context, svc session.Service) error {
+		srv, err := sshd.New(svc, sshd.Options{
 			Dir:          sshDir(g),
 			Logger:       log,
 			Out:          os.Stderr,
