@@ -39,7 +39,7 @@ func TestBenchSessions(t *testing.T) {
 	// Limits, on a VM of their own: the raw channel's throughput and the
 	// agent-level exec round trip.
 	dir := t.TempDir()
-	b := vmmtest.Boot(t, &qemu.Driver{}, filepath.Join(dir, "vm"), filepath.Join(dir, "ws.img"), vmm.NewUUID())
+	b := vmmtest.Boot(t, qemu.New(qemu.Options{}), filepath.Join(dir, "vm"), filepath.Join(dir, "ws.img"), vmm.NewUUID())
 	var agentRT []time.Duration
 	for i := 0; i < 100; i++ {
 		start := time.Now()

@@ -31,7 +31,7 @@ func newManager(t *testing.T) *session.Manager {
 	m, err := session.NewManager(t.Context(), st, session.Config{
 		DataDir:  dir,
 		Defaults: session.Defaults{DiskBytes: 128 << 20, MemoryMiB: 384, Accel: vmm.AccelTCG},
-		Drivers:  map[string]vmm.Driver{"qemu": &qemu.Driver{}},
+		Drivers:  map[string]vmm.Driver{"qemu": qemu.New(qemu.Options{})},
 		Images: func(context.Context, string) (session.Image, error) {
 			return session.Image{Kernel: im.Kernel, Initramfs: im.Initramfs}, nil
 		},

@@ -139,7 +139,7 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 	if cfg.DataDir == "" {
 		return nil, errors.New("session manager: no data directory")
 	}
-	m := &Manager{cfg: cfg, st: st, log: cfg.Logger, hub: newHub(), sessions: map[string]*sess{}, runs: map[string]*run{}}
+	m := &Manager{cfg: cfg, st: st, log: cfg.Logger.With("component", "session"), hub: newHub(), sessions: map[string]*sess{}, runs: map[string]*run{}}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	recs, err := st.ListSessions()
 	if err != nil {

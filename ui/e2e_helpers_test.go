@@ -16,7 +16,7 @@ import (
 
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/api"
-	"github.com/berthvm/berth/ui/daemon"
+	"github.com/berthvm/berth/session/daemon"
 	"github.com/berthvm/berth/vmm/vmmtest"
 )
 

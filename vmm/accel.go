@@ -14,6 +14,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// KVMCheck reports whether KVM really runs guests on this host, for
+// drivers deciding on Accel auto (qemu) or refusing to start (Cloud
+// Hypervisor). The daemon's check runs a KVMProbe once and keeps the verdict.
+type KVMCheck func(ctx context.Context) bool
+
 // KVMProbe tells whether KVM really works on this host. /dev/kvm can exist
 // and answer ioctls while guests hang (nested PVM hosts), so the only proof
 // is a test boot: the guest image with berth.probe on its command line,

@@ -1,12 +1,13 @@
-// Package app is the berth command's local side: global flags, finding
-// or starting the daemon, and the commands that only make sense on the
-// daemon's host (serve, image, doctor, the TUI). main dispatches to it and
-// to ui/cli.
+// Package app is the berth command's local side, its wiring: the global
+// flags' defaults, finding or starting the daemon, and the commands that
+// only make sense on the daemon's host (the TUI, serve, image build,
+// doctor, ssh add-key, version), which it adds to ui/cli's table.
 package app
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -22,16 +23,32 @@ import (
 	"github.com/berthvm/berth/guest/image"
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/api"
+	"github.com/berthvm/berth/session/daemon"
 	"github.com/berthvm/berth/ui"
 	"github.com/berthvm/berth/ui/cli"
-	"github.com/berthvm/berth/ui/daemon"
 )
 
-// Globals are the flags valid before any command.
-type Globals struct {
-	Data, Cache string
-	ReadOnly    bool // TUI: hide and refuse every change
+// Main runs the berth command line (args without the program name) on
+// the process's terminal and returns the exit code. SIGINT and SIGTERM
+// end its context.
+func Main(args []string, version string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	g := &cli.Globals{Data: dataDir(), Cache: cacheDir()}
+	return cli.Run(ctx, CLIEnv(g), args, Commands(version)...)
 }
+
+// Commands are the commands only the daemon's host runs, for cli.Run's
+// table. They read the global flags from Env.Globals, which must be set.
+func Commands(version string) []*cli.Command {
+	return []*cli.Command{tuiCmd(), serveCmd(version), imageBuildCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
+}
+
+// local is the group the overview lists these commands under.
+const local = "This host"
+
+// globals are the parsed global flags of c's command line.
+func globals(c *cli.Call) cli.Globals { return *c.Env().Globals }
 
 func dataDir() string {
 	if d := os.Getenv("BERTH_DATA"); d != "" {
@@ -55,58 +72,9 @@ func cacheDir() string {
 	return filepath.Join(d, "berth")
 }
 
-// ParseGlobals takes --data DIR, --cache DIR and --readonly from the front.
-func ParseGlobals(args []string) (Globals, []string, error) {
-	g := Globals{Data: dataDir(), Cache: cacheDir()}
-	for len(args) > 0 {
-		a := args[0]
-		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		switch {
-		case !strings.HasPrefix(a, "-"):
-			g.absData()
-			return g, args, nil
-		case name == "readonly" && !hasVal:
-			g.ReadOnly = true
-			args = args[1:]
-			continue
-		case name == "data" || name == "cache":
-			if !hasVal {
-				if len(args) < 2 {
-					return g, nil, fmt.Errorf("--%s needs a directory", name)
-				}
-				val, args = args[1], args[1:]
-			}
-			if name == "data" {
-				g.Data = val
-			} else {
-				g.Cache = val
-			}
-			args = args[1:]
-			continue
-		}
-		g.absData()
-		return g, args, nil
-	}
-	g.absData()
-	return g, args, nil
-}
-
-// ExtraHelp lists the commands main handles itself.
-const ExtraHelp = `
-Also:
-  berth                      open the terminal UI (starts the daemon if needed)
-  berth serve [--ssh ADDR]   run the daemon in the foreground
-  berth image build [mini]   build the guest image
-  berth doctor               which hypervisors and accelerators work here
-  berth version
-
-Global flags (before the command): --data DIR (or BERTH_DATA), --cache DIR
-(or BERTH_CACHE), --readonly (TUI: no changes).
-`
-
 // Connect finds the daemon on the data directory's socket, starting it in
 // the background first when none answers (as tmux does).
-func Connect(ctx context.Context, g Globals, who string, quiet bool) (*api.Client, error) {
+func Connect(ctx context.Context, g cli.Globals, who string, quiet bool) (*api.Client, error) {
 	sock := daemon.SocketPath(g.Data)
 	c := api.Dial(sock, api.WithActor(who))
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -161,14 +129,16 @@ func lastLine(path string) string {
 	return lines[len(lines)-1]
 }
 
-func CLIEnv(g Globals) cli.Env {
+// CLIEnv is the process's terminal for cli.Run, connecting to the daemon
+// of g's data directory (once Run has parsed the global flags into g).
+func CLIEnv(g *cli.Globals) cli.Env {
 	in, out, errf := int(os.Stdin.Fd()), int(os.Stdout.Fd()), int(os.Stderr.Fd())
 	env := cli.Env{
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 		StdinTTY: term.IsTerminal(in), StdoutTTY: term.IsTerminal(out), StderrTTY: term.IsTerminal(errf),
-		Term: os.Getenv("TERM"), Who: "cli",
+		Term: os.Getenv("TERM"), Who: "cli", Globals: g,
 	}
-	env.Connect = func(ctx context.Context) (session.Service, error) { return Connect(ctx, g, "cli", false) }
+	env.Connect = func(ctx context.Context) (session.Service, error) { return Connect(ctx, *g, "cli", false) }
 	if w, h, err := term.GetSize(out); err == nil {
 		env.Size = cli.TermSize{Rows: h, Cols: w}
 	}
@@ -205,80 +175,106 @@ func CLIEnv(g Globals) cli.Env {
 	return env
 }
 
-func TUI(ctx context.Context, g Globals) int {
-	if !term.IsTerminal(int(os.Stdout.Fd())) {
-		fmt.Fprintln(os.Stderr, "berth: the terminal UI needs a terminal; use 'berth help' for the CLI")
-		return 2
+func tuiCmd() *cli.Command {
+	return &cli.Command{
+		Name: "", Summary: "open the TUI (starts the daemon if none answers)",
+		Setup: func(*flag.FlagSet) cli.RunFunc {
+			return func(ctx context.Context, c *cli.Call, _ []string) error {
+				if !c.Env().StdoutTTY {
+					return cli.Exit(cli.ExitUsage, "the terminal UI needs a terminal; use 'berth help' for the CLI")
+				}
+				// Its changes are recorded as the TUI's, not the CLI's
+				// that Run's context names.
+				ctx = session.WithActor(ctx, "tui")
+				g := globals(c)
+				client, err := Connect(ctx, g, "tui", true)
+				if err != nil {
+					return err
+				}
+				defer client.Close()
+				sock := daemon.SocketPath(g.Data)
+				err = ui.Run(ctx, client, ui.Options{ReadOnly: g.ReadOnly, Who: "tui", DaemonStatus: func() string { return sock }})
+				if err != nil && !errors.Is(err, context.Canceled) {
+					return err
+				}
+				return nil
+			}
+		},
 	}
-	c, err := Connect(ctx, g, "tui", true)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "berth:", err)
-		return 1
-	}
-	defer c.Close()
-	sock := daemon.SocketPath(g.Data)
-	err = ui.Run(ctx, c, ui.Options{ReadOnly: g.ReadOnly, Who: "tui", DaemonStatus: func() string { return sock }})
-	if err != nil && !errors.Is(err, context.Canceled) {
-		fmt.Fprintln(os.Stderr, "berth:", err)
-		return 1
-	}
-	return 0
 }
 
-func Serve(ctx context.Context, g Globals, args []string, version string) int {
-	fs := newFlagSet("serve", "berth serve [--ssh ADDR] [--ch-binary PATH]\n\nRuns the daemon in the foreground: it owns the store and the VMs and serves\nthe API on <data>/berth.sock. SIGTERM stops it; VMs keep running.")
-	sshAddr := fs.String("ssh", "", "also serve the TUI, commands and sftp over SSH on `ADDR` (e.g. :2222)")
-	ch := fs.String("ch-binary", "", "cloud-hypervisor binary (default: cloud-hypervisor on PATH)")
-	verbose := fs.Bool("v", false, "debug logging")
-	if code, ok := parse(fs, args); !ok {
-		return code
+func serveCmd(version string) *cli.Command {
+	return &cli.Command{
+		Name: "serve", Group: local, Usage: "[--ssh ADDR] [--ch-binary PATH] [-v]",
+		Summary: "run the daemon in the foreground",
+		Help:    "Runs the daemon in the foreground: it owns the store and the VMs and serves\nthe API on <data>/berth.sock. SIGTERM stops it; VMs keep running.",
+		Example: "berth serve --ssh :2222",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			sshAddr := fs.String("ssh", "", "also serve the TUI, commands and sftp over SSH on `ADDR` (e.g. :2222)")
+			ch := fs.String("ch-binary", "", "run cloud-hypervisor from `PATH` (default: cloud-hypervisor on PATH)")
+			verbose := fs.Bool("v", false, "debug logging")
+			return func(ctx context.Context, c *cli.Call, _ []string) error {
+				g, stderr := globals(c), c.Env().Stderr
+				level := slog.LevelInfo
+				if *verbose {
+					level = slog.LevelDebug
+				}
+				log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+				o := daemon.Options{
+					DataDir: g.Data, CacheDir: g.Cache, CHBinary: *ch, Version: version, Logger: log, Out: stderr,
+					// The end-to-end tests set these on the berth serve they start.
+					CrashAt: os.Getenv("BERTH_CRASH_AT"), NoTemplates: os.Getenv("BERTH_NO_TEMPLATES") != "",
+				}
+				if *sshAddr != "" {
+					o.Extra = append(o.Extra, sshServer(g, *sshAddr, log, stderr))
+				}
+				if err := daemon.Run(ctx, o); err != nil {
+					// All of it: the shutdown's errors come joined, a line each.
+					return cli.Exit(cli.ExitFailed, strings.ReplaceAll(err.Error(), "\n", "; "))
+				}
+				return nil
+			}
+		},
 	}
-	level := slog.LevelInfo
-	if *verbose {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	o := daemon.Options{DataDir: g.Data, CacheDir: g.Cache, CHBinary: *ch, Version: version, Logger: log, Out: os.Stderr}
-	if *sshAddr != "" {
-		o.Extra = append(o.Extra, sshServer(g, *sshAddr, log))
-	}
-	if err := daemon.Run(ctx, o); err != nil {
-		fmt.Fprintln(os.Stderr, "berth:", err)
-		return 1
-	}
-	return 0
 }
 
-func Image(ctx context.Context, g Globals, args []string) int {
-	if len(args) == 0 || args[0] != "build" {
-		fmt.Fprintln(os.Stderr, "berth: usage: berth image build [NAME]   (images: "+strings.Join(image.Names(), ", ")+")")
-		return 2
+func imageBuildCmd() *cli.Command {
+	return &cli.Command{
+		Name: "image build", Group: local, Usage: "[--agent PATH] [NAME]", Args: []string{"[NAME]"},
+		Summary: "build a guest image",
+		Help: "Builds a guest image (default mini): the Debian kernel, fetched with apt-get\n" +
+			"download and unpacked into the cache (never installed), and an initramfs with\n" +
+			"the berth agent, busybox and the kernel modules the agent needs. A second run\n" +
+			"with the same inputs does nothing. Images: " + strings.Join(image.Names(), ", ") + ".",
+		Example: "berth image build mini",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			agent := fs.String("agent", "", "the static guest agent at `PATH` (default: berth-agent next to berth)")
+			return func(ctx context.Context, c *cli.Call, args []string) error {
+				name := "mini"
+				if len(args) == 1 {
+					name = args[0]
+				}
+				if *agent == "" {
+					*agent = daemon.DefaultAgent()
+				}
+				g := globals(c)
+				_, _, err := image.Build(ctx, image.Options{Name: name, ImagesDir: filepath.Join(g.Data, "images"), CacheDir: g.Cache, Agent: *agent, Progress: c.Env().Stdout})
+				return err
+			}
+		},
 	}
-	fs := newFlagSet("image build", "berth image build [--agent PATH] [NAME]\n\nBuilds a guest image (default mini): the Debian kernel, fetched with apt-get\ndownload and unpacked into the cache (never installed), and an initramfs with\nthe berth agent, busybox and the kernel modules the agent needs. A second run\nwith the same inputs does nothing.")
-	agent := fs.String("agent", daemon.DefaultAgent(), "the static guest agent binary")
-	if code, ok := parse(fs, args[1:]); !ok {
-		return code
-	}
-	name := "mini"
-	if fs.NArg() > 1 {
-		fmt.Fprintln(os.Stderr, "berth: image build takes one image name")
-		return 2
-	}
-	if fs.NArg() == 1 {
-		name = fs.Arg(0)
-	}
-	_, _, err := image.Build(ctx, image.Options{Name: name, ImagesDir: filepath.Join(g.Data, "images"), CacheDir: g.Cache, Agent: *agent, Progress: os.Stdout})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "berth:", err)
-		return 1
-	}
-	return 0
 }
 
-// absData makes the data directory absolute: the daemon and the VMs it
-// starts run in other working directories.
-func (g *Globals) absData() {
-	if abs, err := filepath.Abs(g.Data); err == nil {
-		g.Data = abs
+func versionCmd(version string) *cli.Command {
+	return &cli.Command{
+		Name: "version", Aliases: []string{"--version"}, Group: local,
+		Summary: "print berth's version",
+		Example: "berth version",
+		Setup: func(*flag.FlagSet) cli.RunFunc {
+			return func(_ context.Context, c *cli.Call, _ []string) error {
+				_, err := fmt.Fprintln(c.Env().Stdout, "berth", version)
+				return err
+			}
+		},
 	}
 }

@@ -2,23 +2,40 @@ package app
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"text/tabwriter"
 
 	"github.com/berthvm/berth/guest/image"
-	"github.com/berthvm/berth/ui/daemon"
+	"github.com/berthvm/berth/session/daemon"
+	"github.com/berthvm/berth/ui/cli"
 	"github.com/berthvm/berth/vmm"
 	"github.com/berthvm/berth/vmm/cloudhypervisor"
 	"github.com/berthvm/berth/vmm/qemu"
 )
 
-// Doctor reports which hypervisors and accelerators work here, and why not.
-func Doctor(ctx context.Context, g Globals) int {
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	defer w.Flush()
+func doctorCmd() *cli.Command {
+	return &cli.Command{
+		Name: "doctor", Group: local,
+		Summary: "which hypervisors and accelerators work here, and why not",
+		Help:    "Checks QEMU, the mini image, KVM (a test boot of the mini image; the verdict is\nkept until the host reboots), TCG, Cloud Hypervisor, the tools image builds need\nand the guest agent, a line each.",
+		Example: "berth doctor",
+		Setup: func(*flag.FlagSet) cli.RunFunc {
+			return func(ctx context.Context, c *cli.Call, _ []string) error {
+				return doctor(ctx, globals(c), c.Env().Stdout)
+			}
+		},
+	}
+}
+
+// doctor writes to out which hypervisors and accelerators work here, and
+// why not, a line each.
+func doctor(ctx context.Context, g cli.Globals, out io.Writer) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	ok := func(name string, err error, good string) {
 		if err != nil {
 			fmt.Fprintf(w, "%s\tno\t%v\n", name, err)
@@ -26,7 +43,7 @@ func Doctor(ctx context.Context, g Globals) int {
 			fmt.Fprintf(w, "%s\tyes\t%s\n", name, good)
 		}
 	}
-	qerr := (&qemu.Driver{}).Available()
+	qerr := qemu.New(qemu.Options{}).Available()
 	qpath, _ := exec.LookPath("qemu-system-x86_64")
 	ok("qemu", qerr, qpath)
 
@@ -59,5 +76,5 @@ func Doctor(ctx context.Context, g Globals) int {
 	} else {
 		ok("berth-agent", nil, daemon.DefaultAgent())
 	}
-	return 0
+	return w.Flush()
 }

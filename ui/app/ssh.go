@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,20 +12,22 @@ import (
 	"path/filepath"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/ui/cli"
 	"github.com/berthvm/berth/ui/sshd"
 )
 
 // sshDir is where the SSH server keeps its host key and authorized_keys.
-func sshDir(g Globals) string { return filepath.Join(g.Data, "ssh") }
+func sshDir(g cli.Globals) string { return filepath.Join(g.Data, "ssh") }
 
 // sshServer returns the daemon extra that serves SSH on addr with the
 // in-process Manager; it runs until ctx ends, then shuts the server down.
-func sshServer(g Globals, addr string, log *slog.Logger) func(ctx context.Context, m *session.Manager) error {
-	return func(ctx context.Context, m *session.Manager) error {
-		srv, err := sshd.New(m, sshd.Options{
+// out receives the lines meant for the person who started the daemon.
+func sshServer(g cli.Globals, addr string, log *slog.Logger, out io.Writer) func(ctx context.Context, svc session.Service) error {
+	return func(ctx context.Context, svc session.Service) error {
+		srv, err := sshd.New(svc, sshd.Options{
 			Dir:          sshDir(g),
 			Logger:       log,
-			Out:          os.Stderr,
+			Out:          out,
 			DaemonStatus: func() string { return fmt.Sprintf("pid %d, ssh %s", os.Getpid(), addr) },
 		})
 		if err != nil {
@@ -39,9 +42,11 @@ func sshServer(g Globals, addr string, log *slog.Logger) func(ctx context.Contex
 	}
 }
 
-const sshUsage = `Usage: berth ssh add-key [--role viewer|operator|admin] KEYFILE
-
-Authorizes a public key (KEYFILE: an OpenSSH .pub file, or - for stdin) to
+func sshAddKeyCmd() *cli.Command {
+	return &cli.Command{
+		Name: "ssh add-key", Group: local, Usage: "[--role viewer|operator|admin] KEYFILE", Args: []string{"KEYFILE"},
+		Summary: "authorize a public key to log in over SSH",
+		Help: `Authorizes a public key (KEYFILE: an OpenSSH .pub file, or - for stdin) to
 log in to 'berth serve --ssh ADDR'. It appends one line to
 <data>/ssh/authorized_keys (OpenSSH syntax, re-read at every login, so no
 restart is needed):
@@ -59,68 +64,33 @@ fingerprint) names it in records: "ssh:alice@laptop". Delete a line to
 revoke a key: its open connections are closed within seconds.
 
 Then: ssh -t -p PORT HOST (the TUI), ssh -p PORT HOST help (commands),
-sftp -P PORT SESSION@HOST (a session's /workspace).
-`
-
-// SSH manages SSH access: berth ssh add-key [--role R] KEYFILE.
-func SSH(ctx context.Context, g Globals, args []string) int {
-	return sshCmd(g, args, os.Stdin, os.Stdout, os.Stderr)
-}
-
-func sshCmd(g Globals, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprint(stderr, sshUsage)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
+sftp -P PORT SESSION@HOST (a session's /workspace).`,
+		Example: "berth ssh add-key --role operator ~/.ssh/id_ed25519.pub",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			role := fs.String("role", "viewer", "what the key may do: `viewer`, operator or admin")
+			return func(_ context.Context, c *cli.Call, args []string) error {
+				r, err := sshd.ParseRole(*role)
+				if err != nil {
+					return cli.UsageErrorf("--role %s: use viewer, operator or admin", *role)
+				}
+				g, env := globals(c), c.Env()
+				data, err := readKeyFile(args[0], env.Stdin)
+				if err != nil {
+					return err
+				}
+				ak, err := sshd.AddKey(sshDir(g), data, r)
+				switch {
+				case errors.Is(err, session.ErrExists):
+					return err
+				case err != nil:
+					return fmt.Errorf("%s: %w", args[0], err)
+				}
+				fmt.Fprintf(env.Stdout, "added %s (%s) as %s to %s; it can log in now\n",
+					ak.Fingerprint, ak.Name(), ak.Role, filepath.Join(sshDir(g), sshd.AuthorizedKeysFile))
+				return nil
+			}
+		},
 	}
-	if args[0] != "add-key" {
-		fmt.Fprintf(stderr, "berth: ssh: unknown subcommand %q (usage: berth ssh add-key [--role viewer|operator|admin] KEYFILE)\n", args[0])
-		return 2
-	}
-	fs := newFlagSet("ssh add-key", sshUsage)
-	fs.SetOutput(stderr)
-	role := fs.String("role", "viewer", "what the key may do: `viewer`, operator or admin")
-	// Flags may come before or after KEYFILE.
-	var pos []string
-	rest := args[1:]
-	for {
-		if code, ok := parse(fs, rest); !ok {
-			return code
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		rest = fs.Args()[1:]
-	}
-	if len(pos) != 1 {
-		fmt.Fprintln(stderr, "berth: ssh add-key takes one KEYFILE (a .pub file, or - for stdin)")
-		return 2
-	}
-	r, err := sshd.ParseRole(*role)
-	if err != nil {
-		fmt.Fprintf(stderr, "berth: ssh add-key: --role %s: use viewer, operator or admin\n", *role)
-		return 2
-	}
-	data, err := readKeyFile(pos[0], stdin)
-	if err != nil {
-		fmt.Fprintln(stderr, "berth: ssh add-key:", err)
-		return 1
-	}
-	ak, err := sshd.AddKey(sshDir(g), data, r)
-	switch {
-	case errors.Is(err, session.ErrExists):
-		fmt.Fprintln(stderr, "berth: ssh add-key:", err)
-		return 1
-	case err != nil:
-		fmt.Fprintf(stderr, "berth: ssh add-key: %s: %v\n", pos[0], err)
-		return 1
-	}
-	fmt.Fprintf(stdout, "added %s (%s) as %s to %s; it can log in now\n",
-		ak.Fingerprint, ak.Name(), ak.Role, filepath.Join(sshDir(g), sshd.AuthorizedKeysFile))
-	return 0
 }
 
 // readKeyFile reads a public key file, or stdin for "-"; public keys are

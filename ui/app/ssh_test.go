@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/berthvm/berth/ui/cli"
 	"github.com/berthvm/berth/ui/sshd"
 )
 
@@ -34,8 +36,17 @@ func pubKeyFile(t *testing.T, dir, comment string) (string, gossh.PublicKey) {
 	return path, pk
 }
 
+// run runs a berth command line with the local commands, data in dir.
+func run(t *testing.T, dir string, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb strings.Builder
+	env := cli.Env{Stdin: strings.NewReader(stdin), Stdout: &out, Stderr: &errb, Globals: &cli.Globals{Data: dir, Cache: t.TempDir()}}
+	code = cli.Run(t.Context(), env, args, Commands("test")...)
+	return code, out.String(), errb.String()
+}
+
 func TestSSHAddKey(t *testing.T) {
-	g := Globals{Data: t.TempDir()}
+	g := cli.Globals{Data: t.TempDir()}
 	keys := t.TempDir()
 	alice, alicePK := pubKeyFile(t, keys, "alice")
 	bob, _ := pubKeyFile(t, keys, "bob")
@@ -55,15 +66,14 @@ func TestSSHAddKey(t *testing.T) {
 		{args: []string{"add-key", alice}, code: 1, stderr: "is already in"},
 		{args: []string{"add-key", "--role", "root", alice}, code: 2, stderr: "--role root: use viewer, operator or admin"},
 		{args: []string{"add-key", filepath.Join(keys, "missing.pub")}, code: 1, stderr: "no such file"},
-		{args: []string{"add-key"}, code: 2, stderr: "takes one KEYFILE"},
-		{args: []string{"add-key", alice, bob}, code: 2, stderr: "takes one KEYFILE"},
+		{args: []string{"add-key"}, code: 2, stderr: "missing KEYFILE"},
+		{args: []string{"add-key", alice, bob}, code: 2, stderr: "unexpected argument"},
 		{args: []string{"remove-key"}, code: 2, stderr: "unknown subcommand"},
 		{args: nil, code: 2, stderr: "Usage: berth ssh add-key"},
 	} {
-		var out, errb strings.Builder
-		code := sshCmd(g, tc.args, strings.NewReader(tc.stdin), &out, &errb)
-		if code != tc.code || !strings.Contains(out.String(), tc.stdout) || !strings.Contains(errb.String(), tc.stderr) {
-			t.Errorf("berth ssh %q: exit %d, stdout %q, stderr %q; want %d, %q, %q", tc.args, code, out.String(), errb.String(), tc.code, tc.stdout, tc.stderr)
+		code, out, errb := run(t, g.Data, tc.stdin, append([]string{"ssh"}, tc.args...)...)
+		if code != tc.code || !strings.Contains(out, tc.stdout) || !strings.Contains(errb, tc.stderr) {
+			t.Errorf("berth ssh %q: exit %d, stdout %q, stderr %q; want %d, %q, %q", tc.args, code, out, errb, tc.code, tc.stdout, tc.stderr)
 		}
 	}
 	b, err := os.ReadFile(filepath.Join(g.Data, "ssh", "authorized_keys"))
@@ -94,11 +104,11 @@ func TestSSHAddKey(t *testing.T) {
 // TestSSHServerExtra: the daemon extra serves until its context ends,
 // generating the host key once, and reports a bad address.
 func TestSSHServerExtra(t *testing.T) {
-	g := Globals{Data: t.TempDir()}
+	g := cli.Globals{Data: t.TempDir()}
 	log := slog.New(slog.DiscardHandler)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- sshServer(g, "127.0.0.1:0", log)(ctx, nil) }()
+	go func() { done <- sshServer(g, "127.0.0.1:0", log, io.Discard)(ctx, nil) }()
 	hostKey := filepath.Join(g.Data, "ssh", sshd.HostKeyFile)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -119,7 +129,7 @@ func TestSSHServerExtra(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the extra did not end with its context")
 	}
-	err := sshServer(g, "256.0.0.1:http", log)(context.Background(), nil)
+	err := sshServer(g, "256.0.0.1:http", log, io.Discard)(context.Background(), nil)
 	if err == nil || !strings.Contains(err.Error(), "--ssh 256.0.0.1:http") {
 		t.Errorf("bad address: %v", err)
 	}

@@ -1,6 +1,9 @@
-// Package cli is berth's command line: one Run call per command, against a
+// Package cli is berth's command line: the one table of commands, and one
+// Run call per command line. The built-in commands run against a
 // session.Service (the daemon's socket client locally, the in-process
-// Manager over SSH). It never touches the process's own stdio or exits.
+// Manager over SSH); the caller adds the commands only it can run (locally:
+// serve, image build, doctor, ssh add-key, version and the TUI; over SSH
+// none). It never touches the process's own stdio or exits.
 package cli
 
 import (
@@ -56,6 +59,10 @@ type Env struct {
 	// NoLocalFiles makes put and get accept only "-" (stdin, stdout): set
 	// it where the caller's files are not on this machine (SSH).
 	NoLocalFiles bool
+	// Globals, if set, takes the global flags (--data, --cache,
+	// --readonly) from the front of the command line, over the defaults it
+	// holds, before anything else runs. Nil (SSH) means there are none.
+	Globals *Globals
 }
 
 // Exit codes of Run besides a command's own.
@@ -68,9 +75,10 @@ const (
 	ExitInterrupted = 130 // ctx ended (Ctrl-C), or the command was cancelled
 )
 
-// Run runs one berth command (args excludes the program name) and returns
-// the exit code. Errors are one line on Stderr: "berth: ...".
-func Run(ctx context.Context, env Env, args []string) int {
+// Run runs one berth command line (args excludes the program name) and
+// returns the exit code. The commands it knows are the built-in ones plus
+// extra. Errors are one line on Stderr: "berth: ...".
+func Run(ctx context.Context, env Env, args []string, extra ...*Command) int {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if env.Who != "" {
@@ -88,38 +96,49 @@ func Run(ctx context.Context, env Env, args []string) int {
 	if env.Term == "" {
 		env.Term = "xterm-256color"
 	}
-	c := &cli{env: env}
+	c := &Call{env: env, table: append(commands(), extra...)}
 
+	if env.Globals != nil {
+		rest, err := parseGlobals(env.Globals, args)
+		if err != nil {
+			fmt.Fprintf(env.Stderr, "berth: %v (run 'berth help' for the global flags)\n", err)
+			return ExitUsage
+		}
+		args = rest
+	}
 	if len(args) == 0 {
+		if cmd := c.table.named(""); cmd != nil {
+			return c.finish(ctx, cmd, c.run(ctx, cmd, nil))
+		}
 		fmt.Fprintln(env.Stderr, "berth: missing command (run 'berth help' for the list)")
 		return ExitUsage
 	}
-	switch args[0] {
-	case "help", "-h", "-help", "--help":
+	if isHelp(args[0]) {
 		return c.help(args[1:])
 	}
-	cmd := lookup(args[0])
+	cmd, n := c.table.lookup(args)
 	if cmd == nil {
+		if sub := c.table.group(args[0]); len(sub) > 0 {
+			return c.inGroup(args[0], sub, args[1:])
+		}
 		fmt.Fprintf(env.Stderr, "berth: unknown command %q (run 'berth help' for the list)\n", args[0])
 		return ExitUsage
 	}
-	return c.finish(ctx, cmd, c.run(ctx, cmd, args[1:]))
+	return c.finish(ctx, cmd, c.run(ctx, cmd, args[n:]))
 }
 
-// IsCommand reports whether name is a command Run knows, so main can
-// dispatch its own (serve, the TUI) first.
-func IsCommand(name string) bool {
-	return lookup(name) != nil || name == "help"
+// A Call is one Run of a command: what its RunFunc may use.
+type Call struct {
+	env   Env
+	table cmdTable
+	svc   session.Service
 }
 
-// cli is one Run call.
-type cli struct {
-	env Env
-	svc session.Service
-}
+// Env is what the command runs with: its streams, terminal and caller.
+func (c *Call) Env() Env { return c.env }
 
 // service connects on first use.
-func (c *cli) service(ctx context.Context) (session.Service, error) {
+func (c *Call) service(ctx context.Context) (session.Service, error) {
 	if c.svc != nil {
 		return c.svc, nil
 	}
@@ -134,11 +153,11 @@ func (c *cli) service(ctx context.Context) (session.Service, error) {
 	return svc, nil
 }
 
-func (c *cli) run(ctx context.Context, cmd *command, args []string) error {
-	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
+func (c *Call) run(ctx context.Context, cmd *Command, args []string) error {
+	fs := flag.NewFlagSet(cmd.Name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	runFn := cmd.setup(fs)
+	runFn := cmd.Setup(fs)
 	pos, err := parseInterleaved(fs, args, cmd.stopAfter())
 	if errors.Is(err, flag.ErrHelp) {
 		writeCommandHelp(c.env.Stdout, cmd)
@@ -150,7 +169,7 @@ func (c *cli) run(ctx context.Context, cmd *command, args []string) error {
 	if err := cmd.checkArgs(pos); err != nil {
 		return err
 	}
-	if len(cmd.args) > 0 && cmd.args[0] == "NAME" {
+	if len(cmd.Args) > 0 && cmd.Args[0] == "NAME" {
 		if err := checkName(pos[0]); err != nil {
 			return err
 		}
@@ -167,6 +186,10 @@ func usageErrorf(format string, a ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, a...)}
 }
 
+// UsageErrorf is a bad command line, for a RunFunc to return: Run prints
+// it with the command's usage line and exits with ExitUsage.
+func UsageErrorf(format string, a ...any) error { return usageErrorf(format, a...) }
+
 // exitError ends Run with code; msg, if any, was not printed yet.
 type exitError struct {
 	code int
@@ -175,8 +198,12 @@ type exitError struct {
 
 func (e *exitError) Error() string { return e.msg }
 
+// Exit is for a RunFunc to end Run with code, printing "berth: msg" first
+// unless msg is empty.
+func Exit(code int, msg string) error { return &exitError{code: code, msg: msg} }
+
 // finish prints err as one line and picks the exit code.
-func (c *cli) finish(ctx context.Context, cmd *command, err error) int {
+func (c *Call) finish(ctx context.Context, cmd *Command, err error) int {
 	var usage *usageError
 	var exit *exitError
 	switch {
@@ -189,7 +216,7 @@ func (c *cli) finish(ctx context.Context, cmd *command, err error) int {
 		return exit.code
 	case errors.As(err, &usage):
 		fmt.Fprintf(c.env.Stderr, "berth: %s: %s (usage: %s; see 'berth %s --help')\n",
-			cmd.name, usage.msg, cmd.synopsis(), cmd.name)
+			cmd.Name, usage.msg, cmd.synopsis(), cmd.Name)
 		return ExitUsage
 	case ctx.Err() != nil && errors.Is(err, context.Canceled):
 		fmt.Fprintln(c.env.Stderr, "berth: interrupted")

@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/api"
 	"github.com/berthvm/berth/session/sessiontest"
+	"github.com/berthvm/berth/ui/app"
 	"github.com/berthvm/berth/ui/cli"
 )
 
@@ -229,32 +231,106 @@ func TestUnreachableDaemon(t *testing.T) {
 	}
 }
 
+// TestHelp: the overview, and every command's --help, come from the one
+// table: locally the built-in commands plus ui/app's, over SSH (no extra
+// commands, no global flags) the built-in ones alone.
 func TestHelp(t *testing.T) {
 	w := newWorld(t, sessiontest.Options{})
-	r := w.run(t.Context(), cli.Env{}, "help")
+	local := func(args ...string) result {
+		var out, errOut bytes.Buffer
+		env := cli.Env{Stdout: &out, Stderr: &errOut, Globals: &cli.Globals{Data: t.TempDir()}}
+		code := cli.Run(t.Context(), env, args, app.Commands("test")...)
+		return result{out.String(), errOut.String(), code}
+	}
+	r := local("help")
 	golden(t, "help", r.stdout)
-	if r2 := w.run(t.Context(), cli.Env{}, "--help"); r2.stdout != r.stdout || r2.code != 0 {
+	if r2 := local("--help"); r2.stdout != r.stdout || r2.code != 0 {
 		t.Errorf("--help differs from help")
 	}
+	remote := w.run(t.Context(), cli.Env{}, "help")
+	golden(t, "help-remote", remote.stdout)
+	if strings.Contains(remote.stdout, "serve") || strings.Contains(remote.stdout, "--data") {
+		t.Errorf("the help without the local commands lists serve or --data:\n%s", remote.stdout)
+	}
 	for _, name := range []string{"create", "ls", "info", "pause", "resume", "stop", "start", "flush", "delete", "events",
-		"exec", "shell", "logs", "ps", "files", "cat", "put", "get", "rm", "mkdir"} {
+		"exec", "shell", "logs", "ps", "files", "cat", "put", "get", "rm", "mkdir",
+		"serve", "image build", "doctor", "ssh add-key", "version"} {
 		t.Run(name, func(t *testing.T) {
-			r := w.run(t.Context(), cli.Env{}, name, "--help")
+			args := strings.Fields(name)
+			r := local(append(args, "--help")...)
 			if r.code != 0 || r.stderr != "" || !strings.Contains(r.stdout, "Example:\n  berth "+name) {
 				t.Errorf("berth %s --help: exit %d, stderr %q, stdout without an example:\n%s", name, r.code, r.stderr, r.stdout)
 			}
-			golden(t, "help-"+name, r.stdout)
-			if h := w.run(t.Context(), cli.Env{}, "help", name); h.stdout != r.stdout {
+			golden(t, "help-"+strings.Join(args, "-"), r.stdout)
+			if h := local(append([]string{"help"}, args...)...); h.stdout != r.stdout || h.code != 0 {
 				t.Errorf("berth help %s differs from berth %s --help", name, name)
-			}
-			if !cli.IsCommand(name) {
-				t.Errorf("IsCommand(%q) = false", name)
 			}
 		})
 	}
-	if cli.IsCommand("serve") {
-		t.Error("IsCommand(serve) = true; serve is main's")
+	// Over SSH the local commands are unknown.
+	for _, name := range []string{"serve", "image", "doctor", "ssh", "version", "--version"} {
+		if r := w.run(t.Context(), cli.Env{}, name); r.code != 2 || !strings.HasPrefix(r.stderr, "berth: unknown command") {
+			t.Errorf("berth %s without the local commands: exit %d, stderr %q; want 2, unknown command", name, r.code, r.stderr)
+		}
 	}
+}
+
+// TestGroups: a group of commands named without one of them ("berth
+// ssh") shows their help, asked for or as a usage error.
+func TestGroups(t *testing.T) {
+	for _, tt := range []tc{
+		{name: "bare", args: []string{"ssh"}, code: 2, stdout: "", stderr: "~Usage: berth ssh add-key [--role viewer|operator|admin] KEYFILE\n"},
+		{name: "help", args: []string{"ssh", "help"}, stdout: "~Usage: berth ssh add-key", stderr: ""},
+		{name: "--help", args: []string{"image", "--help"}, stdout: "~Usage: berth image build [--agent PATH] [NAME]", stderr: ""},
+		{name: "help group", args: []string{"help", "image"}, stdout: "~Usage: berth image build", stderr: ""},
+		{name: "unknown", args: []string{"ssh", "remove-key"}, code: 2,
+			stderr: "berth: ssh: unknown subcommand \"remove-key\" (usage: berth ssh add-key KEYFILE [flags]; see 'berth help ssh')\n"},
+		{name: "image args", args: []string{"image", "build", "mini", "extra"}, code: 2,
+			stderr: "berth: image build: unexpected argument \"extra\" (usage: berth image build [NAME] [flags]; see 'berth image build --help')\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			env := cli.Env{Stdout: &out, Stderr: &errOut, Globals: &cli.Globals{Data: t.TempDir()}}
+			code := cli.Run(t.Context(), env, tt.args, app.Commands("test")...)
+			tt.check(t, result{out.String(), errOut.String(), code})
+		})
+	}
+}
+
+// TestGlobals: the global flags, before the command, reach the commands;
+// a bad one is a usage error.
+func TestGlobals(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		args []string
+		want cli.Globals
+		rest string
+		code int
+	}{
+		{args: []string{"version"}, want: cli.Globals{Data: "/default", Cache: "/cache"}},
+		{args: []string{"--data", dir, "--readonly", "version"}, want: cli.Globals{Data: dir, Cache: "/cache", ReadOnly: true}},
+		{args: []string{"--data=rel", "--cache", "/c", "--version"}, want: cli.Globals{Data: filepath.Join(must(os.Getwd()), "rel"), Cache: "/c"}},
+		{args: []string{"-readonly", "version"}, want: cli.Globals{Data: "/default", Cache: "/cache", ReadOnly: true}},
+		{args: []string{"--data"}, code: 2, rest: "berth: --data needs a directory (run 'berth help' for the global flags)\n"},
+		{args: []string{"--bogus", "version"}, code: 2, rest: "berth: unknown command \"--bogus\" (run 'berth help' for the list)\n"},
+	} {
+		var out, errOut bytes.Buffer
+		g := &cli.Globals{Data: "/default", Cache: "/cache"}
+		code := cli.Run(t.Context(), cli.Env{Stdout: &out, Stderr: &errOut, Globals: g}, tt.args, app.Commands("test")...)
+		if code != tt.code || errOut.String() != tt.rest {
+			t.Errorf("berth %q: exit %d, stderr %q; want %d, %q", tt.args, code, errOut.String(), tt.code, tt.rest)
+		}
+		if code == 0 && (*g != tt.want || out.String() != "berth test\n") {
+			t.Errorf("berth %q: globals %+v, stdout %q; want %+v, \"berth test\\n\"", tt.args, *g, out.String(), tt.want)
+		}
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 func TestFiles(t *testing.T) {

@@ -5,32 +5,43 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
 
-// runFunc runs a command with its positional arguments; the flags it uses
-// were bound by the command's setup.
-type runFunc func(ctx context.Context, c *cli, args []string) error
+// RunFunc runs a command with its positional arguments; the flags it uses
+// were bound by the command's Setup.
+type RunFunc func(ctx context.Context, c *Call, args []string) error
 
-// command is one berth subcommand.
-type command struct {
-	name    string
-	group   string
-	usage   string   // after "berth NAME"
-	args    []string // positional: "NAME", "[PATH]", "CMD..." (rest)
-	summary string
-	help    string
-	example string
-	// setup binds the command's flags to fs and returns its run function;
+// A Command is one entry of the command table. The built-in ones work
+// wherever there is a session.Service (locally and over SSH); the caller
+// of Run adds those that only make sense where it runs. The overview, each
+// command's --help and its usage errors all come from these fields.
+type Command struct {
+	// Name selects the command: one word ("ls"), or a group and a word
+	// ("ssh add-key"). The command named "" runs when the command line
+	// names none (the local TUI).
+	Name string
+	// Aliases are other names that select it ("--version").
+	Aliases []string
+	// Group is the heading the overview lists it under.
+	Group string
+	Usage string   // after "berth NAME"
+	Args  []string // positional: "NAME", "[PATH]", "CMD..." (rest)
+	// Summary is one line: lowercase, no final period.
+	Summary string
+	Help    string
+	Example string
+	// Setup binds the command's flags to fs and returns its run function;
 	// each Run gets fresh flags.
-	setup func(fs *flag.FlagSet) runFunc
+	Setup func(fs *flag.FlagSet) RunFunc
 }
 
 // stopAfter is how many positional arguments end flag parsing: after
 // "exec NAME" everything is the command.
-func (cmd *command) stopAfter() int {
-	for i, a := range cmd.args {
+func (cmd *Command) stopAfter() int {
+	for i, a := range cmd.Args {
 		if strings.HasSuffix(a, "...") {
 			return i
 		}
@@ -39,9 +50,9 @@ func (cmd *command) stopAfter() int {
 }
 
 // checkArgs checks the number of positional arguments.
-func (cmd *command) checkArgs(pos []string) error {
+func (cmd *Command) checkArgs(pos []string) error {
 	required, variadic := 0, false
-	for _, a := range cmd.args {
+	for _, a := range cmd.Args {
 		switch {
 		case strings.HasSuffix(a, "..."):
 			variadic = true
@@ -51,38 +62,36 @@ func (cmd *command) checkArgs(pos []string) error {
 		}
 	}
 	if len(pos) < required {
-		return usageErrorf("missing %s", strings.TrimSuffix(cmd.args[len(pos)], "..."))
+		return usageErrorf("missing %s", strings.TrimSuffix(cmd.Args[len(pos)], "..."))
 	}
-	if !variadic && len(pos) > len(cmd.args) {
-		return usageErrorf("unexpected argument %q", pos[len(cmd.args)])
+	if !variadic && len(pos) > len(cmd.Args) {
+		return usageErrorf("unexpected argument %q", pos[len(cmd.Args)])
 	}
 	return nil
 }
 
 // synopsis is the short usage: "berth files NAME [PATH] [flags]".
-func (cmd *command) synopsis() string {
-	parts := []string{"berth", cmd.name}
+func (cmd *Command) synopsis() string {
+	parts := strings.Fields("berth " + cmd.Name)
 	var rest []string
-	for _, a := range cmd.args {
+	for _, a := range cmd.Args {
 		if strings.HasSuffix(a, "...") {
 			rest = []string{"--", strings.TrimSuffix(a, "..."), "[ARGS...]"}
 			break
 		}
 		parts = append(parts, a)
 	}
-	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
-	cmd.setup(fs)
-	hasFlags := false
-	fs.VisitAll(func(*flag.Flag) { hasFlags = true })
-	if hasFlags {
+	fs := flag.NewFlagSet(cmd.Name, flag.ContinueOnError)
+	cmd.Setup(fs)
+	if hasFlags(fs) {
 		parts = append(parts, "[flags]")
 	}
 	return strings.Join(append(parts, rest...), " ")
 }
 
-// commands returns every command, in help order.
-func commands() []*command {
-	return []*command{
+// commands returns the built-in commands, in help order.
+func commands() []*Command {
+	return []*Command{
 		createCmd(), lsCmd(), infoCmd(),
 		lifecycleCmd("pause", "pause a session's VM (keeps memory; does not flush)",
 			"Stops the session's vCPUs. Everything stays attached and in memory; nothing is flushed,\nso writes not yet flushed are still at risk. 'berth resume' continues."),
@@ -100,51 +109,127 @@ func commands() []*command {
 	}
 }
 
-func lookup(name string) *command {
-	for _, cmd := range commands() {
-		if cmd.name == name {
+// cmdTable is the commands one Run knows: the built-in ones, then the
+// caller's.
+type cmdTable []*Command
+
+// lookup returns the command args begin with and how many words of args
+// its name took; the longest name wins.
+func (t cmdTable) lookup(args []string) (*Command, int) {
+	var found *Command
+	n := 0
+	for _, cmd := range t {
+		for _, name := range append([]string{cmd.Name}, cmd.Aliases...) {
+			words := strings.Fields(name)
+			if len(words) > n && len(words) <= len(args) && slices.Equal(words, args[:len(words)]) {
+				found, n = cmd, len(words)
+			}
+		}
+	}
+	return found, n
+}
+
+// named returns the command named name exactly ("" for the default).
+func (t cmdTable) named(name string) *Command {
+	for _, cmd := range t {
+		if cmd.Name == name {
 			return cmd
 		}
 	}
 	return nil
 }
 
-// help prints the overview, or one command's help, to stdout.
-func (c *cli) help(args []string) int {
-	if len(args) == 0 {
-		writeOverview(c.env.Stdout)
-		return ExitOK
+// group returns the commands whose name has word as its first word of
+// several: "ssh" gives "ssh add-key".
+func (t cmdTable) group(word string) []*Command {
+	var sub []*Command
+	for _, cmd := range t {
+		if strings.HasPrefix(cmd.Name, word+" ") {
+			sub = append(sub, cmd)
+		}
 	}
-	cmd := lookup(args[0])
-	if cmd == nil {
-		fmt.Fprintf(c.env.Stderr, "berth: help: unknown command %q (run 'berth help' for the list)\n", args[0])
-		return ExitUsage
-	}
-	writeCommandHelp(c.env.Stdout, cmd)
-	return ExitOK
+	return sub
 }
 
-func writeOverview(w io.Writer) {
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool {
+	switch arg {
+	case "help", "-h", "-help", "--help":
+		return true
+	}
+	return false
+}
+
+// help prints the overview, or one command's help, to stdout.
+func (c *Call) help(args []string) int {
+	if len(args) == 0 {
+		c.writeOverview(c.env.Stdout)
+		return ExitOK
+	}
+	if cmd, _ := c.table.lookup(args); cmd != nil {
+		writeCommandHelp(c.env.Stdout, cmd)
+		return ExitOK
+	}
+	if sub := c.table.group(args[0]); len(sub) > 0 {
+		writeGroupHelp(c.env.Stdout, sub)
+		return ExitOK
+	}
+	fmt.Fprintf(c.env.Stderr, "berth: help: unknown command %q (run 'berth help' for the list)\n", args[0])
+	return ExitUsage
+}
+
+// inGroup answers a command line that names a group of commands but none
+// of them ("berth ssh"): their help, on stdout when asked for, else on
+// stderr as a usage error.
+func (c *Call) inGroup(word string, sub []*Command, args []string) int {
+	switch {
+	case len(args) > 0 && isHelp(args[0]):
+		writeGroupHelp(c.env.Stdout, sub)
+		return ExitOK
+	case len(args) == 0:
+		writeGroupHelp(c.env.Stderr, sub)
+		return ExitUsage
+	}
+	usages := make([]string, len(sub))
+	for i, cmd := range sub {
+		usages[i] = cmd.synopsis()
+	}
+	fmt.Fprintf(c.env.Stderr, "berth: %s: unknown subcommand %q (usage: %s; see 'berth help %s')\n",
+		word, args[0], strings.Join(usages, " | "), word)
+	return ExitUsage
+}
+
+func (c *Call) writeOverview(w io.Writer) {
 	fmt.Fprint(w, `berth: persistent, VM-isolated work sessions.
 
 A session is a microVM plus a durable volume mounted at /workspace in it.
 Sessions stay allocated until deleted.
 
 Usage:
-  berth                     open the TUI (starts the daemon if none answers)
-  berth serve               run the daemon
-  berth COMMAND [ARGS]      run one command against the daemon
 `)
-	groups := []string{"Sessions", "Commands", "Files"}
+	if cmd := c.table.named(""); cmd != nil {
+		fmt.Fprintf(w, "  %-26s%s\n", "berth", cmd.Summary)
+	}
+	fmt.Fprintf(w, "  %-26s%s\n", "berth COMMAND [ARGS]", "run one command against the daemon")
+	var groups []string
+	for _, cmd := range c.table {
+		if cmd.Name != "" && !slices.Contains(groups, cmd.Group) {
+			groups = append(groups, cmd.Group)
+		}
+	}
 	for _, g := range groups {
 		fmt.Fprintf(w, "\n%s:\n", g)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		for _, cmd := range commands() {
-			if cmd.group == g {
-				fmt.Fprintf(tw, "  %s\t%s\n", cmd.name, cmd.summary)
+		for _, cmd := range c.table {
+			if cmd.Name != "" && cmd.Group == g {
+				fmt.Fprintf(tw, "  %s\t%s\n", cmd.Name, cmd.Summary)
 			}
 		}
 		tw.Flush()
+	}
+	if c.env.Globals != nil {
+		fmt.Fprint(w, "\nGlobal flags, before the command:\n")
+		writeFlags(w, globalFlags(&Globals{}))
 	}
 	fmt.Fprint(w, `
 Sizes are like 512M, 4G, 1.5G, 1024K or plain bytes. Session names are 1-63
@@ -153,14 +238,39 @@ Run 'berth help COMMAND' or 'berth COMMAND --help' for details.
 `)
 }
 
-func writeCommandHelp(w io.Writer, cmd *command) {
-	fmt.Fprintf(w, "Usage: berth %s %s\n\n%s.\n", cmd.name, cmd.usage, capitalize(cmd.summary))
-	if cmd.help != "" {
-		fmt.Fprintf(w, "\n%s\n", cmd.help)
+// writeGroupHelp prints the help of each command of a group.
+func writeGroupHelp(w io.Writer, sub []*Command) {
+	for i, cmd := range sub {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		writeCommandHelp(w, cmd)
 	}
-	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
-	cmd.setup(fs)
-	var lines [][2]string
+}
+
+func writeCommandHelp(w io.Writer, cmd *Command) {
+	fmt.Fprintf(w, "Usage: %s\n\n%s.\n", strings.Join(strings.Fields("berth "+cmd.Name+" "+cmd.Usage), " "), capitalize(cmd.Summary))
+	if cmd.Help != "" {
+		fmt.Fprintf(w, "\n%s\n", cmd.Help)
+	}
+	fs := flag.NewFlagSet(cmd.Name, flag.ContinueOnError)
+	cmd.Setup(fs)
+	if hasFlags(fs) {
+		fmt.Fprint(w, "\nFlags:\n")
+		writeFlags(w, fs)
+	}
+	fmt.Fprintf(w, "\nExample:\n%s\n", indent(cmd.Example))
+}
+
+func hasFlags(fs *flag.FlagSet) bool {
+	has := false
+	fs.VisitAll(func(*flag.Flag) { has = true })
+	return has
+}
+
+// writeFlags lists fs's flags, one a line: "  --name ARG  usage".
+func writeFlags(w io.Writer, fs *flag.FlagSet) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fs.VisitAll(func(f *flag.Flag) {
 		arg, usage := flag.UnquoteUsage(f)
 		name := "--" + f.Name
@@ -170,17 +280,9 @@ func writeCommandHelp(w io.Writer, cmd *command) {
 		if arg != "" {
 			name += " " + arg
 		}
-		lines = append(lines, [2]string{name, usage})
+		fmt.Fprintf(tw, "  %s\t%s\n", name, usage)
 	})
-	if len(lines) > 0 {
-		fmt.Fprint(w, "\nFlags:\n")
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		for _, l := range lines {
-			fmt.Fprintf(tw, "  %s\t%s\n", l[0], l[1])
-		}
-		tw.Flush()
-	}
-	fmt.Fprintf(w, "\nExample:\n%s\n", indent(cmd.example))
+	tw.Flush()
 }
 
 func capitalize(s string) string {

@@ -14,26 +14,26 @@ import (
 	"github.com/berthvm/berth/session"
 )
 
-func execCmd() *command {
-	return &command{
-		name: "exec", group: "Commands",
-		usage:   "NAME [--detach] [--timeout D] [--env K=V]... [--cwd DIR] [-t] [--] CMD [ARGS...]",
-		args:    []string{"NAME", "CMD..."},
-		summary: "run a recorded command in a session",
-		help: `Runs CMD in /workspace (or --cwd) and streams its stdout and stderr here; stdin is
+func execCmd() *Command {
+	return &Command{
+		Name: "exec", Group: "Commands",
+		Usage:   "NAME [--detach] [--timeout D] [--env K=V]... [--cwd DIR] [-t] [--] CMD [ARGS...]",
+		Args:    []string{"NAME", "CMD..."},
+		Summary: "run a recorded command in a session",
+		Help: `Runs CMD in /workspace (or --cwd) and streams its stdout and stderr here; stdin is
 forwarded. berth exits with the command's exit code, 128+N when a signal N killed it,
 124 when --timeout expired, 127 when it could not start, and 130 when it was cancelled
 (Ctrl-C cancels it in the guest). A cancelled or failed command can leave partial changes.
 Output is recorded: 'berth logs' replays it, also after --detach.`,
-		example: "berth exec demo -- make test\nberth exec demo --timeout 10m --env GOFLAGS=-race -- go test ./...\nberth exec demo --detach -- ./long-job.sh",
-		setup: func(fs *flag.FlagSet) runFunc {
+		Example: "berth exec demo -- make test\nberth exec demo --timeout 10m --env GOFLAGS=-race -- go test ./...\nberth exec demo --detach -- ./long-job.sh",
+		Setup: func(fs *flag.FlagSet) RunFunc {
 			detach := fs.Bool("detach", false, "start the command, print its id and return")
 			timeout := fs.Duration("timeout", 0, "kill the command after `D` (30s, 10m)")
 			env := envFlag{}
 			fs.Var(env, "env", "set environment variable `K=V` (repeatable)")
 			cwd := fs.String("cwd", "", "working `DIR` (default /workspace)")
 			tty := fs.Bool("t", false, "run the command on a terminal (needs one here)")
-			return func(ctx context.Context, c *cli, args []string) error {
+			return func(ctx context.Context, c *Call, args []string) error {
 				if *timeout < 0 {
 					return usageErrorf("--timeout %s: want a positive duration", *timeout)
 				}
@@ -59,14 +59,14 @@ Output is recorded: 'berth logs' replays it, also after --detach.`,
 	}
 }
 
-func shellCmd() *command {
-	return &command{
-		name: "shell", group: "Commands", usage: "NAME", args: []string{"NAME"},
-		summary: "open an interactive shell in a session's /workspace",
-		help:    "Runs sh on a terminal, as a recorded command. It needs a terminal here; for scripts use\n'berth exec NAME -- sh -c SCRIPT'.",
-		example: "berth shell demo",
-		setup: func(fs *flag.FlagSet) runFunc {
-			return func(ctx context.Context, c *cli, args []string) error {
+func shellCmd() *Command {
+	return &Command{
+		Name: "shell", Group: "Commands", Usage: "NAME", Args: []string{"NAME"},
+		Summary: "open an interactive shell in a session's /workspace",
+		Help:    "Runs sh on a terminal, as a recorded command. It needs a terminal here; for scripts use\n'berth exec NAME -- sh -c SCRIPT'.",
+		Example: "berth shell demo",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			return func(ctx context.Context, c *Call, args []string) error {
 				if !c.env.StdinTTY {
 					return usageErrorf("needs a terminal on stdin; use 'berth exec %s -- sh -c SCRIPT' instead", args[0])
 				}
@@ -78,7 +78,7 @@ func shellCmd() *command {
 	}
 }
 
-func (c *cli) detach(ctx context.Context, name string, req session.ExecRequest) error {
+func (c *Call) detach(ctx context.Context, name string, req session.ExecRequest) error {
 	svc, err := c.service(ctx)
 	if err != nil {
 		return err
@@ -99,7 +99,7 @@ const interruptGrace = 10 * time.Second
 // execute runs req and streams it until it ends; ctx ending cancels the
 // command in the guest. It returns an exitError carrying the command's
 // exit status.
-func (c *cli) execute(ctx context.Context, name string, req session.ExecRequest) error {
+func (c *Call) execute(ctx context.Context, name string, req session.ExecRequest) error {
 	svc, err := c.service(ctx)
 	if err != nil {
 		return err
@@ -199,7 +199,7 @@ func forwardStdin(p session.Process, r io.Reader) {
 }
 
 // copyOutput writes chunks to stdout and stderr until the stream ends.
-func (c *cli) copyOutput(p session.Process) error {
+func (c *Call) copyOutput(p session.Process) error {
 	for ch := range p.Output() {
 		w := c.env.Stdout
 		if ch.Stream == session.Stderr {

@@ -13,15 +13,15 @@ import (
 	"github.com/berthvm/berth/session"
 )
 
-func filesCmd() *command {
-	return &command{
-		name: "files", group: "Files", usage: "NAME [PATH] [-l]", args: []string{"NAME", "[PATH]"},
-		summary: "list files in a session's /workspace",
-		help:    "PATH is relative to /workspace or absolute under it; default /workspace itself.",
-		example: "berth files demo src -l",
-		setup: func(fs *flag.FlagSet) runFunc {
+func filesCmd() *Command {
+	return &Command{
+		Name: "files", Group: "Files", Usage: "NAME [PATH] [-l]", Args: []string{"NAME", "[PATH]"},
+		Summary: "list files in a session's /workspace",
+		Help:    "PATH is relative to /workspace or absolute under it; default /workspace itself.",
+		Example: "berth files demo src -l",
+		Setup: func(fs *flag.FlagSet) RunFunc {
 			long := fs.Bool("l", false, "long listing: mode, size, modification time")
-			return func(ctx context.Context, c *cli, args []string) error {
+			return func(ctx context.Context, c *Call, args []string) error {
 				p := ""
 				if len(args) > 1 {
 					p = args[1]
@@ -72,13 +72,13 @@ func displayName(f session.FileInfo) string {
 	return f.Name
 }
 
-func catCmd() *command {
-	return &command{
-		name: "cat", group: "Files", usage: "NAME PATH", args: []string{"NAME", "PATH"},
-		summary: "print a workspace file",
-		example: "berth cat demo notes.txt",
-		setup: func(fs *flag.FlagSet) runFunc {
-			return func(ctx context.Context, c *cli, args []string) error {
+func catCmd() *Command {
+	return &Command{
+		Name: "cat", Group: "Files", Usage: "NAME PATH", Args: []string{"NAME", "PATH"},
+		Summary: "print a workspace file",
+		Example: "berth cat demo notes.txt",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			return func(ctx context.Context, c *Call, args []string) error {
 				svc, err := c.service(ctx)
 				if err != nil {
 					return err
@@ -101,16 +101,16 @@ func catCmd() *command {
 // progress on a terminal.
 const progressThreshold = 8 << 20
 
-func putCmd() *command {
-	return &command{
-		name: "put", group: "Files", usage: "NAME LOCAL [REMOTE]", args: []string{"NAME", "LOCAL", "[REMOTE]"},
-		summary: "copy a local file into a session's /workspace, durably",
-		help: `Writes LOCAL ('-' for stdin) to REMOTE (default: LOCAL's base name; into it when it is a
+func putCmd() *Command {
+	return &Command{
+		Name: "put", Group: "Files", Usage: "NAME LOCAL [REMOTE]", Args: []string{"NAME", "LOCAL", "[REMOTE]"},
+		Summary: "copy a local file into a session's /workspace, durably",
+		Help: `Writes LOCAL ('-' for stdin) to REMOTE (default: LOCAL's base name; into it when it is a
 directory). When put succeeds the file is durable: written to a temporary file, synced
 and renamed into place. Progress goes to stderr for transfers over 8 MB.`,
-		example: "berth put demo ./data.csv input/data.csv\ntar c src | berth put demo - src.tar",
-		setup: func(fs *flag.FlagSet) runFunc {
-			return func(ctx context.Context, c *cli, args []string) error {
+		Example: "berth put demo ./data.csv input/data.csv\ntar c src | berth put demo - src.tar",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			return func(ctx context.Context, c *Call, args []string) error {
 				name, local := args[0], args[1]
 				var remote string
 				if len(args) > 2 {
@@ -169,15 +169,15 @@ func workspaceDisplay(p string) string {
 	return path.Join("/workspace", p)
 }
 
-func getCmd() *command {
-	return &command{
-		name: "get", group: "Files", usage: "NAME REMOTE [LOCAL]", args: []string{"NAME", "REMOTE", "[LOCAL]"},
-		summary: "copy a workspace file out of a session",
-		help: `Writes REMOTE to LOCAL ('-' for stdout; default: REMOTE's base name; into it when it is
+func getCmd() *Command {
+	return &Command{
+		Name: "get", Group: "Files", Usage: "NAME REMOTE [LOCAL]", Args: []string{"NAME", "REMOTE", "[LOCAL]"},
+		Summary: "copy a workspace file out of a session",
+		Help: `Writes REMOTE to LOCAL ('-' for stdout; default: REMOTE's base name; into it when it is
 a directory). LOCAL is replaced only once the whole file has arrived.`,
-		example: "berth get demo results/report.html\nberth get demo build.log - | less",
-		setup: func(fs *flag.FlagSet) runFunc {
-			return func(ctx context.Context, c *cli, args []string) error {
+		Example: "berth get demo results/report.html\nberth get demo build.log - | less",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			return func(ctx context.Context, c *Call, args []string) error {
 				name, remote := args[0], args[1]
 				local := path.Base(workspaceDisplay(remote))
 				if len(args) > 2 {
@@ -254,14 +254,14 @@ func writeLocal(dst string, r io.Reader) (n int64, err error) {
 	return n, os.Rename(tmp.Name(), dst)
 }
 
-func rmCmd() *command {
-	return &command{
-		name: "rm", group: "Files", usage: "NAME PATH [-r]", args: []string{"NAME", "PATH"},
-		summary: "remove a workspace file (or, with -r, a directory tree)",
-		example: "berth rm demo build -r",
-		setup: func(fs *flag.FlagSet) runFunc {
+func rmCmd() *Command {
+	return &Command{
+		Name: "rm", Group: "Files", Usage: "NAME PATH [-r]", Args: []string{"NAME", "PATH"},
+		Summary: "remove a workspace file (or, with -r, a directory tree)",
+		Example: "berth rm demo build -r",
+		Setup: func(fs *flag.FlagSet) RunFunc {
 			recursive := fs.Bool("r", false, "remove a directory and everything in it")
-			return func(ctx context.Context, c *cli, args []string) error {
+			return func(ctx context.Context, c *Call, args []string) error {
 				svc, err := c.service(ctx)
 				if err != nil {
 					return err
@@ -279,13 +279,13 @@ func rmCmd() *command {
 	}
 }
 
-func mkdirCmd() *command {
-	return &command{
-		name: "mkdir", group: "Files", usage: "NAME PATH", args: []string{"NAME", "PATH"},
-		summary: "make a workspace directory and any missing parents",
-		example: "berth mkdir demo data/raw",
-		setup: func(fs *flag.FlagSet) runFunc {
-			return func(ctx context.Context, c *cli, args []string) error {
+func mkdirCmd() *Command {
+	return &Command{
+		Name: "mkdir", Group: "Files", Usage: "NAME PATH", Args: []string{"NAME", "PATH"},
+		Summary: "make a workspace directory and any missing parents",
+		Example: "berth mkdir demo data/raw",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			return func(ctx context.Context, c *Call, args []string) error {
 				svc, err := c.service(ctx)
 				if err != nil {
 					return err

@@ -9,23 +9,23 @@ import (
 	"github.com/berthvm/berth/session"
 )
 
-func logsCmd() *command {
-	return &command{
-		name: "logs", group: "Commands",
-		usage:   "NAME [EXEC] [-f] [--since SEQ] [--stream stdout|stderr]",
-		args:    []string{"NAME", "[EXEC]"},
-		summary: "replay a command's recorded output",
-		help: `Replays the output of EXEC (default: the session's latest command): stdout to stdout,
+func logsCmd() *Command {
+	return &Command{
+		Name: "logs", Group: "Commands",
+		Usage:   "NAME [EXEC] [-f] [--since SEQ] [--stream stdout|stderr]",
+		Args:    []string{"NAME", "[EXEC]"},
+		Summary: "replay a command's recorded output",
+		Help: `Replays the output of EXEC (default: the session's latest command): stdout to stdout,
 stderr to stderr. Output is recorded as numbered chunks; --since starts at chunk SEQ.
 Output trimmed by retention is reported on stderr. With -f, follows the command live
 until it ends.`,
-		example: "berth logs demo\nberth logs demo e0042 -f --stream stderr",
-		setup: func(fs *flag.FlagSet) runFunc {
+		Example: "berth logs demo\nberth logs demo e0042 -f --stream stderr",
+		Setup: func(fs *flag.FlagSet) RunFunc {
 			follow := fs.Bool("f", false, "follow the output until the command ends")
 			since := fs.Uint64("since", 1, "start at output chunk `SEQ`")
 			stream := &choiceFlag{choices: []string{"stdout", "stderr"}}
 			fs.Var(stream, "stream", "show only one `STREAM`: stdout or stderr")
-			return func(ctx context.Context, c *cli, args []string) error {
+			return func(ctx context.Context, c *Call, args []string) error {
 				svc, err := c.service(ctx)
 				if err != nil {
 					return err
@@ -110,16 +110,16 @@ func replay(ctx context.Context, svc session.Service, id string, from uint64, er
 	}
 }
 
-func psCmd() *command {
-	return &command{
-		name: "ps", group: "Commands", usage: "NAME [--all] [--json]", args: []string{"NAME"},
-		summary: "list a session's commands",
-		help:    "Lists running commands, or with --all every recorded one, oldest first.",
-		example: "berth ps demo --all",
-		setup: func(fs *flag.FlagSet) runFunc {
+func psCmd() *Command {
+	return &Command{
+		Name: "ps", Group: "Commands", Usage: "NAME [--all] [--json]", Args: []string{"NAME"},
+		Summary: "list a session's commands",
+		Help:    "Lists running commands, or with --all every recorded one, oldest first.",
+		Example: "berth ps demo --all",
+		Setup: func(fs *flag.FlagSet) RunFunc {
 			all := fs.Bool("all", false, "include finished commands")
 			asJSON := fs.Bool("json", false, "print JSON")
-			return func(ctx context.Context, c *cli, args []string) error {
+			return func(ctx context.Context, c *Call, args []string) error {
 				svc, err := c.service(ctx)
 				if err != nil {
 					return err

@@ -23,7 +23,7 @@ type progress struct {
 
 // startProgress shows progress when stderr is a terminal and the transfer
 // is (or, when total < 0 is unknown, grows) over progressThreshold.
-func (c *cli) startProgress(label string, total int64) *progress {
+func (c *Call) startProgress(label string, total int64) *progress {
 	p := &progress{w: c.env.Stderr, label: label, total: total}
 	if !c.env.StderrTTY || (total >= 0 && total <= progressThreshold) {
 		return p

@@ -11,17 +11,17 @@ import (
 	"github.com/berthvm/berth/session"
 )
 
-func createCmd() *command {
-	return &command{
-		name: "create", group: "Sessions",
-		usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--vmm qemu|cloud-hypervisor] [--idle-timeout D]",
-		args:    []string{"NAME"},
-		summary: "create a session and boot it",
-		help: "Creates the session's workspace volume and boots its VM. Unset flags take the daemon's defaults.\n" +
+func createCmd() *Command {
+	return &Command{
+		Name: "create", Group: "Sessions",
+		Usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--vmm qemu|cloud-hypervisor] [--idle-timeout D]",
+		Args:    []string{"NAME"},
+		Summary: "create a session and boot it",
+		Help: "Creates the session's workspace volume and boots its VM. Unset flags take the daemon's defaults.\n" +
 			"A SIZE is a number with an optional K, M, G or T suffix, in binary units (1G is 1024M);\n" +
 			"a bare number is bytes, so --memory 512 is refused: write 512M.",
-		example: "berth create demo --cpus 2 --memory 1G --disk 8G",
-		setup: func(fs *flag.FlagSet) runFunc {
+		Example: "berth create demo --cpus 2 --memory 1G --disk 8G",
+		Setup: func(fs *flag.FlagSet) RunFunc {
 			cpus := fs.Int("cpus", 0, "number of virtual `N` CPUs")
 			var memory memoryFlag
 			var disk sizeFlag
@@ -31,7 +31,7 @@ func createCmd() *command {
 			vmm := &choiceFlag{choices: []string{"qemu", "cloud-hypervisor"}}
 			fs.Var(vmm, "vmm", "hypervisor: `qemu` or cloud-hypervisor")
 			idle := fs.String("idle-timeout", "", "sleep after this long idle, e.g. `15m`; 0 never (default: the daemon's)")
-			return func(ctx context.Context, c *cli, args []string) error {
+			return func(ctx context.Context, c *Call, args []string) error {
 				if *cpus < 0 {
 					return usageErrorf("--cpus %d: want a positive number", *cpus)
 				}
@@ -62,15 +62,15 @@ func createCmd() *command {
 	}
 }
 
-func lsCmd() *command {
-	return &command{
-		name: "ls", group: "Sessions", usage: "[--json]",
-		summary: "list sessions",
-		help:    "DIRTY is what a crash of the VM would lose now; 'berth flush' makes it durable.",
-		example: "berth ls\nberth ls --json | jq -r '.[].name'",
-		setup: func(fs *flag.FlagSet) runFunc {
+func lsCmd() *Command {
+	return &Command{
+		Name: "ls", Group: "Sessions", Usage: "[--json]",
+		Summary: "list sessions",
+		Help:    "DIRTY is what a crash of the VM would lose now; 'berth flush' makes it durable.",
+		Example: "berth ls\nberth ls --json | jq -r '.[].name'",
+		Setup: func(fs *flag.FlagSet) RunFunc {
 			asJSON := fs.Bool("json", false, "print JSON")
-			return func(ctx context.Context, c *cli, args []string) error {
+			return func(ctx context.Context, c *Call, args []string) error {
 				svc, err := c.service(ctx)
 				if err != nil {
 					return err
@@ -102,14 +102,14 @@ func lsCmd() *command {
 	}
 }
 
-func infoCmd() *command {
-	return &command{
-		name: "info", group: "Sessions", usage: "NAME [--json]", args: []string{"NAME"},
-		summary: "show one session in detail",
-		example: "berth info demo",
-		setup: func(fs *flag.FlagSet) runFunc {
+func infoCmd() *Command {
+	return &Command{
+		Name: "info", Group: "Sessions", Usage: "NAME [--json]", Args: []string{"NAME"},
+		Summary: "show one session in detail",
+		Example: "berth info demo",
+		Setup: func(fs *flag.FlagSet) RunFunc {
 			asJSON := fs.Bool("json", false, "print JSON")
-			return func(ctx context.Context, c *cli, args []string) error {
+			return func(ctx context.Context, c *Call, args []string) error {
 				svc, err := c.service(ctx)
 				if err != nil {
 					return err
@@ -141,7 +141,7 @@ func stateText(s session.Session) string {
 	return fmt.Sprintf("sleeping (%s%s)", session.FormatBytes(s.SnapshotBytes), wake)
 }
 
-func writeInfo(w io.Writer, c *cli, s session.Session) {
+func writeInfo(w io.Writer, c *Call, s session.Session) {
 	now := c.env.Now()
 	t := newTable(w, "Name:", s.Name)
 	state := string(s.State)
@@ -192,13 +192,13 @@ func writeInfo(w io.Writer, c *cli, s session.Session) {
 }
 
 // lifecycleCmd makes pause, resume, stop and start.
-func lifecycleCmd(name, summary, help string) *command {
-	return &command{
-		name: name, group: "Sessions", usage: "NAME", args: []string{"NAME"},
-		summary: summary, help: help,
-		example: "berth " + name + " demo",
-		setup: func(fs *flag.FlagSet) runFunc {
-			return func(ctx context.Context, c *cli, args []string) error {
+func lifecycleCmd(name, summary, help string) *Command {
+	return &Command{
+		Name: name, Group: "Sessions", Usage: "NAME", Args: []string{"NAME"},
+		Summary: summary, Help: help,
+		Example: "berth " + name + " demo",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			return func(ctx context.Context, c *Call, args []string) error {
 				svc, err := c.service(ctx)
 				if err != nil {
 					return err
@@ -217,14 +217,14 @@ func lifecycleCmd(name, summary, help string) *command {
 	}
 }
 
-func flushCmd() *command {
-	return &command{
-		name: "flush", group: "Sessions", usage: "NAME", args: []string{"NAME"},
-		summary: "make every pending write in /workspace durable",
-		help:    "Writes by commands can sit in the guest's page cache until flushed; a crash loses them.\nFlush syncs /workspace down to the host's disk and prints how much it wrote.",
-		example: "berth flush demo",
-		setup: func(fs *flag.FlagSet) runFunc {
-			return func(ctx context.Context, c *cli, args []string) error {
+func flushCmd() *Command {
+	return &Command{
+		Name: "flush", Group: "Sessions", Usage: "NAME", Args: []string{"NAME"},
+		Summary: "make every pending write in /workspace durable",
+		Help:    "Writes by commands can sit in the guest's page cache until flushed; a crash loses them.\nFlush syncs /workspace down to the host's disk and prints how much it wrote.",
+		Example: "berth flush demo",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			return func(ctx context.Context, c *Call, args []string) error {
 				svc, err := c.service(ctx)
 				if err != nil {
 					return err
@@ -245,15 +245,15 @@ func flushCmd() *command {
 	}
 }
 
-func deleteCmd() *command {
-	return &command{
-		name: "delete", group: "Sessions", usage: "NAME [--yes]", args: []string{"NAME"},
-		summary: "delete a session: its VM and all its storage, permanently",
-		help:    "Without --yes, asks you to type the session's name; without a terminal, --yes is required.",
-		example: "berth delete demo\nberth delete demo --yes",
-		setup: func(fs *flag.FlagSet) runFunc {
+func deleteCmd() *Command {
+	return &Command{
+		Name: "delete", Group: "Sessions", Usage: "NAME [--yes]", Args: []string{"NAME"},
+		Summary: "delete a session: its VM and all its storage, permanently",
+		Help:    "Without --yes, asks you to type the session's name; without a terminal, --yes is required.",
+		Example: "berth delete demo\nberth delete demo --yes",
+		Setup: func(fs *flag.FlagSet) RunFunc {
 			yes := fs.Bool("yes", false, "do not ask for confirmation")
-			return func(ctx context.Context, c *cli, args []string) error {
+			return func(ctx context.Context, c *Call, args []string) error {
 				name := args[0]
 				if !*yes && !c.env.StdinTTY {
 					return usageErrorf("refusing to delete %q without confirmation: stdin is not a terminal; add --yes", name)
@@ -307,15 +307,15 @@ func readLine(r io.Reader) (string, error) {
 	return strings.TrimSpace(b.String()), nil
 }
 
-func eventsCmd() *command {
-	return &command{
-		name: "events", group: "Sessions", usage: "NAME [-n N] [--json]", args: []string{"NAME"},
-		summary: "show a session's timeline",
-		example: "berth events demo -n 20",
-		setup: func(fs *flag.FlagSet) runFunc {
+func eventsCmd() *Command {
+	return &Command{
+		Name: "events", Group: "Sessions", Usage: "NAME [-n N] [--json]", Args: []string{"NAME"},
+		Summary: "show a session's timeline",
+		Example: "berth events demo -n 20",
+		Setup: func(fs *flag.FlagSet) RunFunc {
 			limit := fs.Int("n", 0, "show only the last `N` events")
 			asJSON := fs.Bool("json", false, "print JSON")
-			return func(ctx context.Context, c *cli, args []string) error {
+			return func(ctx context.Context, c *Call, args []string) error {
 				if *limit < 0 {
 					return usageErrorf("-n %d: want a positive number", *limit)
 				}

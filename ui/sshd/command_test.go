@@ -52,7 +52,7 @@ func TestCommands(t *testing.T) {
 		{cmd: "delete other --yes", stderr: "-"},
 		{cmd: "help", stdout: "Usage:", stderr: "-"},
 		{cmd: "frobnicate", code: 2, stdout: "-", stderr: `berth: unknown command "frobnicate"`},
-		{cmd: "serve", code: 2, stdout: "-", stderr: "runs only on the daemon's host"},
+		{cmd: "serve", code: 2, stdout: "-", stderr: `berth: unknown command "serve"`},
 		{cmd: "shell demo", code: 2, stdout: "-", stderr: "needs a terminal"},
 		{cmd: "tui", code: 2, stdout: "-", stderr: "berth: the TUI needs a terminal: ssh -t"},
 	}

@@ -91,29 +91,13 @@ func feedSizes(winCh <-chan ssh.Window) <-chan ssh.Window {
 	return out
 }
 
-// localOnly are berth commands that only run on the daemon's host.
-func localOnly(name string) bool {
-	switch name {
-	case "serve", "image", "doctor", "ssh", "version", "--version":
-		return true
-	}
-	return false
-}
-
 // runCommand runs one CLI command with the session's streams and returns
-// its exit code.
+// its exit code. The table is cli's built-in commands alone: those of the
+// daemon's host (serve, doctor...) are unknown here.
 func (s *Server) runCommand(sess ssh.Session, ak AuthorizedKey, args []string, pty ssh.Pty, sizes <-chan ssh.Window, isPty bool) int {
 	var stderr io.Writer = sess.Stderr()
 	if isPty {
 		stderr = crlfWriter{stderr} // the client's terminal is raw
-	}
-	if localOnly(args[0]) {
-		fmt.Fprintf(stderr, "berth: %q runs only on the daemon's host, not over SSH (run 'ssh ... help' for the commands here)\n", args[0])
-		return cli.ExitUsage
-	}
-	if !cli.IsCommand(args[0]) && args[0] != "-h" && args[0] != "--help" && args[0] != "-help" {
-		fmt.Fprintf(stderr, "berth: unknown command %q (run 'ssh ... help' for the list; without a command, 'ssh -t ...' opens the TUI)\n", args[0])
-		return cli.ExitUsage
 	}
 	svc := s.serviceFor(ak)
 	var stdin io.Reader = sess

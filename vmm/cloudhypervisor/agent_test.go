@@ -73,5 +73,5 @@ func TestDriverSuiteReal(t *testing.T) {
 	case os.Getenv(envKVM) != "1":
 		t.Skipf("%s is not 1: KVM is not known to work on this host", envKVM)
 	}
-	vmmtest.DriverSuite(t, New(Options{Binary: bin, Logger: testLogger(t), KVMWorks: func() bool { return true }}))
+	vmmtest.DriverSuite(t, New(Options{Binary: bin, Logger: testLogger(t), KVM: func(context.Context) bool { return true }}))
 }

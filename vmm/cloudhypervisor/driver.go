@@ -44,17 +44,17 @@ const guestCID = 3
 const defaultStartTimeout = 30 * time.Second
 
 // Options configure a Driver. The zero value is usable but refuses to
-// start VMs, since KVMWorks is unset.
+// start VMs, since KVM is unset.
 type Options struct {
 	// Binary is the cloud-hypervisor executable: a path, or a name looked
 	// up on PATH. Empty means DefaultBinary.
 	Binary string
 	// Logger receives the driver's logs; nil discards them.
 	Logger *slog.Logger
-	// KVMWorks reports whether KVM can really run guests on this host.
-	// CH has no TCG fallback and a nested /dev/kvm can hang stock kernels,
-	// so nil means "no": Start refuses.
-	KVMWorks func() bool
+	// KVM reports whether KVM can really run guests on this host. CH has
+	// no TCG fallback and a nested /dev/kvm can hang stock kernels, so nil
+	// means "no": Start refuses.
+	KVM vmm.KVMCheck
 	// StartTimeout bounds Start from launching the VMM until the VM runs.
 	// Zero means 30 s. CH answers on one thread and vm.boot or vm.restore
 	// hold it, so short bounds fail under load.
@@ -164,7 +164,7 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (_ vmm.VM, err error
 	if err != nil {
 		return nil, err
 	}
-	if d.opts.KVMWorks == nil || !d.opts.KVMWorks() {
+	if d.opts.KVM == nil || !d.opts.KVM(ctx) {
 		return nil, Available(binary, false)
 	}
 	if err := validate(cfg); err != nil {

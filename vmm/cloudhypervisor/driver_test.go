@@ -251,8 +251,8 @@ func TestStartRefuses(t *testing.T) {
 		unavailable bool
 		want        string
 	}{
-		{"no KVM check", func(o *Options) { o.KVMWorks = nil }, nil, true, "cloud-hypervisor needs a working KVM: "},
-		{"KVM broken", func(o *Options) { o.KVMWorks = func() bool { return false } }, nil, true, "needs a working KVM"},
+		{"no KVM check", func(o *Options) { o.KVM = nil }, nil, true, "cloud-hypervisor needs a working KVM: "},
+		{"KVM broken", func(o *Options) { o.KVM = func(context.Context) bool { return false } }, nil, true, "needs a working KVM"},
 		{"TCG", nil, func(c *vmm.Config) { c.Accel = vmm.AccelTCG }, true, "runs only on KVM"},
 		{"not on PATH", func(o *Options) { o.Binary = "berth-no-such-cloud-hypervisor" }, nil, true, "berth-no-such-cloud-hypervisor: not found on PATH"},
 		{"bad path", func(o *Options) { o.Binary = "/nonexistent/cloud-hypervisor" }, nil, true, "no such file"},

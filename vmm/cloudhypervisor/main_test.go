@@ -45,7 +45,7 @@ func newTestDriver(t *testing.T, binary string, mod func(*Options)) *Driver {
 	opts := Options{
 		Binary:       binary,
 		Logger:       testLogger(t),
-		KVMWorks:     func() bool { return true },
+		KVM:          func(context.Context) bool { return true },
 		StartTimeout: 20 * time.Second,
 		AgentWait:    10 * time.Second,
 	}

@@ -37,9 +37,9 @@ func TestRealCloudHypervisor(t *testing.T) {
 		t.Skipf("%s names no guest kernel", envKernel)
 	}
 	d := New(Options{
-		Binary:   bin,
-		Logger:   testLogger(t),
-		KVMWorks: func() bool { return true },
+		Binary: bin,
+		Logger: testLogger(t),
+		KVM:    func(context.Context) bool { return true },
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

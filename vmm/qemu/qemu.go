@@ -35,37 +35,52 @@ const (
 	wsSlot   = "0x4"
 )
 
-// Driver starts QEMU VMs.
-type Driver struct {
-	// Binary is the QEMU executable; default qemu-system-x86_64 on PATH.
+// Name is the driver's name as users type it.
+const Name = "qemu"
+
+// DefaultBinary is the executable looked up on PATH when Options.Binary is empty.
+const DefaultBinary = "qemu-system-x86_64"
+
+// Options configure a Driver. The zero value is usable: QEMU from PATH,
+// TCG for Accel auto, no logs.
+type Options struct {
+	// Binary is the QEMU executable: a path, or a name looked up on PATH.
+	// Empty means DefaultBinary.
 	Binary string
-	// KVM reports whether KVM works, for Accel auto; nil means it does not.
-	KVM    func(ctx context.Context) bool
+	// Logger receives the driver's logs; nil discards them.
 	Logger *slog.Logger
+	// KVM reports whether KVM really works, for Accel auto; nil means it
+	// does not (auto picks TCG).
+	KVM vmm.KVMCheck
+}
+
+// Driver starts QEMU VMs. It is safe for concurrent use.
+type Driver struct {
+	opts Options
+	log  *slog.Logger
 }
 
 var _ vmm.Driver = (*Driver)(nil)
 
-func (d *Driver) Name() string { return "qemu" }
-
-func (d *Driver) binary() string {
-	if d.Binary != "" {
-		return d.Binary
+// New returns a driver with opts.
+func New(opts Options) *Driver {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
-	return "qemu-system-x86_64"
+	if opts.Binary == "" {
+		opts.Binary = DefaultBinary
+	}
+	return &Driver{opts: opts, log: log.With("component", "vmm", "driver", Name)}
 }
 
-func (d *Driver) log() *slog.Logger {
-	if d.Logger == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return d.Logger
-}
+// Name implements vmm.Driver.
+func (d *Driver) Name() string { return Name }
 
 // Available reports whether QEMU can run here.
 func (d *Driver) Available() error {
-	if _, err := exec.LookPath(d.binary()); err != nil {
-		return fmt.Errorf("%w: %s not found on PATH (install Debian's qemu-system-x86)", vmm.ErrUnavailable, d.binary())
+	if _, err := exec.LookPath(d.opts.Binary); err != nil {
+		return fmt.Errorf("%w: %s not found on PATH (install Debian's qemu-system-x86)", vmm.ErrUnavailable, d.opts.Binary)
 	}
 	return nil
 }
@@ -80,7 +95,7 @@ func (d *Driver) accel(ctx context.Context, a vmm.Accel) (vmm.Accel, error) {
 		}
 		return a, nil
 	case "", vmm.AccelAuto:
-		if d.KVM != nil && d.KVM(ctx) {
+		if d.opts.KVM != nil && d.opts.KVM(ctx) {
 			return vmm.AccelKVM, nil
 		}
 		return vmm.AccelTCG, nil
@@ -161,7 +176,7 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.VM, error) {
 	}
 	os.Remove(filepath.Join(cfg.Dir, consoleF))
 	os.WriteFile(filepath.Join(cfg.Dir, accelFile), []byte(accel), 0o644)
-	proc, err := vmm.StartProcess(cfg.Dir, d.binary(), Args(cfg, accel), filepath.Join(cfg.Dir, logFile), extra...)
+	proc, err := vmm.StartProcess(cfg.Dir, d.opts.Binary, Args(cfg, accel), filepath.Join(cfg.Dir, logFile), extra...)
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +192,7 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.VM, error) {
 		<-proc.Done()
 		return nil, d.explain(cfg, proc, err)
 	}
-	d.log().Info("VM started", "dir", cfg.Dir, "pid", proc.Pid, "accel", accel)
+	d.log.Info("VM started", "dir", cfg.Dir, "pid", proc.Pid, "accel", accel)
 	return vm, nil
 }
 

@@ -11,15 +11,15 @@ import (
 )
 
 func driver(t *testing.T) *Driver {
-	if err := (&Driver{}).Available(); err != nil {
+	if err := New(Options{}).Available(); err != nil {
 		t.Skip(err)
 	}
 	im := vmmtest.Image(t)
 	probe := vmm.KVMProbe{QEMU: "qemu-system-x86_64", Kernel: im.Kernel, Initramfs: im.Initramfs, CacheDir: vmmtest.CacheDir()}
-	return &Driver{
+	return New(Options{
 		KVM:    func(ctx context.Context) bool { return probe.Run(ctx).Works },
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
-	}
+	})
 }
 
 func TestDriverSuite(t *testing.T) {

@@ -1,7 +1,9 @@
-// Package daemon runs `berth serve`: it holds the data directory's lock,
-// opens the store, runs the session Manager, and serves the API socket
-// (and the SSH server), shutting them down in order. VMs keep running
-// when the daemon stops.
+// Package daemon is what runs on `berth serve`, the server's composition
+// root: it holds the data directory's lock, reads the config, opens the
+// store, builds the VMM drivers and the session Manager, serves the API
+// socket (and the extras the caller adds, such as the SSH server), collects
+// the store's garbage, and shuts them down in order. VMs keep running when
+// the daemon stops. It imports no front end.
 package daemon
 
 import (
@@ -45,9 +47,14 @@ type Options struct {
 	Out io.Writer
 	// Ready, if set, is called once the socket accepts calls.
 	Ready func()
-	// Extra services that run with the daemon (the SSH server). Each runs
-	// until its context ends; the Manager is their Service.
-	Extra []func(ctx context.Context, m *session.Manager) error
+	// Extra services that run with the daemon (the SSH server), with the
+	// Manager as their Service. Each runs until its context ends; one that
+	// fails ends the daemon.
+	Extra []func(ctx context.Context, svc session.Service) error
+
+	// Test knobs, passed to session.Config as they are.
+	CrashAt     string // a step at which the daemon kills itself
+	NoTemplates bool   // every create boots cold
 }
 
 // SocketPath is where the daemon's API socket lives in a data directory.
@@ -137,28 +144,30 @@ func Drivers(o Options, images func(context.Context, string) (session.Image, err
 			if vmm.KVMDevice() != nil {
 				return
 			}
+			// The verdict is kept for the daemon's life: the caller
+			// going away must not decide it.
+			ctx := context.WithoutCancel(ctx)
 			im, err := images(ctx, "mini")
 			if err != nil {
 				return
 			}
-			r := vmm.KVMProbe{QEMU: "qemu-system-x86_64", Kernel: im.Kernel, Initramfs: im.Initramfs, CacheDir: o.CacheDir}.Run(ctx)
+			r := vmm.KVMProbe{QEMU: qemu.DefaultBinary, Kernel: im.Kernel, Initramfs: im.Initramfs, CacheDir: o.CacheDir}.Run(ctx)
 			log.Info("KVM probe", "works", r.Works, "reason", r.Reason)
 			works = r.Works
 		})
 		return works
 	}
 	return map[string]vmm.Driver{
-		"qemu": &qemu.Driver{KVM: kvm, Logger: log.With("component", "qemu")},
-		"cloud-hypervisor": cloudhypervisor.New(cloudhypervisor.Options{
-			Binary: o.CHBinary, Logger: log.With("component", "cloud-hypervisor"),
-			KVMWorks: func() bool { return kvm(context.Background()) },
-		}),
+		qemu.Name:            qemu.New(qemu.Options{KVM: kvm, Logger: log}),
+		cloudhypervisor.Name: cloudhypervisor.New(cloudhypervisor.Options{Binary: o.CHBinary, KVM: kvm, Logger: log}),
 	}
 }
 
-// Run runs the daemon until ctx ends (SIGTERM), then shuts down in order:
-// listeners, streams, the Manager, the store, the lock. VMs keep running.
-func Run(ctx context.Context, o Options) error {
+// Run runs the daemon until ctx ends (SIGTERM) or the API server or an
+// extra fails, then shuts down in order: listeners, streams and extras, the
+// Manager, the store, the lock. VMs keep running. It returns what made it
+// stop, joined with every error of the shutdown.
+func Run(ctx context.Context, o Options) (err error) {
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -178,22 +187,29 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	st, err := store.Open(filepath.Join(o.DataDir, "store"), log.With("component", "store"))
+	st, err := store.Open(filepath.Join(o.DataDir, "store"), log)
 	if err != nil {
 		return fmt.Errorf("open the store: %w", err)
 	}
-	defer st.Close()
+	defer func() {
+		if cerr := st.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("close the store: %w", cerr))
+		}
+	}()
 	images := Images(o, log)
 	mgr, err := session.NewManager(ctx, st, session.Config{
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
-		IdleTimeout: cfg.IdleTimeout, CrashAt: os.Getenv("BERTH_CRASH_AT"),
-		NoTemplates: os.Getenv("BERTH_NO_TEMPLATES") != "",
-		Logger:      log.With("component", "session"),
+		IdleTimeout: cfg.IdleTimeout, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,
+		Logger: log,
 	})
 	if err != nil {
 		return err
 	}
-	defer mgr.Close()
+	defer func() {
+		if cerr := mgr.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("close the session manager: %w", cerr))
+		}
+	}()
 
 	life, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -203,21 +219,23 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	srv := &http.Server{
-		Handler:           api.NewServer(mgr, log.With("component", "api"), api.WithVersion(o.Version)),
+		Handler:           api.NewServer(mgr, log, api.WithVersion(o.Version)),
 		BaseContext:       func(net.Listener) context.Context { return life },
 		ReadHeaderTimeout: 10 * time.Second,
 	}
+	// failed holds what the API server and the extras end with; each
+	// sends at most once, so it never blocks.
+	failed := make(chan error, 1+len(o.Extra))
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("API server", "err", err)
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			failed <- fmt.Errorf("API server on %s: %w", sock, err)
 		}
 	})
-	extraErr := make(chan error, len(o.Extra))
 	for _, x := range o.Extra {
 		wg.Go(func() {
 			if err := x(life, mgr); err != nil {
-				extraErr <- err
+				failed <- err
 			}
 		})
 	}
@@ -229,7 +247,9 @@ func Run(ctx context.Context, o Options) error {
 			case <-life.Done():
 				return
 			case <-t.C:
-				st.GC()
+				if err := st.GC(); err != nil {
+					log.Warn("store GC", "err", err)
+				}
 			}
 		}
 	})
@@ -237,17 +257,24 @@ func Run(ctx context.Context, o Options) error {
 	if o.Ready != nil {
 		o.Ready()
 	}
-	var runErr error
+	var errs []error
 	select {
 	case <-ctx.Done():
-	case runErr = <-extraErr:
+	case err := <-failed:
+		errs = append(errs, err)
 	}
 	log.Info("shutting down; VMs keep running")
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	stop() // ends watch and exec streams, and the extras
-	srv.Shutdown(sctx)
-	srv.Close()
+	if err := srv.Shutdown(sctx); err != nil {
+		errs = append(errs, fmt.Errorf("shut the API server down: %w", err))
+		srv.Close()
+	}
 	wg.Wait()
-	return runErr
+	close(failed)
+	for err := range failed {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
