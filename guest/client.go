@@ -204,11 +204,12 @@ func (c *Client) Mount(ctx context.Context, uuid string) (Workspace, error) {
 	return w, err
 }
 
-// MountAt sets the guest clock and reseeds its RNG, as ThawAt, then mounts
-// the volume with uuid at /workspace.
-func (c *Client) MountAt(ctx context.Context, uuid string, now time.Time, seed []byte) (Workspace, error) {
+// MountAt sets the guest clock and reseeds its RNG, as ThawAt, then
+// mounts what spec names: the system disk as the root overlay's upper
+// layer, the workspace at /workspace, and sets the VM's identity.
+func (c *Client) MountAt(ctx context.Context, spec MountSpec, now time.Time, seed []byte) (Workspace, error) {
 	var w Workspace
-	err := c.do(ctx, &Request{Op: OpMount, ID: uuid, Time: now.UnixNano(), Data: seed}, &w)
+	err := c.do(ctx, &Request{Op: OpMount, ID: spec.Workspace, Mount: &spec, Time: now.UnixNano(), Data: seed}, &w)
 	return w, err
 }
 
@@ -635,4 +636,103 @@ func Dial(ctx context.Context, dial func(context.Context) (net.Conn, error)) (*C
 		case <-t.C:
 		}
 	}
+}
+
+// Unpack writes the tar stream r into the directory path (created if
+// missing) and returns once every file is durable. Entries must stay
+// inside the directory and symlinks inside the tree.
+func (c *Client) Unpack(ctx context.Context, path string, r io.Reader) (TreeResult, error) {
+	cl, err := c.open(ctx, &Request{Op: OpUnpack, Path: path})
+	if err != nil {
+		return TreeResult{}, err
+	}
+	defer cl.close()
+	type reply struct {
+		res TreeResult
+		err error
+	}
+	done := make(chan reply, 1)
+	go func() {
+		t, p, err := cl.fr.Next()
+		switch {
+		case err != nil:
+			done <- reply{err: cl.err(ctx, OpUnpack, err)}
+		case t == FrameResult:
+			var res TreeResult
+			err := json.Unmarshal(p, &res)
+			done <- reply{res: res, err: err}
+		case t == FrameError:
+			done <- reply{err: decodeError(p)}
+		default:
+			done <- reply{err: fmt.Errorf("unpack: unexpected frame %d", t)}
+		}
+		cl.st.SetWriteDeadline(time.Now()) // unblock a pending upload
+	}()
+	buf := make([]byte, DataChunk)
+	var werr error
+	for werr == nil {
+		n, err := io.ReadFull(r, buf)
+		if n > 0 {
+			if werr = cl.send(FrameData, buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			werr = cl.send(FrameEnd, nil)
+			break
+		}
+		if err != nil {
+			cl.close() // the agent drops the file it was writing
+			<-done
+			return TreeResult{}, fmt.Errorf("unpack into %s: reading the source: %w", path, err)
+		}
+	}
+	rep := <-done
+	if rep.err != nil {
+		return rep.res, rep.err
+	}
+	if werr != nil {
+		return rep.res, cl.err(ctx, OpUnpack, werr)
+	}
+	return rep.res, nil
+}
+
+// Pack streams the tree (or file) at path as a tar. The reader's Close
+// ends the stream; Result reports what was sent once Read returned EOF.
+func (c *Client) Pack(ctx context.Context, path string) (*TreeReader, error) {
+	cl, err := c.open(ctx, &Request{Op: OpPack, Path: path})
+	if err != nil {
+		return nil, err
+	}
+	r := &TreeReader{fileReader: fileReader{cl: cl, ctx: ctx}}
+	if err := r.fill(); err != nil && err != io.EOF {
+		cl.close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// TreeReader reads a packed tree.
+type TreeReader struct {
+	fileReader
+	res TreeResult
+}
+
+// Result reads what is left of the stream and returns what the agent
+// reports after the last byte.
+func (r *TreeReader) Result() (TreeResult, error) {
+	// A tar reader stops at the archive's end marker; the padding after
+	// it is still to be read.
+	if _, err := io.Copy(io.Discard, &r.fileReader); err != nil {
+		return TreeResult{}, err
+	}
+	t, p, err := r.cl.fr.Next()
+	if err != nil {
+		return TreeResult{}, r.cl.err(r.ctx, OpPack, err)
+	}
+	if t != FrameResult {
+		return TreeResult{}, fmt.Errorf("pack: unexpected frame %d", t)
+	}
+	err = json.Unmarshal(p, &r.res)
+	return r.res, err
 }

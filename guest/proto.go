@@ -153,6 +153,17 @@ type Request struct {
 	Time int64    `json:"time,omitempty"` // thaw or mount after a restore: unix nanoseconds
 	Data []byte   `json:"data,omitempty"` // small payloads (reseed)
 	Wait Duration `json:"wait,omitempty"` // shutdown grace
+	// Mount says what to mount after a template restore.
+	Mount *MountSpec `json:"mount,omitempty"`
+}
+
+// MountSpec is what a VM restored from a template (booted with no disks
+// of its own) mounts once the session's disks are plugged in.
+type MountSpec struct {
+	Workspace string `json:"workspace"`        // the workspace's ext4 UUID
+	System    string `json:"system,omitempty"` // the system disk's ext4 UUID (root filesystem images)
+	Hostname  string `json:"hostname,omitempty"`
+	MachineID string `json:"machine_id,omitempty"`
 }
 
 // Ops.
@@ -176,6 +187,8 @@ const (
 	OpMount    = "mount"
 	OpFreeze   = "freeze"
 	OpThaw     = "thaw"
+	OpPack     = "pack"   // stream a tree out of /workspace as tar
+	OpUnpack   = "unpack" // write a tar stream into /workspace, durably
 )
 
 // Duration is a time.Duration that travels as nanoseconds.
@@ -186,11 +199,16 @@ type Hello struct {
 	Version   int       `json:"version"`
 	Agent     string    `json:"agent"` // agent build id
 	Workspace Workspace `json:"workspace"`
-	Booted    time.Time `json:"booted"`
-	Channel   string    `json:"channel"` // "virtio-serial" or "vsock"
+	// System is the system disk under the root overlay; Mounted is false
+	// for images whose root is the initramfs (Error says so).
+	System   Workspace `json:"system"`
+	Hostname string    `json:"hostname,omitempty"`
+	Booted   time.Time `json:"booted"`
+	Channel  string    `json:"channel"` // "virtio-serial" or "vsock"
 }
 
-// Workspace reports the state of /workspace in the guest.
+// Workspace reports the state of /workspace (or of the system disk) in
+// the guest.
 type Workspace struct {
 	Mounted bool   `json:"mounted"`
 	Device  string `json:"device,omitempty"`
@@ -259,6 +277,16 @@ type WriteResult struct {
 	Size int64 `json:"size"`
 }
 
+// TreeResult reports a tree copy.
+type TreeResult struct {
+	Entries  int   `json:"entries"`
+	Files    int   `json:"files"`
+	Dirs     int   `json:"dirs"`
+	Symlinks int   `json:"symlinks"`
+	Skipped  int   `json:"skipped,omitempty"` // sockets, fifos, devices
+	Bytes    int64 `json:"bytes"`
+}
+
 // FlushResult reports a flush of /workspace.
 type FlushResult struct {
 	DirtyBefore int64    `json:"dirty_before"`
@@ -276,6 +304,8 @@ type Stats struct {
 	Load          [3]float64 `json:"load"`
 	WorkspaceSize int64      `json:"workspace_size"`
 	WorkspaceUsed int64      `json:"workspace_used"`
+	SystemSize    int64      `json:"system_size,omitempty"`
+	SystemUsed    int64      `json:"system_used,omitempty"`
 	Running       int        `json:"running"` // executions still running
 }
 

@@ -21,7 +21,6 @@ func newManager(t *testing.T) *session.Manager {
 	if testing.Short() {
 		t.Skip("boots VMs")
 	}
-	im := vmmtest.Image(t)
 	dir := t.TempDir()
 	st, err := store.Open(filepath.Join(dir, "store"), nil)
 	if err != nil {
@@ -32,10 +31,8 @@ func newManager(t *testing.T) *session.Manager {
 		DataDir:  dir,
 		Defaults: session.Defaults{DiskBytes: 128 << 20, MemoryMiB: 384, Accel: vmm.AccelTCG},
 		Drivers:  map[string]vmm.Driver{"qemu": qemu.New(qemu.Options{})},
-		Images: func(context.Context, string) (session.Image, error) {
-			return session.Image{Kernel: im.Kernel, Initramfs: im.Initramfs}, nil
-		},
-		Logger: log,
+		Images:   vmmtest.Images(t),
+		Logger:   log,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -91,7 +91,13 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (Session, erro
 	rec := store.Session{
 		Name: opts.Name, State: string(StateCreating), Cause: "created", Image: opts.Image, VMM: opts.VMM,
 		CPUs: opts.CPUs, MemoryMiB: opts.MemoryMiB, DiskBytes: opts.DiskBytes, CreatedAt: now, LastActivity: now,
-		Retention: d.Retention, WorkspaceUUID: vmm.NewUUID(),
+		Retention: d.Retention, WorkspaceUUID: vmm.NewUUID(), MachineID: randomMachineID(),
+	}
+	if opts.SystemBytes == 0 {
+		opts.SystemBytes = d.SystemBytes
+	}
+	if opts.SystemBytes < minSystemBytes {
+		return Session{}, fmt.Errorf("--system-disk %s is below the %s minimum: %w", FormatBytes(opts.SystemBytes), FormatBytes(minSystemBytes), ErrInvalid)
 	}
 	if opts.IdleTimeout != nil {
 		if *opts.IdleTimeout < 0 {
@@ -123,6 +129,9 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (Session, erro
 		return fail(fmt.Errorf("create session directory: %w", err))
 	}
 	if err := vmm.CreateWorkspace(ctx, s.wsPath(), opts.DiskBytes, rec.WorkspaceUUID); err != nil {
+		return fail(err)
+	}
+	if err := s.newSystem(ctx, opts.Image, opts.SystemBytes); err != nil {
 		return fail(err)
 	}
 	how, err := s.bootNew(ctx, by)
@@ -221,40 +230,50 @@ const stopGrace = 5 * time.Second
 // not answer is killed, and the event says so.
 func (m *Manager) Stop(ctx context.Context, name string) (Session, error) {
 	return m.lifecycle(ctx, name, ActionStop, func(s *sess) error {
-		by := Actor(ctx)
-		prev := s.state()
-		if prev == StateSleeping {
-			// Asleep, the workspace is already flushed and clean and no VM
-			// runs: dropping the snapshot is the whole stop.
-			os.RemoveAll(s.snapshotDir())
-			s.mu.Lock()
-			s.rec.SnapshotPath, s.rec.SnapshotBytes = "", 0
-			s.mu.Unlock()
-			return s.setState(StateStopped, "stopped while asleep (workspace was flushed at sleep)", by)
-		}
-		if err := s.setState(StateStopping, "stop requested", by); err != nil {
-			return err
-		}
-		cause := "stopped cleanly (commands ended, workspace flushed and unmounted)"
-		s.mu.Lock()
-		vm := s.vm
-		s.intended = true
-		s.mu.Unlock()
-		if vm != nil {
-			if prev == StatePaused {
-				vm.Resume(ctx)
-			}
-			m.cancelRuns(name, ExecCancelled, "session stopped")
-			if err := s.shutdownVM(ctx, vm); err != nil {
-				cause = "stopped by killing the VM: " + err.Error()
-				vm.Kill(context.Background())
-			}
-			<-vm.Done()
-		}
-		s.detach()
-		m.loseRuns(name, "the session stopped")
-		return s.setState(StateStopped, cause, by)
+		return s.stopVM(ctx, Actor(ctx), "stop")
 	})
+}
+
+// stopVM ends the session's VM as a stop does and records it stopped; a
+// session with no VM (stopped, crashed) is only recorded so. why names the
+// action for the records. The caller holds s.op.
+func (s *sess) stopVM(ctx context.Context, by, why string) error {
+	m, name := s.m, s.name
+	prev := s.state()
+	switch prev {
+	case StateStopped:
+		return nil
+	case StateSleeping:
+		// Asleep, the disks are already flushed and clean and no VM
+		// runs: dropping the snapshot is the whole stop.
+		os.RemoveAll(s.snapshotDir())
+		s.mu.Lock()
+		s.rec.SnapshotPath, s.rec.SnapshotBytes = "", 0
+		s.mu.Unlock()
+		return s.setState(StateStopped, "stopped while asleep (its disks were flushed at sleep)", by)
+	}
+	if err := s.setState(StateStopping, why+" requested", by); err != nil {
+		return err
+	}
+	cause := "stopped cleanly (commands ended, disks flushed, workspace unmounted)"
+	s.mu.Lock()
+	vm := s.vm
+	s.intended = true
+	s.mu.Unlock()
+	if vm != nil {
+		if prev == StatePaused {
+			vm.Resume(ctx)
+		}
+		m.cancelRuns(name, ExecCancelled, "session stopped ("+why+")")
+		if err := s.shutdownVM(ctx, vm); err != nil {
+			cause = "stopped by killing the VM: " + err.Error()
+			vm.Kill(context.Background())
+		}
+		<-vm.Done()
+	}
+	s.detach()
+	m.loseRuns(name, "the session stopped")
+	return s.setState(StateStopped, cause, by)
 }
 
 func (s *sess) shutdownVM(ctx context.Context, vm vmm.VM) error {
@@ -275,17 +294,19 @@ func (s *sess) shutdownVM(ctx context.Context, vm vmm.VM) error {
 	}
 }
 
-// Start boots a new VM on the session's retained workspace: how a stopped
-// or crashed session comes back. VM-local state is gone; files are not.
+// Start gives a stopped or crashed session a new VM on its retained disks
+// (workspace and system disk): from the image's booted template when it
+// can, so no boot at all. Processes and memory are gone; files are not.
 func (m *Manager) Start(ctx context.Context, name string) (Session, error) {
 	return m.lifecycle(ctx, name, ActionStart, func(s *sess) error {
 		if s.state() == StateSleeping {
 			return s.wake(ctx, Actor(ctx))
 		}
-		if err := s.boot(ctx); err != nil {
+		how, err := s.bootNew(ctx, Actor(ctx))
+		if err != nil {
 			return err
 		}
-		return s.setState(StateRunning, "started on its retained workspace", Actor(ctx))
+		return s.setState(StateRunning, "started on its retained disks: "+how, Actor(ctx))
 	})
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/image"
 	"github.com/berthvm/berth/store"
 	"github.com/berthvm/berth/vmm"
 )
@@ -25,8 +26,11 @@ const (
 	DefaultCPUs      = 1
 	DefaultMemoryMiB = 512
 	DefaultDiskBytes = 4 << 30
-	DefaultVMM       = "qemu"
-	DefaultAccel     = vmm.AccelAuto
+	// DefaultSystemBytes sizes the system disk of an image with a root
+	// filesystem; it is allocated as it is written.
+	DefaultSystemBytes = 8 << 30
+	DefaultVMM         = "qemu"
+	DefaultAccel       = vmm.AccelAuto
 	// DefaultRetention is the recorded output kept per session.
 	DefaultRetention = store.DefaultRetention
 	// DefaultIdleTimeout is how long an idle session runs before it is
@@ -41,9 +45,12 @@ type Defaults struct {
 	CPUs      int
 	MemoryMiB int
 	DiskBytes int64
-	VMM       string
-	Accel     vmm.Accel
-	Retention int64 // recorded output per session
+	// SystemBytes is the size of a new session's system disk (images with
+	// a root filesystem), allocated as it is written.
+	SystemBytes int64
+	VMM         string
+	Accel       vmm.Accel
+	Retention   int64 // recorded output per session
 }
 
 func (d Defaults) withFallbacks() Defaults {
@@ -59,6 +66,9 @@ func (d Defaults) withFallbacks() Defaults {
 	if d.DiskBytes == 0 {
 		d.DiskBytes = DefaultDiskBytes
 	}
+	if d.SystemBytes == 0 {
+		d.SystemBytes = DefaultSystemBytes
+	}
 	if d.VMM == "" {
 		d.VMM = DefaultVMM
 	}
@@ -71,11 +81,6 @@ func (d Defaults) withFallbacks() Defaults {
 	return d
 }
 
-// Image is what a VM boots.
-type Image struct {
-	Kernel, Initramfs string
-}
-
 // Config configures a Manager. Zero values take the documented defaults.
 type Config struct {
 	// DataDir holds sessions/<name>/ (workspace.img and the VM's files).
@@ -83,8 +88,9 @@ type Config struct {
 	Defaults Defaults
 	// Drivers by name; Defaults.VMM picks one.
 	Drivers map[string]vmm.Driver
-	// Images resolves an image name to its files (building it if needed).
-	Images func(ctx context.Context, name string) (Image, error)
+	// Images is where images are found and built; shipped images (mini,
+	// debian) are built the first time a session needs them.
+	Images *image.Store
 	// StatsInterval is how often live figures are refreshed; default 2s.
 	StatsInterval time.Duration
 	// BootTimeout bounds a VM boot until its agent answers; default 2 min
@@ -114,6 +120,7 @@ type Manager struct {
 	wg     sync.WaitGroup // every goroutine the Manager starts
 
 	tmplMu sync.Mutex // serialises template builds
+	builds imageBuilds
 
 	mu       sync.Mutex
 	sessions map[string]*sess

@@ -49,9 +49,21 @@ type Session struct {
 	MemoryMiB int    `json:"memory_mib"`
 	DiskBytes int64  `json:"disk_bytes"` // workspace volume size
 	Image     string `json:"image"`
-	VMM       string `json:"vmm"`             // driver name
-	Accel     string `json:"accel,omitempty"` // accelerator in use while running
-	Pid       int    `json:"pid,omitempty"`   // VMM pid while running or paused
+	// ImageDigest is the build of Image the session runs.
+	ImageDigest string `json:"image_digest,omitempty"`
+	// SystemBytes is the system disk's size (0: the image's root is its
+	// initramfs, in memory); SystemUsed what is written on it, as the
+	// guest sees it while running, else as allocated on the host.
+	SystemBytes int64 `json:"system_bytes,omitempty"`
+	SystemUsed  int64 `json:"system_used,omitempty"`
+	// RootDirectory is where commands start and the file API works;
+	// HomeDirectory is HOME of managed commands (on the system disk where
+	// there is one: kept with the VM; in memory otherwise).
+	RootDirectory string `json:"root_directory"`
+	HomeDirectory string `json:"home_directory"`
+	VMM           string `json:"vmm"`             // driver name
+	Accel         string `json:"accel,omitempty"` // accelerator in use while running
+	Pid           int    `json:"pid,omitempty"`   // VMM pid while running or paused
 
 	CreatedAt    time.Time `json:"created_at"`
 	StartedAt    time.Time `json:"started_at,omitzero"` // current VM's start
@@ -179,6 +191,9 @@ type CreateOptions struct {
 	// IdleTimeout overrides the configured idle timeout for this session
 	// (nil: the configured one; 0: never sleep by itself).
 	IdleTimeout *time.Duration `json:"idle_timeout,omitempty"`
+	// SystemBytes sizes the system disk of an image with a root
+	// filesystem (packages, /etc, /root); it is allocated as written.
+	SystemBytes int64 `json:"system_bytes,omitempty"`
 }
 
 // ExecRequest describes a command to run.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -70,6 +71,16 @@ func (s *sess) snapshotLocked() Session {
 		out.MemUsedBytes = s.stats.MemTotal - s.stats.MemAvailable
 	}
 	out.WorkspaceUsed = s.stats.WorkspaceUsed
+	out.ImageDigest = r.ImageDigest
+	out.RootDirectory, out.HomeDirectory = "/workspace", "/root"
+	if r.SystemUUID != "" {
+		out.SystemBytes = r.SystemBytes
+		if out.State == StateRunning && s.stats.SystemSize > 0 {
+			out.SystemUsed = s.stats.SystemUsed
+		} else {
+			out.SystemUsed = s.systemAllocated()
+		}
+	}
 	out.IdleTimeout = s.idleTimeoutLocked()
 	if out.State == StateSleeping {
 		out.SnapshotBytes = r.SnapshotBytes
@@ -106,31 +117,55 @@ func (s *sess) touch() {
 	s.mu.Unlock()
 }
 
+func (s *sess) sysPath() string { return filepath.Join(s.dir(), "system.img") }
+
 // vmSetup resolves what starting the session's VM takes: its record, its
-// driver, and the Config of a cold boot on its workspace, which a restore
-// adjusts.
-func (s *sess) vmSetup(ctx context.Context) (store.Session, vmm.Driver, vmm.Config, error) {
+// driver, its image, and the Config of a cold boot on its disks, which a
+// restore adjusts.
+func (s *sess) vmSetup(ctx context.Context) (store.Session, vmm.Driver, Image, vmm.Config, error) {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
 	d, err := s.m.driver(rec.VMM)
 	if err != nil {
-		return rec, nil, vmm.Config{}, err
+		return rec, nil, Image{}, vmm.Config{}, err
 	}
-	im, err := s.m.cfg.Images(ctx, rec.Image)
+	im, err := s.m.resolveImage(ctx, rec.Image, rec.ImageDigest)
 	if err != nil {
-		return rec, nil, vmm.Config{}, err
+		return rec, nil, Image{}, vmm.Config{}, fmt.Errorf("session %q: %w", s.name, err)
 	}
-	return rec, d, vmm.Config{
+	cfg := vmm.Config{
 		Dir: s.vmDir(), Kernel: im.Kernel, Initramfs: im.Initramfs,
-		Cmdline: "berth.ws=" + rec.WorkspaceUUID, CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB,
+		Cmdline: bootCmdline(rec.WorkspaceUUID, rec.SystemUUID, im, s.name, rec.MachineID),
+		CPUs:    rec.CPUs, MemoryMiB: rec.MemoryMiB,
 		Workspace: s.wsPath(), Accel: s.m.cfg.Defaults.Accel,
-	}, nil
+	}
+	if im.RootFS() {
+		if rec.SystemUUID == "" {
+			return rec, nil, im, cfg, fmt.Errorf("session %q has no system disk for image %s: `berth replace %s` gives it one (the workspace is kept): %w", s.name, rec.Image, s.name, ErrInvalidState)
+		}
+		if _, err := os.Stat(s.sysPath()); err != nil {
+			return rec, nil, im, cfg, fmt.Errorf("the system disk of %q is missing (%v): the session cannot start; `berth replace %s` gives it a fresh one from image %s (the workspace is kept): %w", s.name, err, s.name, rec.Image, ErrInvalidState)
+		}
+		cfg.System, cfg.Layers = s.sysPath(), layerPaths(im)
+	}
+	return rec, d, im, cfg, nil
 }
 
-// boot starts a VM on the session's workspace and waits for its agent.
+// checkHello refuses a VM whose disks did not mount as the session's.
+func (s *sess) checkHello(h guest.Hello, im Image) error {
+	if im.RootFS() && !h.System.Mounted {
+		return fmt.Errorf("the system disk of %q did not mount (%s): it may be corrupt; `berth replace %s` gives the session a fresh one (the workspace is kept): %w", s.name, h.System.Error, s.name, ErrInvalidState)
+	}
+	if !h.Workspace.Mounted {
+		return fmt.Errorf("the VM booted but /workspace is not the session's volume: %s", h.Workspace.Error)
+	}
+	return nil
+}
+
+// boot starts a VM on the session's disks and waits for its agent.
 func (s *sess) boot(ctx context.Context) error {
-	_, d, cfg, err := s.vmSetup(ctx)
+	_, d, im, cfg, err := s.vmSetup(ctx)
 	if err != nil {
 		return err
 	}
@@ -146,8 +181,8 @@ func (s *sess) boot(ctx context.Context) error {
 	c, err := guest.Dial(bctx, vm.DialAgent)
 	if err == nil {
 		var h guest.Hello
-		if h, err = c.Hello(bctx); err == nil && !h.Workspace.Mounted {
-			err = fmt.Errorf("the VM booted but /workspace is not the session's volume: %s", h.Workspace.Error)
+		if h, err = c.Hello(bctx); err == nil {
+			err = s.checkHello(h, im)
 		}
 		if err != nil {
 			c.Close()
@@ -157,18 +192,27 @@ func (s *sess) boot(ctx context.Context) error {
 		vm.Kill(context.Background())
 		tail := vm.Exit().LogTail
 		vm.Close()
+		if errors.Is(err, ErrInvalidState) {
+			return err
+		}
 		if ctx.Err() == nil && bctx.Err() != nil {
 			return fmt.Errorf("VM for %q did not answer within %s: %w (console: %s)", s.name, s.m.cfg.BootTimeout, ErrUnavailable, lastLines(filepath.Join(s.vmDir(), "console.log")))
 		}
 		return fmt.Errorf("VM for %q: %w %s", s.name, err, tail)
 	}
+	s.attached(vm, c)
+	return nil
+}
+
+// attached makes vm and its agent connection the session's and starts
+// watching them.
+func (s *sess) attached(vm vmm.VM, c *guest.Client) {
 	s.mu.Lock()
 	s.vm, s.agent, s.intended = vm, c, false
 	s.rec.Pid, s.rec.Accel, s.rec.StartedAt = vm.Pid(), string(vm.Accel()), time.Now()
 	s.stats = guest.Stats{}
 	s.mu.Unlock()
 	s.supervise(vm)
-	return nil
 }
 
 // supervise watches the VM: an exit nobody asked for is a crash, and while

@@ -167,7 +167,7 @@ func (s *sess) wake(ctx context.Context, by string) error {
 // restore starts a VMM from the sleep snapshot and connects to its agent.
 // The VM stays paused until afterWake.
 func (s *sess) restore(ctx context.Context) error {
-	rec, d, cfg, err := s.vmSetup(ctx)
+	rec, d, _, cfg, err := s.vmSetup(ctx)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/berthvm/berth/guest"
@@ -24,23 +25,31 @@ import (
 // gets a new one; a template that fails to restore is removed and the
 // create boots cold.
 
-const templateCmdline = "berth.ws=none"
+// templateCmdline is a template VM's kernel command line: no workspace and
+// no system disk yet, the image's layers (the same for every session of
+// the image) already mounted.
+func templateCmdline(im Image) string { return bootCmdline("", "", im, "", "") }
 
 // templateFormat changes when templates built before would still restore
 // but behave worse (the kernel command line is baked into the snapshot).
 // 2: QEMU boots with acpi=noirq. 3: snapshotted with the agent idle.
-const templateFormat = 3
+// 4: the agent mounts a system disk and sets the VM's identity on mount.
+const templateFormat = 4
 
 // templateSettle is how long a template VM idles after its host left,
 // before it is snapshotted (measured: creates ~200 ms faster than with a
 // snapshot taken at once, mid-teardown).
 const templateSettle = 500 * time.Millisecond
 
-// templateKey identifies a template: the image's kernel and initramfs
-// (size and mtime: a rebuilt image differs) and the VM size.
+// templateKey identifies a template: the image's build (its kernel and
+// initramfs by size and mtime as well: a rebuilt image differs) and the VM
+// size.
 func templateKey(im Image, vmmName string, cpus, memMiB int) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "v%d %s %d %d\n", templateFormat, vmmName, cpus, memMiB)
+	fmt.Fprintf(h, "v%d %s %d %d %s@%s\n", templateFormat, vmmName, cpus, memMiB, im.Name, im.Digest)
+	for _, l := range im.Layers {
+		fmt.Fprintf(h, "layer %s\n", l.UUID)
+	}
 	for _, p := range []string{im.Kernel, im.Initramfs} {
 		fi, err := os.Stat(p)
 		if err != nil {
@@ -65,7 +74,7 @@ func (m *Manager) template(ctx context.Context, s *sess) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	im, err := m.cfg.Images(ctx, rec.Image)
+	im, err := m.resolveImage(ctx, rec.Image, rec.ImageDigest)
 	if err != nil {
 		return "", err
 	}
@@ -98,8 +107,8 @@ func (m *Manager) template(ctx context.Context, s *sess) (string, error) {
 	bctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
 	vm, err := d.Start(bctx, vmm.Config{
-		Dir: filepath.Join(tmp, "vm"), Kernel: im.Kernel, Initramfs: im.Initramfs, Cmdline: templateCmdline,
-		CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB, Accel: m.cfg.Defaults.Accel,
+		Dir: filepath.Join(tmp, "vm"), Kernel: im.Kernel, Initramfs: im.Initramfs, Cmdline: templateCmdline(im),
+		CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB, Layers: layerPaths(im), Accel: m.cfg.Defaults.Accel,
 	})
 	if err != nil {
 		return "", fmt.Errorf("boot the template VM: %w", err)
@@ -151,15 +160,19 @@ func (m *Manager) template(ctx context.Context, s *sess) (string, error) {
 }
 
 // bootFromTemplate restores the template into the session's VM directory,
-// plugs in its workspace and has the agent mount it.
+// plugs in its disks and has the agent mount them.
 func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
-	rec, d, cfg, err := s.vmSetup(ctx)
+	rec, d, im, cfg, err := s.vmSetup(ctx)
 	if err != nil {
 		return err
 	}
-	// The template's VM, as it was snapshotted: no workspace until it is
-	// hot-plugged below.
-	cfg.Cmdline, cfg.Workspace, cfg.Incoming = templateCmdline, "", snap
+	// The template's VM, as it was snapshotted: the image's layers, no
+	// disks of the session's own until they are hot-plugged below.
+	disks := []struct {
+		d    vmm.Disk
+		path string
+	}{{vmm.DiskSystem, cfg.System}, {vmm.DiskWorkspace, cfg.Workspace}}
+	cfg.Cmdline, cfg.Workspace, cfg.System, cfg.Incoming = templateCmdline(im), "", "", snap
 	bctx, cancel := context.WithTimeout(ctx, s.m.cfg.BootTimeout)
 	defer cancel()
 	vm, err := d.Start(bctx, cfg)
@@ -177,11 +190,16 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 	if !isAdder {
 		return fmt.Errorf("the %s driver cannot hot-plug disks", rec.VMM)
 	}
-	if err := adder.AddWorkspace(bctx, s.wsPath()); err != nil {
-		if errors.Is(err, vmm.ErrInUse) {
-			return fmt.Errorf("session %q: %w: %w", s.name, ErrConflict, err)
+	for _, disk := range disks {
+		if disk.path == "" {
+			continue
 		}
-		return err
+		if err := adder.AddDisk(bctx, disk.d, disk.path); err != nil {
+			if errors.Is(err, vmm.ErrInUse) {
+				return fmt.Errorf("session %q: %w: %w", s.name, ErrConflict, err)
+			}
+			return err
+		}
 	}
 	if err := vm.Resume(bctx); err != nil {
 		return err
@@ -192,16 +210,16 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 	}
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	if w, err := c.MountAt(bctx, rec.WorkspaceUUID, time.Now(), seed); err != nil || !w.Mounted {
+	spec := guest.MountSpec{Workspace: rec.WorkspaceUUID, System: rec.SystemUUID, Hostname: s.name, MachineID: rec.MachineID}
+	if w, err := c.MountAt(bctx, spec, time.Now(), seed); err != nil || !w.Mounted {
 		c.Close()
-		return fmt.Errorf("mount the workspace in the restored template: %v", err)
+		if err != nil && im.RootFS() && strings.Contains(err.Error(), "system disk") {
+			return fmt.Errorf("the system disk of %q did not mount (%v): it may be corrupt; `berth replace %s` gives the session a fresh one (the workspace is kept): %w", s.name, err, s.name, ErrInvalidState)
+		}
+		return fmt.Errorf("mount the session's disks in the restored template: %v", err)
 	}
 	ok = true
-	s.mu.Lock()
-	s.vm, s.agent, s.intended = vm, c, false
-	s.rec.Pid, s.rec.Accel, s.rec.StartedAt = vm.Pid(), string(vm.Accel()), time.Now()
-	s.mu.Unlock()
-	s.supervise(vm)
+	s.attached(vm, c)
 	return nil
 }
 
@@ -217,7 +235,7 @@ func (s *sess) bootNew(ctx context.Context, by string) (string, error) {
 		if err = s.bootFromTemplate(ctx, snap); err == nil {
 			return fmt.Sprintf("restored from a template in %s", time.Since(start).Round(time.Millisecond)), nil
 		}
-		if errors.Is(err, ErrConflict) {
+		if errors.Is(err, ErrConflict) || errors.Is(err, ErrInvalidState) {
 			return "", err
 		}
 		// A broken template must not break every create: drop it.

@@ -40,15 +40,16 @@ type Action string
 
 // The actions of the transition table.
 const (
-	ActionPause  Action = "pause"
-	ActionResume Action = "resume" // also wakes a sleeping session
-	ActionStop   Action = "stop"
-	ActionStart  Action = "start"
-	ActionDelete Action = "delete"
-	ActionFlush  Action = "flush"
-	ActionExec   Action = "exec"
-	ActionFiles  Action = "files"
-	ActionSleep  Action = "sleep"
+	ActionPause   Action = "pause"
+	ActionResume  Action = "resume" // also wakes a sleeping session
+	ActionStop    Action = "stop"
+	ActionStart   Action = "start"
+	ActionDelete  Action = "delete"
+	ActionFlush   Action = "flush"
+	ActionExec    Action = "exec"
+	ActionFiles   Action = "files"
+	ActionSleep   Action = "sleep"
+	ActionReplace Action = "replace" // a new VM with a fresh system disk
 )
 
 // transitions lists, per action, the states it is allowed from.
@@ -62,6 +63,9 @@ var transitions = map[Action][]State{
 	ActionExec:   {StateRunning, StateSleeping},
 	ActionFiles:  {StateRunning, StateSleeping},
 	ActionSleep:  {StateRunning},
+	// replace works from any settled state: a VM that cannot start is
+	// what it is for.
+	ActionReplace: {StateRunning, StatePaused, StateStopped, StateCrashed, StateSleeping},
 }
 
 // phrases are how a refusal names an action when its bare name does not

@@ -37,6 +37,15 @@ type Session struct {
 	SnapshotBytes int64  `json:"snapshot_bytes,omitempty"`
 	// LastWake is how long the session's last wake took.
 	LastWake time.Duration `json:"last_wake,omitempty"`
+	// ImageDigest pins the build of Image the session's system disk was
+	// made on ("" for sessions made before builds were pinned).
+	ImageDigest string `json:"image_digest,omitempty"`
+	// SystemUUID is the system disk's ext4 UUID; "" for images whose root
+	// is their initramfs. SystemBytes is its size.
+	SystemUUID  string `json:"system_uuid,omitempty"`
+	SystemBytes int64  `json:"system_bytes,omitempty"`
+	// MachineID is the VM's /etc/machine-id (32 hex digits).
+	MachineID string `json:"machine_id,omitempty"`
 }
 
 // clone returns a copy of sess that shares no memory with it, so a record

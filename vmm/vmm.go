@@ -18,7 +18,7 @@ import (
 var (
 	// ErrInUse means the workspace image is already attached as a writer
 	// by another VM (or another berth daemon).
-	ErrInUse = errors.New("workspace is in use by another VM")
+	ErrInUse = errors.New("disk is in use by another VM")
 	// ErrNotRunning means the VMM process is gone.
 	ErrNotRunning = errors.New("VM is not running")
 	// ErrUnavailable means the driver cannot run on this host (binary
@@ -51,6 +51,14 @@ type Config struct {
 	// Workspace is the raw ext4 image attached read-write as the first
 	// virtio-blk disk. Empty means no workspace disk.
 	Workspace string
+	// System is the session's system disk (raw ext4, read-write), the
+	// upper layer of the root overlay of root filesystem images. Empty
+	// means none.
+	System string
+	// Layers are the image's read-only root layers (raw ext4), bottom
+	// first, shared by every VM of the image: attached read-only, so any
+	// number of VMs may hold them while no VM may write them.
+	Layers []string
 
 	Accel Accel
 
@@ -140,10 +148,22 @@ type Snapshotter interface {
 	Snapshot(ctx context.Context, path string) error
 }
 
-// DiskAdder is implemented by VMs that can hot-plug the workspace disk,
-// as a VM restored from a template (booted without one) needs. The disk
-// lands where a cold boot with Config.Workspace puts it, so later
-// snapshots of the VM restore with the ordinary configuration.
+// MaxLayers bounds an image's read-only layers.
+const MaxLayers = 8
+
+// Disk names a hot-pluggable disk of a session.
+type Disk string
+
+const (
+	DiskWorkspace Disk = "workspace"
+	DiskSystem    Disk = "system"
+)
+
+// DiskAdder is implemented by VMs that can hot-plug a session's disks,
+// as a VM restored from a template (booted without them) needs. Each disk
+// lands where a cold boot with Config.Workspace or Config.System puts it,
+// so later snapshots of the VM restore with the ordinary configuration. A
+// disk held by another writer yields ErrInUse.
 type DiskAdder interface {
-	AddWorkspace(ctx context.Context, path string) error
+	AddDisk(ctx context.Context, d Disk, path string) error
 }

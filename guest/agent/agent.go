@@ -48,9 +48,24 @@ type Config struct {
 	Logger *slog.Logger
 	// PowerOff is called after a successful shutdown; nil does nothing.
 	PowerOff func()
-	// Mount mounts a workspace volume hot-plugged after boot; it returns
-	// the new Config fields. Nil refuses mount requests.
-	Mount func(uuid string) (dir, device string, err error)
+	// Mount mounts what a VM restored from a template is given after the
+	// restore: the system disk (switching to the root overlay) and the
+	// workspace. Nil refuses mount requests.
+	Mount func(spec guest.MountSpec) (Mounted, error)
+	// System is the system disk's root directory, open, when the VM booted
+	// into a root overlay; SystemInfo describes it (or says why there is
+	// none).
+	System     *os.File
+	SystemInfo guest.Workspace
+	// Hostname is the VM's hostname, for Hello.
+	Hostname string
+}
+
+// Mounted is what Config.Mount mounted.
+type Mounted struct {
+	Workspace, Device string // the workspace's directory and device
+	System            *os.File
+	SystemDevice      string
 }
 
 // Agent serves the host.
@@ -65,6 +80,9 @@ type Agent struct {
 	root    *os.Root // nil until the workspace is mounted
 	ws      guest.Workspace
 	wsDir   string
+	sys     *os.File // the system disk's root directory, or nil
+	sysInfo guest.Workspace
+	host    string
 	closing bool
 
 	sessMu  sync.Mutex
@@ -81,6 +99,10 @@ func New(cfg Config) (*Agent, error) {
 		a.cfg.Home = "/root"
 	}
 	a.execs = newExecTable(a)
+	a.sys, a.sysInfo, a.host = cfg.System, cfg.SystemInfo, cfg.Hostname
+	if a.sys == nil && a.sysInfo.Error == "" {
+		a.sysInfo.Error = "no system disk: the root is the initramfs"
+	}
 	a.ws = guest.Workspace{Error: cfg.WorkspaceError}
 	if cfg.Workspace != "" {
 		if err := a.setWorkspace(cfg.Workspace, cfg.Device, cfg.UUID); err != nil {
@@ -271,9 +293,9 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 	switch req.Op {
 	case guest.OpHello:
 		a.mu.Lock()
-		ws := a.ws
+		h := guest.Hello{Version: guest.Version, Agent: a.cfg.Build, Workspace: a.ws, System: a.sysInfo, Hostname: a.host, Booted: a.booted}
 		a.mu.Unlock()
-		return guest.Hello{Version: guest.Version, Agent: a.cfg.Build, Workspace: ws, Booted: a.booted}, nil
+		return h, nil
 	case guest.OpExec:
 		return nil, a.serveExec(ctx, s, req)
 	case guest.OpAttach:
@@ -296,6 +318,10 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 		return nil, a.read(s, req.Path)
 	case guest.OpWrite:
 		return a.write(s, req.Path, req.Mode)
+	case guest.OpPack:
+		return nil, a.pack(s, req.Path)
+	case guest.OpUnpack:
+		return a.unpack(s, req.Path)
 	case guest.OpMkdir:
 		return struct{}{}, a.mkdir(req.Path, req.All)
 	case guest.OpRemove:
@@ -312,7 +338,11 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 		if err := a.setTime(req.Time, req.Data); err != nil {
 			return nil, err
 		}
-		return a.mount(req.ID)
+		spec := guest.MountSpec{Workspace: req.ID}
+		if req.Mount != nil {
+			spec = *req.Mount
+		}
+		return a.mount(spec)
 	case guest.OpFreeze:
 		return a.freeze()
 	case guest.OpThaw:

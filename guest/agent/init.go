@@ -50,6 +50,7 @@ func MountBase() error {
 		{"sysfs", "/sys", "sysfs", ""},
 		{"devtmpfs", "/dev", "devtmpfs", ""},
 		{"devpts", "/dev/pts", "devpts", "ptmxmode=0666,mode=0620"},
+		{"tmpfs", "/dev/shm", "tmpfs", "mode=1777"},
 		{"tmpfs", "/tmp", "tmpfs", "mode=1777"},
 		{"tmpfs", "/run", "tmpfs", "mode=0755"},
 		{"cgroup2", "/sys/fs/cgroup", "cgroup2", ""},

@@ -46,9 +46,9 @@ func meminfo(fields ...string) map[string]int64 {
 	return out
 }
 
-// dirty is the page cache not yet on the disk. The workspace is the only
-// block-backed filesystem in the guest (the root is in memory), so the
-// system-wide figures are the workspace's.
+// dirty is the page cache not yet on the disk. The workspace and the
+// system disk are the only block-backed writable filesystems in the guest,
+// so the system-wide figures are theirs together.
 func dirty() int64 {
 	m := meminfo("Dirty", "Writeback")
 	return m["Dirty"] + m["Writeback"]
@@ -71,6 +71,11 @@ func (a *Agent) flush() (guest.FlushResult, error) {
 	defer d.Close()
 	if err := unix.Syncfs(int(d.Fd())); err != nil {
 		return guest.FlushResult{}, fmt.Errorf("syncfs /workspace: %w", err)
+	}
+	if sys := a.system(); sys != nil {
+		if err := unix.Syncfs(int(sys.Fd())); err != nil {
+			return guest.FlushResult{}, fmt.Errorf("syncfs the system disk: %w", err)
+		}
 	}
 	return guest.FlushResult{DirtyBefore: before, DirtyAfter: dirty(), Took: time.Since(start)}, nil
 }
@@ -104,6 +109,13 @@ func (a *Agent) stats() (guest.Stats, error) {
 		if unix.Statfs(dir, &fs) == nil {
 			st.WorkspaceSize = int64(fs.Blocks) * fs.Bsize
 			st.WorkspaceUsed = int64(fs.Blocks-fs.Bfree) * fs.Bsize
+		}
+	}
+	if sys := a.system(); sys != nil {
+		var fs unix.Statfs_t
+		if unix.Fstatfs(int(sys.Fd()), &fs) == nil {
+			st.SystemSize = int64(fs.Blocks) * fs.Bsize
+			st.SystemUsed = int64(fs.Blocks-fs.Bfree) * fs.Bsize
 		}
 	}
 	st.Running = len(a.execs.running())
@@ -185,20 +197,38 @@ func (a *Agent) setTime(ns int64, seed []byte) error {
 	return nil
 }
 
-func (a *Agent) mount(uuid string) (guest.Workspace, error) {
+func (a *Agent) mount(spec guest.MountSpec) (guest.Workspace, error) {
 	if a.cfg.Mount == nil {
 		return guest.Workspace{}, &guest.Error{Code: "EPERM", Op: "mount", Message: "this agent does not mount volumes after boot"}
 	}
-	dir, dev, err := a.cfg.Mount(uuid)
+	m, err := a.cfg.Mount(spec)
+	if m.System != nil {
+		a.mu.Lock()
+		a.sys = m.System
+		a.sysInfo = guest.Workspace{Mounted: true, Device: m.SystemDevice, UUID: spec.System}
+		a.mu.Unlock()
+	}
+	if spec.Hostname != "" {
+		a.mu.Lock()
+		a.host = spec.Hostname
+		a.mu.Unlock()
+	}
 	if err != nil {
 		return guest.Workspace{}, err
 	}
-	if err := a.setWorkspace(dir, dev, uuid); err != nil {
+	if err := a.setWorkspace(m.Workspace, m.Device, spec.Workspace); err != nil {
 		return guest.Workspace{}, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.ws, nil
+}
+
+// system returns the system disk's root directory, or nil.
+func (a *Agent) system() *os.File {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.sys
 }
 
 // cgroupRoot is where per-execution cgroups live in the guest.
@@ -247,11 +277,25 @@ func (a *Agent) freeze() (guest.FlushResult, error) {
 	if err := unix.IoctlSetInt(int(d.Fd()), fiFreeze, 0); err != nil && err != unix.EBUSY {
 		return res, fmt.Errorf("freeze /workspace: %w", err)
 	}
+	// The system disk is frozen after the workspace: freezing the root's
+	// upper layer stops every writer in the VM, the agent's own workspace
+	// call included.
+	if sys := a.system(); sys != nil {
+		if err := unix.IoctlSetInt(int(sys.Fd()), fiFreeze, 0); err != nil && err != unix.EBUSY {
+			unix.IoctlSetInt(int(d.Fd()), fiThaw, 0)
+			return res, fmt.Errorf("freeze the system disk: %w", err)
+		}
+	}
 	return res, nil
 }
 
 // thaw undoes freeze; thawing a filesystem that is not frozen is fine.
 func (a *Agent) thaw() error {
+	if sys := a.system(); sys != nil {
+		if err := unix.IoctlSetInt(int(sys.Fd()), fiThaw, 0); err != nil && err != unix.EINVAL {
+			return fmt.Errorf("thaw the system disk: %w", err)
+		}
+	}
 	root, err := a.workspace()
 	if err != nil {
 		return err

@@ -1,21 +1,30 @@
-// Package image builds berth's guest images in Go: a Debian kernel fetched
-// with apt (never installed on the host) and a gzip'd initramfs holding the
-// agent as /init, busybox, and the kernel modules the agent loads.
+// Package image builds berth's guest images: a Debian kernel fetched with
+// apt (never installed on the host), a gzip'd initramfs holding the agent
+// as /init with the kernel modules it loads, and for root filesystem images
+// (debian, recipes) read-only ext4 layers built with mmdebstrap and
+// mkfs.ext4 -d, without mounting anything. Images live under
+// <data>/images/<name>/<digest>/; sessions pin the digest they were made
+// with, so a rebuild never changes the layers under a session's system disk.
 package image
 
 import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/berthvm/berth/assets"
@@ -23,130 +32,385 @@ import (
 
 // builderVersion changes whenever the layout the builder writes changes,
 // so old images are rebuilt.
-const builderVersion = "3"
+const builderVersion = "4"
 
 // Image is a built guest image.
 type Image struct {
-	Name          string    `json:"name"`
-	Dir           string    `json:"-"`
-	Kernel        string    `json:"-"` // path to vmlinuz
-	Initramfs     string    `json:"-"` // path to initramfs.cpio.gz
-	Digest        string    `json:"digest"`
-	KernelVersion string    `json:"kernel_version"`
-	Modules       []string  `json:"modules"`
-	Size          int64     `json:"initramfs_size"`
-	Built         time.Time `json:"built"`
+	Name   string `json:"name"`
+	Digest string `json:"digest"`
+	// Dir is the image's directory; Kernel and Initramfs are in it.
+	Dir       string `json:"-"`
+	Kernel    string `json:"-"`
+	Initramfs string `json:"-"`
+	// Layers are the read-only root filesystem layers, bottom first; none
+	// for mini, whose root is the initramfs.
+	Layers        []Layer       `json:"layers,omitempty"`
+	KernelVersion string        `json:"kernel_version"`
+	Modules       []string      `json:"modules"`
+	Packages      []string      `json:"packages,omitempty"`  // asked for
+	Installed     int           `json:"installed,omitempty"` // packages in the root
+	InitramfsSize int64         `json:"initramfs_size"`
+	Built         time.Time     `json:"built"`
+	BuildTook     time.Duration `json:"build_took_ns,omitempty"`
+	// Source says what it was built from: "berth" for shipped images, or
+	// the recipe file's path.
+	Source string `json:"source"`
+}
+
+// Layer is one read-only ext4 layer. Its tree lives under /upper in the
+// filesystem, as in a system disk, so a build's system disk becomes a
+// layer as it is.
+type Layer struct {
+	File string `json:"file"` // name in the image's directory
+	Path string `json:"-"`
+	UUID string `json:"uuid"` // ext4 filesystem UUID, how the agent finds it
+	Size int64  `json:"size"` // apparent size
+	Hash string `json:"hash"` // what went into it
+}
+
+// RootFS reports whether the image boots into a root filesystem (layers
+// plus a per-session system disk) rather than its initramfs.
+func (im Image) RootFS() bool { return len(im.Layers) > 0 }
+
+// DiskBytes is what the image occupies on the host's disk.
+func (im Image) DiskBytes() int64 {
+	var n int64
+	for _, p := range []string{im.Kernel, im.Initramfs} {
+		n += allocated(p)
+	}
+	for _, l := range im.Layers {
+		n += allocated(l.Path)
+	}
+	return n
+}
+
+func allocated(path string) int64 {
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) != nil {
+		return 0
+	}
+	return st.Blocks * 512
 }
 
 // Options configure Build.
 type Options struct {
-	Name      string // only "mini" for now
+	// Name is the image to build: mini, or a shipped recipe (debian).
+	// Ignored when Recipe is set.
+	Name string
+	// Recipe, if set, is built instead of a shipped image.
+	Recipe    *Recipe
 	ImagesDir string // <data>/images
 	CacheDir  string // where the kernel package is unpacked
 	Agent     string // the static berth-agent binary
 	Busybox   string // a static busybox; default /bin/busybox
-	Progress  io.Writer
+	// Steps runs a recipe's setup commands in a VM; recipes with setup
+	// steps need it.
+	Steps StepRunner
+	// Report receives progress; Progress, when Report is nil, gets it as
+	// lines of text.
+	Report   func(Progress)
+	Progress io.Writer
 }
 
-// Names lists the images berth can build.
-func Names() []string { return []string{"mini"} }
+// A StepRunner runs a recipe's setup commands inside a berth VM of the
+// image being built, never on the host: the VM boots the layers built so
+// far with System as its system disk, and whatever the commands change
+// lands on System, which becomes the image's top layer.
+type StepRunner interface {
+	RunSteps(ctx context.Context, b StepBuild) error
+}
 
-// Load returns an image built earlier.
+// StepBuild is one recipe's setup run.
+type StepBuild struct {
+	Image      Image  // kernel, initramfs and the layers below the new one
+	System     string // path of a fresh, formatted system disk
+	SystemUUID string
+	Steps      []string
+	Timeout    time.Duration // per step
+	Report     func(Progress)
+}
+
+// Names lists the images berth can build without a recipe.
+func Names() []string { return append([]string{"mini"}, assets.ImageRecipes()...) }
+
+// Files in an image's name directory.
+const (
+	currentFile  = "current"
+	manifestFile = "manifest.json"
+	layerCache   = ".layers"
+)
+
+// Load returns the current build of the named image.
 func Load(imagesDir, name string) (Image, error) {
-	dir := filepath.Join(imagesDir, name)
-	b, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err := ValidateName(name); err != nil {
+		return Image{}, err
+	}
+	b, err := os.ReadFile(filepath.Join(imagesDir, name, currentFile))
 	if err != nil {
 		return Image{}, fmt.Errorf("image %q is not built: run `berth image build %s`", name, name)
 	}
+	return LoadDigest(imagesDir, name, strings.TrimSpace(string(b)))
+}
+
+// LoadDigest returns one build of the named image.
+func LoadDigest(imagesDir, name, digest string) (Image, error) {
+	if err := ValidateName(name); err != nil {
+		return Image{}, err
+	}
+	if digest == "" || strings.ContainsAny(digest, "/.") {
+		return Image{}, fmt.Errorf("image %q: bad digest %q", name, digest)
+	}
+	dir := filepath.Join(imagesDir, name, digest)
+	b, err := os.ReadFile(filepath.Join(dir, manifestFile))
+	if err != nil {
+		return Image{}, fmt.Errorf("image %s@%s is gone: %w", name, digest, fs.ErrNotExist)
+	}
 	var im Image
 	if err := json.Unmarshal(b, &im); err != nil {
-		return Image{}, fmt.Errorf("image %q: corrupt manifest: %w", name, err)
+		return Image{}, fmt.Errorf("image %s@%s: corrupt manifest: %w", name, digest, err)
 	}
 	im.Dir = dir
 	im.Kernel = filepath.Join(dir, "vmlinuz")
 	im.Initramfs = filepath.Join(dir, "initramfs.cpio.gz")
-	for _, p := range []string{im.Kernel, im.Initramfs} {
+	paths := []string{im.Kernel, im.Initramfs}
+	for i := range im.Layers {
+		im.Layers[i].Path = filepath.Join(dir, im.Layers[i].File)
+		paths = append(paths, im.Layers[i].Path)
+	}
+	for _, p := range paths {
 		if _, err := os.Stat(p); err != nil {
-			return Image{}, fmt.Errorf("image %q is incomplete (%v): rebuild it with `berth image build %s`", name, err, name)
+			return Image{}, fmt.Errorf("image %s@%s is incomplete (%v): rebuild it with `berth image build %s`", name, digest, err, name)
 		}
 	}
 	return im, nil
 }
 
-// Build builds the named image unless an image from the same inputs exists.
-// It reports whether it built anything.
-func Build(ctx context.Context, o Options) (Image, bool, error) {
-	if o.Name == "" {
-		o.Name = "mini"
+// Builds lists every build of every image: the current one of each name
+// first, then older ones still on disk (kept for the sessions made with
+// them).
+func Builds(imagesDir string) ([]Image, error) {
+	ents, err := os.ReadDir(imagesDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
 	}
-	if o.Name != "mini" {
-		return Image{}, false, fmt.Errorf("unknown image %q: berth can build %s", o.Name, strings.Join(Names(), ", "))
+	if err != nil {
+		return nil, err
+	}
+	var out []Image
+	for _, e := range ents {
+		name := e.Name()
+		if ValidateName(name) != nil {
+			continue
+		}
+		cur, _ := Load(imagesDir, name)
+		if cur.Digest != "" {
+			out = append(out, cur)
+		}
+		ds, _ := os.ReadDir(filepath.Join(imagesDir, name))
+		for _, d := range ds {
+			if !d.IsDir() || d.Name() == cur.Digest || strings.HasPrefix(d.Name(), ".") {
+				continue
+			}
+			if im, err := LoadDigest(imagesDir, name, d.Name()); err == nil {
+				out = append(out, im)
+			}
+		}
+	}
+	return out, nil
+}
+
+// Remove deletes every build of the named image. The caller makes sure no
+// session uses it.
+func Remove(imagesDir, name string) error {
+	if err := ValidateName(name); err != nil {
+		return err
+	}
+	dir := filepath.Join(imagesDir, name)
+	if _, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("image %q: %w", name, fs.ErrNotExist)
+	}
+	// Renamed away first, so a half-removed image is never loadable.
+	gone := filepath.Join(imagesDir, ".rm-"+name+"-"+randHex(4))
+	if err := os.Rename(dir, gone); err != nil {
+		return err
+	}
+	err := os.RemoveAll(gone)
+	pruneLayerCache(imagesDir)
+	return err
+}
+
+// Prune removes the builds of name that are neither current nor kept.
+func Prune(imagesDir, name string, keep func(digest string) bool) {
+	cur, _ := Load(imagesDir, name)
+	ds, _ := os.ReadDir(filepath.Join(imagesDir, name))
+	for _, d := range ds {
+		if d.IsDir() && d.Name() != cur.Digest && !keep(d.Name()) {
+			os.RemoveAll(filepath.Join(imagesDir, name, d.Name()))
+		}
+	}
+	pruneLayerCache(imagesDir)
+}
+
+// pruneLayerCache drops cached layers no image links to any more.
+func pruneLayerCache(imagesDir string) {
+	files, _ := filepath.Glob(filepath.Join(imagesDir, layerCache, "*.img"))
+	for _, f := range files {
+		var st syscall.Stat_t
+		if syscall.Stat(f, &st) == nil && st.Nlink == 1 {
+			os.Remove(f)
+			os.Remove(strings.TrimSuffix(f, ".img") + ".json")
+		}
+	}
+}
+
+// Build builds an image unless a build from the same inputs exists. It
+// reports whether it built anything.
+func Build(ctx context.Context, o Options) (Image, bool, error) {
+	if o.Report == nil {
+		w := o.Progress
+		if w == nil {
+			w = io.Discard
+		}
+		o.Report = func(p Progress) { fmt.Fprintln(w, p.String()) }
 	}
 	if o.Busybox == "" {
 		o.Busybox = "/bin/busybox"
 	}
-	if o.Progress == nil {
-		o.Progress = io.Discard
+	r := o.Recipe
+	if r == nil {
+		if o.Name == "" {
+			o.Name = "mini"
+		}
+		if o.Name != "mini" {
+			var err error
+			if r, err = ShippedRecipe(o.Name); err != nil {
+				return Image{}, false, err
+			}
+		}
 	}
-	agent, err := os.ReadFile(o.Agent)
+	b := &builder{o: o, start: time.Now()}
+	if r == nil {
+		return b.mini(ctx)
+	}
+	return b.rootfs(ctx, r)
+}
+
+type builder struct {
+	o     Options
+	start time.Time
+}
+
+func (b *builder) report(p Progress) { b.o.Report(p) }
+
+// inputs reads what every image is made of: agent and kernel.
+func (b *builder) inputs(ctx context.Context) ([]byte, Kernel, error) {
+	agent, err := os.ReadFile(b.o.Agent)
 	if err != nil {
-		return Image{}, false, fmt.Errorf("read the guest agent: %w (build it with `make`)", err)
+		return nil, Kernel{}, fmt.Errorf("read the guest agent: %w (build it with `make`)", err)
 	}
-	busybox, err := os.ReadFile(o.Busybox)
+	k, err := FetchKernel(ctx, b.o.CacheDir, progressWriter{b.report})
+	if err != nil {
+		return nil, Kernel{}, err
+	}
+	return agent, k, nil
+}
+
+type progressWriter struct{ report func(Progress) }
+
+func (w progressWriter) Write(p []byte) (int, error) {
+	w.report(Progress{Phase: "kernel", Line: strings.TrimSpace(string(p))})
+	return len(p), nil
+}
+
+func (b *builder) mini(ctx context.Context) (Image, bool, error) {
+	name := "mini"
+	agent, k, err := b.inputs(ctx)
+	if err != nil {
+		return Image{}, false, err
+	}
+	busybox, err := os.ReadFile(b.o.Busybox)
 	if err != nil {
 		return Image{}, false, fmt.Errorf("read busybox: %w (install Debian's busybox-static)", err)
 	}
-	k, err := FetchKernel(ctx, o.CacheDir, o.Progress)
+	mods, err := resolveModules(k, assets.Modules())
 	if err != nil {
 		return Image{}, false, err
 	}
-	ix, err := loadModuleIndex(k.ModulesDir)
-	if err != nil {
-		return Image{}, false, err
-	}
-	mods, err := ix.resolve(assets.Modules())
-	if err != nil {
-		return Image{}, false, err
-	}
-
 	h := sha256.New()
-	fmt.Fprintf(h, "builder %s\nkernel %s\nmodules %s\n", builderVersion, k.Package, strings.Join(mods, " "))
+	fmt.Fprintf(h, "builder %s\nmini\nkernel %s\nmodules %s\n", builderVersion, k.Package, strings.Join(mods, " "))
 	h.Write(agent)
 	h.Write(busybox)
 	digest := hex.EncodeToString(h.Sum(nil))[:16]
-	if im, err := Load(o.ImagesDir, o.Name); err == nil && im.Digest == digest {
-		fmt.Fprintf(o.Progress, "image %s is up to date (%s, kernel %s): %s\n", o.Name, digest, k.Version, im.Dir)
+	if im, ok := b.upToDate(name, digest, k); ok {
 		return im, false, nil
 	}
-
-	start := time.Now()
-	applets, err := busyboxApplets(ctx, o.Busybox)
+	applets, err := busyboxApplets(ctx, b.o.Busybox)
 	if err != nil {
 		return Image{}, false, err
 	}
+	b.report(Progress{Phase: "image", Line: "writing the initramfs"})
+	raw, order, err := initramfs(k, mods, agent, gzip.BestCompression, func(cw *cpioWriter) {
+		cw.File("bin/busybox", 0o755, busybox)
+		for _, a := range applets {
+			if a != "busybox" {
+				cw.Symlink("bin/"+a, "busybox")
+			}
+		}
+		cw.File("bin/printenv", 0o755, []byte(printenv))
+		cw.File("bin/nohup", 0o755, []byte(nohup))
+		cw.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\n"))
+		cw.File("etc/group", 0o644, []byte("root:x:0:\n"))
+		cw.File("etc/hostname", 0o644, []byte("berth\n"))
+	})
+	if err != nil {
+		return Image{}, false, err
+	}
+	im := Image{Name: name, Digest: digest, KernelVersion: k.Version, Modules: order, Source: "berth"}
+	im, err = b.commit(im, k, raw, nil)
+	if err != nil {
+		return Image{}, false, err
+	}
+	b.report(Progress{Phase: "done", Line: fmt.Sprintf("built image %s (%s) in %s: kernel %s, %d modules, agent %s, busybox with %d applets, initramfs %s: %s",
+		name, digest, time.Since(b.start).Round(time.Millisecond), k.Version, len(order), mbytes(int64(len(agent))), len(applets), mbytes(im.InitramfsSize), im.Dir)})
+	return im, true, nil
+}
+
+// upToDate returns the current build when it has digest.
+func (b *builder) upToDate(name, digest string, k Kernel) (Image, bool) {
+	im, err := Load(b.o.ImagesDir, name)
+	if err != nil || im.Digest != digest {
+		return Image{}, false
+	}
+	b.report(Progress{Phase: "done", Line: fmt.Sprintf("image %s is up to date (%s, kernel %s): %s", name, digest, k.Version, im.Dir)})
+	return im, true
+}
+
+func resolveModules(k Kernel, want []string) ([]string, error) {
+	ix, err := loadModuleIndex(k.ModulesDir)
+	if err != nil {
+		return nil, err
+	}
+	return ix.resolve(want)
+}
+
+// initramfs writes the agent as /init, the modules and their load order,
+// and whatever extra adds.
+func initramfs(k Kernel, mods []string, agent []byte, level int, extra func(*cpioWriter)) ([]byte, []string, error) {
 	var raw bytes.Buffer
-	zw, _ := gzip.NewWriterLevel(&raw, gzip.BestCompression)
+	zw, _ := gzip.NewWriterLevel(&raw, level)
 	cw := &cpioWriter{w: zw}
 	for _, d := range []string{"bin", "sbin", "usr", "usr/bin", "usr/sbin", "dev", "proc", "sys", "tmp", "run", "root", "etc", "workspace", "lib", "lib/modules"} {
 		cw.Dir(d, 0o755)
 	}
 	cw.File("init", 0o755, agent)
-	cw.File("bin/busybox", 0o755, busybox)
-	for _, a := range applets {
-		if a != "busybox" {
-			cw.Symlink("bin/"+a, "busybox")
-		}
+	if extra != nil {
+		extra(cw)
 	}
-	cw.File("bin/printenv", 0o755, []byte(printenv))
-	cw.File("bin/nohup", 0o755, []byte(nohup))
-	cw.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\n"))
-	cw.File("etc/group", 0o644, []byte("root:x:0:\n"))
-	cw.File("etc/hostname", 0o644, []byte("berth\n"))
 	var order []string
 	for _, m := range mods {
 		b, err := os.ReadFile(filepath.Join(k.ModulesDir, m))
 		if err != nil {
-			return Image{}, false, err
+			return nil, nil, err
 		}
 		name := filepath.Base(m)
 		cw.File("lib/modules/"+name, 0o644, b)
@@ -154,48 +418,407 @@ func Build(ctx context.Context, o Options) (Image, bool, error) {
 	}
 	cw.File("lib/modules/order", 0o644, []byte(strings.Join(order, "\n")+"\n"))
 	if err := cw.Close(); err != nil {
-		return Image{}, false, err
+		return nil, nil, err
 	}
 	if err := zw.Close(); err != nil {
-		return Image{}, false, err
+		return nil, nil, err
 	}
+	return raw.Bytes(), order, nil
+}
 
-	// Write into a fresh directory and swap it in, so a running VM's image
-	// and a half-written one never mix.
-	if err := os.MkdirAll(o.ImagesDir, 0o755); err != nil {
-		return Image{}, false, err
+// commit writes a build into a fresh directory, links its layers in, and
+// makes it current: a half-written build is never loadable, and the
+// builds sessions use stay as they are.
+func (b *builder) commit(im Image, k Kernel, initrd []byte, layers []string) (Image, error) {
+	nameDir := filepath.Join(b.o.ImagesDir, im.Name)
+	if err := os.MkdirAll(nameDir, 0o755); err != nil {
+		return Image{}, err
 	}
-	tmp, err := os.MkdirTemp(o.ImagesDir, "."+o.Name+"-")
+	tmp, err := os.MkdirTemp(nameDir, ".build-")
 	if err != nil {
-		return Image{}, false, err
+		return Image{}, err
 	}
 	defer os.RemoveAll(tmp)
-	im := Image{Name: o.Name, Digest: digest, KernelVersion: k.Version, Modules: order, Size: int64(raw.Len()), Built: time.Now().UTC()}
 	if err := copyFile(k.Vmlinuz, filepath.Join(tmp, "vmlinuz")); err != nil {
-		return Image{}, false, err
+		return Image{}, err
 	}
-	if err := os.WriteFile(filepath.Join(tmp, "initramfs.cpio.gz"), raw.Bytes(), 0o644); err != nil {
-		return Image{}, false, err
+	if err := os.WriteFile(filepath.Join(tmp, "initramfs.cpio.gz"), initrd, 0o644); err != nil {
+		return Image{}, err
 	}
+	for i, src := range layers {
+		if err := os.Link(src, filepath.Join(tmp, im.Layers[i].File)); err != nil {
+			return Image{}, fmt.Errorf("link layer: %w", err)
+		}
+	}
+	im.InitramfsSize = int64(len(initrd))
+	im.Built = time.Now().UTC()
+	im.BuildTook = time.Since(b.start).Round(time.Millisecond)
 	man, _ := json.MarshalIndent(im, "", "  ")
-	if err := os.WriteFile(filepath.Join(tmp, "manifest.json"), append(man, '\n'), 0o644); err != nil {
-		return Image{}, false, err
+	if err := os.WriteFile(filepath.Join(tmp, manifestFile), append(man, '\n'), 0o644); err != nil {
+		return Image{}, err
 	}
-	dst := filepath.Join(o.ImagesDir, o.Name)
-	old := dst + ".old"
-	os.RemoveAll(old)
-	os.Rename(dst, old)
+	if err := syncTree(tmp); err != nil {
+		return Image{}, err
+	}
+	dst := filepath.Join(nameDir, im.Digest)
+	os.RemoveAll(dst) // an incomplete build left by a crash
 	if err := os.Rename(tmp, dst); err != nil {
-		return Image{}, false, err
+		return Image{}, err
 	}
-	os.RemoveAll(old)
-	im, err = Load(o.ImagesDir, o.Name)
+	if err := writeAtomic(filepath.Join(nameDir, currentFile), []byte(im.Digest+"\n")); err != nil {
+		return Image{}, err
+	}
+	return LoadDigest(b.o.ImagesDir, im.Name, im.Digest)
+}
+
+func (b *builder) rootfs(ctx context.Context, r *Recipe) (Image, bool, error) {
+	if cur, err := Load(b.o.ImagesDir, r.Name); err == nil && cur.Source != sourceOf(r) {
+		return Image{}, false, fmt.Errorf("image %q already exists, built from %s: remove it first (berth image rm %s) or choose another name: %w",
+			r.Name, cur.Source, r.Name, fs.ErrExist)
+	}
+	p, err := r.plan()
 	if err != nil {
 		return Image{}, false, err
 	}
-	fmt.Fprintf(o.Progress, "built image %s (%s) in %s: kernel %s, %d modules, agent %s, busybox with %d applets, initramfs %.1f MB\n  %s\n",
-		o.Name, digest, time.Since(start).Round(time.Millisecond), k.Version, len(order), mb(len(agent)), len(applets), float64(im.Size)/1e6, dst)
+	if len(p.steps) > 0 && b.o.Steps == nil {
+		return Image{}, false, errors.New("this recipe has setup steps, which run in a berth VM: build it through the daemon")
+	}
+	agent, k, err := b.inputs(ctx)
+	if err != nil {
+		return Image{}, false, err
+	}
+	mods, err := resolveModules(k, append(assets.Modules(), assets.RootModules()...))
+	if err != nil {
+		return Image{}, false, err
+	}
+	rootHash, err := p.rootHash()
+	if err != nil {
+		return Image{}, false, err
+	}
+	layerHashes := []string{rootHash}
+	if len(p.steps) > 0 {
+		layerHashes = append(layerHashes, p.stepsHash(rootHash))
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "builder %s\nrootfs %s\nkernel %s\nmodules %s\nlayers %s\n", builderVersion, r.Name, k.Package, strings.Join(mods, " "), strings.Join(layerHashes, " "))
+	h.Write(agent)
+	digest := hex.EncodeToString(h.Sum(nil))[:16]
+	if im, ok := b.upToDate(r.Name, digest, k); ok {
+		return im, false, nil
+	}
+	raw, order, err := initramfs(k, mods, agent, gzip.DefaultCompression, nil)
+	if err != nil {
+		return Image{}, false, err
+	}
+	im := Image{Name: r.Name, Digest: digest, KernelVersion: k.Version, Modules: order, Packages: p.packages, Source: sourceOf(r)}
+	base, err := b.rootLayer(ctx, p, rootHash)
+	if err != nil {
+		return Image{}, false, err
+	}
+	im.Layers = append(im.Layers, base.layer("layer-0.img"))
+	im.Installed = base.installed
+	paths := []string{base.path}
+	if len(p.steps) > 0 {
+		// The setup VM boots the layers below; a partial image with them
+		// exists only in a temporary directory.
+		below := im
+		below.Kernel, below.Layers = k.Vmlinuz, []Layer{base.layer("layer-0.img")}
+		below.Layers[0].Path = base.path
+		initrd, err := writeTemp(b.o.ImagesDir, raw)
+		if err != nil {
+			return Image{}, false, err
+		}
+		defer os.Remove(initrd)
+		below.Initramfs = initrd
+		top, err := b.stepsLayer(ctx, p, below, layerHashes[1])
+		if err != nil {
+			return Image{}, false, err
+		}
+		im.Layers = append(im.Layers, top.layer("layer-1.img"))
+		paths = append(paths, top.path)
+	}
+	im, err = b.commit(im, k, raw, paths)
+	if err != nil {
+		return Image{}, false, err
+	}
+	b.report(Progress{Phase: "done", Line: fmt.Sprintf("built image %s (%s) in %s: %d packages, %d layer(s), %s on disk: %s",
+		r.Name, digest, time.Since(b.start).Round(time.Millisecond), len(p.packages), len(im.Layers), mbytes(im.DiskBytes()), im.Dir)})
 	return im, true, nil
+}
+
+func sourceOf(r *Recipe) string {
+	if r.Dir == "" {
+		return "berth"
+	}
+	return r.Source
+}
+
+// cachedLayer is a layer in the cache, shared by every image built on it.
+type cachedLayer struct {
+	path      string
+	uuid      string
+	size      int64
+	hash      string
+	installed int // packages, for a root layer
+}
+
+func (c cachedLayer) layer(file string) Layer {
+	return Layer{File: file, Path: c.path, UUID: c.uuid, Size: c.size, Hash: c.hash}
+}
+
+func (b *builder) layerPath(hash string) string {
+	return filepath.Join(b.o.ImagesDir, layerCache, hash+".img")
+}
+
+func (b *builder) cached(hash string) (cachedLayer, bool) {
+	p := b.layerPath(hash)
+	meta, err := os.ReadFile(strings.TrimSuffix(p, ".img") + ".json")
+	if err != nil {
+		return cachedLayer{}, false
+	}
+	var c cachedLayer
+	var m struct {
+		UUID      string `json:"uuid"`
+		Size      int64  `json:"size"`
+		Installed int    `json:"installed"`
+	}
+	if json.Unmarshal(meta, &m) != nil {
+		return cachedLayer{}, false
+	}
+	fi, err := os.Stat(p)
+	if err != nil || fi.Size() != m.Size {
+		return cachedLayer{}, false
+	}
+	c = cachedLayer{path: p, uuid: m.UUID, size: m.Size, hash: hash, installed: m.Installed}
+	return c, true
+}
+
+// store moves a finished layer file into the cache.
+func (b *builder) store(file, hash, uuid string, installed int) (cachedLayer, error) {
+	fi, err := os.Stat(file)
+	if err != nil {
+		return cachedLayer{}, err
+	}
+	meta, _ := json.Marshal(map[string]any{"uuid": uuid, "size": fi.Size(), "installed": installed})
+	p := b.layerPath(hash)
+	if err := syncFile(file); err != nil {
+		return cachedLayer{}, err
+	}
+	if err := writeAtomic(strings.TrimSuffix(p, ".img")+".json", meta); err != nil {
+		return cachedLayer{}, err
+	}
+	if err := os.Rename(file, p); err != nil {
+		return cachedLayer{}, err
+	}
+	return cachedLayer{path: p, uuid: uuid, size: fi.Size(), hash: hash, installed: installed}, nil
+}
+
+func (b *builder) rootLayer(ctx context.Context, p *plan, hash string) (cachedLayer, error) {
+	if c, ok := b.cached(hash); ok {
+		b.report(Progress{Phase: "resolve", Line: "root layer " + hash + " is cached"})
+		return c, nil
+	}
+	cache := filepath.Join(b.o.ImagesDir, layerCache)
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return cachedLayer{}, err
+	}
+	work, err := os.MkdirTemp(cache, ".root-")
+	if err != nil {
+		return cachedLayer{}, err
+	}
+	defer os.RemoveAll(work)
+	tree := filepath.Join(work, "tree", "upper")
+	if err := os.MkdirAll(filepath.Dir(tree), 0o755); err != nil {
+		return cachedLayer{}, err
+	}
+	installed, err := debootstrap(ctx, tree, p.packages, b.report)
+	if err != nil {
+		return cachedLayer{}, err
+	}
+	if err := customize(tree); err != nil {
+		return cachedLayer{}, err
+	}
+	for _, f := range p.files {
+		b.report(Progress{Phase: "image", Line: "copying " + f.src + " to " + f.dst})
+		if err := copyIn(tree, f); err != nil {
+			return cachedLayer{}, fmt.Errorf("files: %w", err)
+		}
+	}
+	used, _, _ := treeSize(tree)
+	b.report(Progress{Phase: "image", Bytes: used, Line: "writing the root layer (mkfs.ext4 -d, nothing mounted)"})
+	uuid := newUUID()
+	file := filepath.Join(work, "layer.img")
+	if _, err := makeLayer(ctx, filepath.Join(work, "tree"), file, uuid); err != nil {
+		return cachedLayer{}, err
+	}
+	return b.store(file, hash, uuid, installed)
+}
+
+func (b *builder) stepsLayer(ctx context.Context, p *plan, below Image, hash string) (cachedLayer, error) {
+	if c, ok := b.cached(hash); ok {
+		b.report(Progress{Phase: "setup", Line: "setup layer " + hash + " is cached"})
+		return c, nil
+	}
+	work, err := os.MkdirTemp(filepath.Join(b.o.ImagesDir, layerCache), ".steps-")
+	if err != nil {
+		return cachedLayer{}, err
+	}
+	defer os.RemoveAll(work)
+	sys := filepath.Join(work, "system.img")
+	uuid := newUUID()
+	if err := CreateSystemDisk(ctx, sys, 8<<30, uuid); err != nil {
+		return cachedLayer{}, err
+	}
+	err = b.o.Steps.RunSteps(ctx, StepBuild{Image: below, System: sys, SystemUUID: uuid, Steps: p.steps, Timeout: p.timeout, Report: b.report})
+	if err != nil {
+		return cachedLayer{}, err
+	}
+	b.report(Progress{Phase: "image", Line: "sealing the setup layer"})
+	if err := sealLayer(ctx, sys); err != nil {
+		return cachedLayer{}, err
+	}
+	return b.store(sys, hash, uuid, 0)
+}
+
+// sealLayer makes a build's system disk a read-only layer: checked, and
+// without a journal (a read-only device cannot replay one).
+func sealLayer(ctx context.Context, file string) error {
+	if out, err := helper(ctx, "e2fsck", "-fy", file); err != nil {
+		var ee *exec.ExitError
+		// 1: errors corrected; anything above means it is not sound.
+		if !errors.As(err, &ee) || ee.ExitCode() > 1 {
+			return fmt.Errorf("check the setup layer: %w: %s", err, lastLine(out))
+		}
+	}
+	if out, err := helper(ctx, "tune2fs", "-O", "^has_journal", file); err != nil {
+		return fmt.Errorf("seal the setup layer: %w: %s", err, lastLine(out))
+	}
+	return nil
+}
+
+func helper(ctx context.Context, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// CreateSystemDisk makes a session's system disk: a sparse ext4 image with
+// almost nothing allocated (no reserved GDT blocks, lazy inode tables and
+// journal), on which the agent keeps the overlay's upper and work
+// directories.
+func CreateSystemDisk(ctx context.Context, path string, size int64, uuid string) error {
+	if size < 64<<20 {
+		return fmt.Errorf("system disk of %d bytes is below the 64 MiB minimum", size)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create system disk: %w", err)
+	}
+	err = f.Truncate(size)
+	f.Close()
+	if err != nil {
+		os.Remove(path)
+		return fmt.Errorf("size system disk: %w", err)
+	}
+	out, err := helper(ctx, "mkfs.ext4", "-q", "-F", "-L", "berth-system", "-U", uuid, "-O", "^resize_inode",
+		"-E", "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0", "-m", "0", path)
+	if err != nil {
+		os.Remove(path)
+		if _, lerr := exec.LookPath("mkfs.ext4"); lerr != nil {
+			return errors.New("format system disk: mkfs.ext4 not found (install Debian's e2fsprogs)")
+		}
+		return fmt.Errorf("format system disk: %w: %s", err, lastLine(out))
+	}
+	return nil
+}
+
+func newUUID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func writeTemp(dir string, b []byte) (string, error) {
+	f, err := os.CreateTemp(dir, ".initrd-")
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
+}
+
+func writeAtomic(path string, b []byte) error {
+	tmp := path + ".tmp-" + randHex(4)
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+func syncFile(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+func syncDir(path string) error {
+	d, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// syncTree fsyncs a build directory's files and the directory itself.
+func syncTree(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.Type().IsRegular() {
+			if err := syncFile(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return syncDir(dir)
 }
 
 // nohup is missing from Debian's busybox build; scripts expect it.
@@ -217,8 +840,6 @@ for n in "$@"; do
 done
 exit $rc
 `
-
-func mb(n int) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
 
 func busyboxApplets(ctx context.Context, busybox string) ([]string, error) {
 	out, err := exec.CommandContext(ctx, busybox, "--list").Output()
@@ -250,3 +871,41 @@ func copyFile(src, dst string) error {
 	}
 	return out.Close()
 }
+
+// Store is a data directory's images: where they live and what builds
+// them.
+type Store struct {
+	Dir      string // <data>/images
+	CacheDir string // the kernel package cache
+	Agent    string // the static berth-agent binary
+	Busybox  string // default /bin/busybox
+}
+
+// Load returns a build of name: the given digest, or the current one.
+func (s *Store) Load(name, digest string) (Image, error) {
+	if digest == "" {
+		return Load(s.Dir, name)
+	}
+	return LoadDigest(s.Dir, name, digest)
+}
+
+// Build builds name (or o.Recipe) in the store.
+func (s *Store) Build(ctx context.Context, o Options) (Image, bool, error) {
+	o.ImagesDir, o.CacheDir, o.Agent = s.Dir, s.CacheDir, s.Agent
+	if o.Busybox == "" {
+		o.Busybox = s.Busybox
+	}
+	return Build(ctx, o)
+}
+
+// Builds lists the store's builds, current ones first per name.
+func (s *Store) Builds() ([]Image, error) { return Builds(s.Dir) }
+
+// Remove deletes every build of name.
+func (s *Store) Remove(name string) error { return Remove(s.Dir, name) }
+
+// Prune removes builds of name that are neither current nor kept.
+func (s *Store) Prune(name string, keep func(digest string) bool) { Prune(s.Dir, name, keep) }
+
+// Shipped reports whether name is an image berth builds by itself.
+func Shipped(name string) bool { return slices.Contains(Names(), name) }

@@ -105,38 +105,24 @@ func DefaultAgent() string {
 	return filepath.Join(filepath.Dir(exe), "berth-agent")
 }
 
-// Images returns the image resolver the Manager uses: a built image, or
-// one built now from the agent binary.
-func Images(o Options, log *slog.Logger) func(ctx context.Context, name string) (session.Image, error) {
-	var mu sync.Mutex
-	imagesDir := filepath.Join(o.DataDir, "images")
-	return func(ctx context.Context, name string) (session.Image, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		im, err := image.Load(imagesDir, name)
-		if err != nil {
-			log.Info("building image", "image", name)
-			var pw progressLog
-			pw.log = log
-			im, _, err = image.Build(ctx, image.Options{Name: name, ImagesDir: imagesDir, CacheDir: o.CacheDir, Agent: o.Agent, Progress: &pw})
-			if err != nil {
-				return session.Image{}, fmt.Errorf("image %q: %w", name, err)
-			}
-		}
-		return session.Image{Kernel: im.Kernel, Initramfs: im.Initramfs}, nil
-	}
+// Images returns the data directory's image store.
+func Images(o Options) *image.Store {
+	return &image.Store{Dir: filepath.Join(o.DataDir, "images"), CacheDir: o.CacheDir, Agent: o.Agent}
 }
 
-type progressLog struct{ log *slog.Logger }
-
-func (p *progressLog) Write(b []byte) (int, error) {
-	p.log.Info(strings.TrimSpace(string(b)))
-	return len(b), nil
+// miniImage returns the mini image, building it when missing: the KVM
+// probe boots it.
+func miniImage(ctx context.Context, st *image.Store) (image.Image, error) {
+	if im, err := st.Load("mini", ""); err == nil {
+		return im, nil
+	}
+	im, _, err := st.Build(ctx, image.Options{Name: "mini"})
+	return im, err
 }
 
 // Drivers builds the VMM drivers. KVM is probed once per host boot by a
 // test boot of the mini image.
-func Drivers(o Options, images func(context.Context, string) (session.Image, error), log *slog.Logger) map[string]vmm.Driver {
+func Drivers(o Options, images *image.Store, log *slog.Logger) map[string]vmm.Driver {
 	var once sync.Once
 	var works bool
 	kvm := func(ctx context.Context) bool {
@@ -147,7 +133,7 @@ func Drivers(o Options, images func(context.Context, string) (session.Image, err
 			// The verdict is kept for the daemon's life: the caller
 			// going away must not decide it.
 			ctx := context.WithoutCancel(ctx)
-			im, err := images(ctx, "mini")
+			im, err := miniImage(ctx, images)
 			if err != nil {
 				return
 			}
@@ -196,7 +182,7 @@ func Run(ctx context.Context, o Options) (err error) {
 			err = errors.Join(err, fmt.Errorf("close the store: %w", cerr))
 		}
 	}()
-	images := Images(o, log)
+	images := Images(o)
 	mgr, err := session.NewManager(ctx, st, session.Config{
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
 		IdleTimeout: cfg.IdleTimeout, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,

@@ -220,6 +220,25 @@ func (a *apiClient) restore(ctx context.Context, dir string, resume bool) error 
 	return check("vm.restore", rsp, err)
 }
 
+// addDisk hot-plugs a disk. CH answers 200 with the disk's PCI address
+// when the VM is booted (hot is true), and 204 when it only added the
+// disk to the config of a VM that is not booted.
+func (a *apiClient) addDisk(ctx context.Context, dc chapi.DiskConfig) (info chapi.PciDeviceInfo, hot bool, err error) {
+	ctx, cancel := callCtx(ctx)
+	defer cancel()
+	rsp, err := a.c.PutVmAddDiskWithResponse(ctx, dc)
+	if err := check("vm.add-disk", rsp, err); err != nil {
+		return info, false, err
+	}
+	if rsp.StatusCode() == http.StatusNoContent {
+		return info, false, nil
+	}
+	if err := json.Unmarshal(rsp.Body, &info); err != nil {
+		return info, true, fmt.Errorf("cloud-hypervisor vm.add-disk: malformed answer: %w", err)
+	}
+	return info, true, nil
+}
+
 // fileURL is the form CH's snapshot and restore take. CH strips the
 // "file://" prefix and uses the rest as a path, without percent-decoding,
 // so the path is not escaped here either.

@@ -180,7 +180,7 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (_ vmm.VM, err error
 	if pid, live := liveVMM(ctx, p); live {
 		return nil, fmt.Errorf("%s already has a running cloud-hypervisor (pid %d): attach to it, or kill it before starting another", cfg.Dir, pid)
 	}
-	if err := checkWorkspaceFree(cfg.Workspace); err != nil {
+	if err := checkDisksFree(cfg); err != nil {
 		return nil, err
 	}
 	if cfg.Incoming != "" {
@@ -206,11 +206,11 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (_ vmm.VM, err error
 	defer func() {
 		if err != nil {
 			d.abandon(proc, log)
-			if cfg.Workspace != "" && !errors.Is(err, vmm.ErrInUse) {
-				// CH fails at boot when another VMM locked the image after
+			if !errors.Is(err, vmm.ErrInUse) {
+				// CH fails at boot when another VMM locked an image after
 				// our check; with ours gone, a lock left means exactly that.
-				if held, lerr := locked(cfg.Workspace); lerr == nil && held {
-					err = fmt.Errorf("workspace %s: %w (%w)", cfg.Workspace, vmm.ErrInUse, err)
+				if ierr := checkDisksFree(cfg); errors.Is(ierr, vmm.ErrInUse) {
+					err = fmt.Errorf("%w (%w)", ierr, err)
 				}
 			}
 		}
@@ -231,7 +231,7 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (_ vmm.VM, err error
 			return nil, explainStart(ctx, api, proc, err)
 		}
 		if err := api.boot(ctx); err != nil {
-			return nil, explainStart(ctx, api, proc, fmt.Errorf("%w (check the kernel, initramfs and workspace paths, and %s)", err, p.log))
+			return nil, explainStart(ctx, api, proc, fmt.Errorf("%w (check the kernel, initramfs and disk paths, and %s)", err, p.log))
 		}
 	} else {
 		if err := api.restore(ctx, cfg.Incoming, true); err != nil {
@@ -403,23 +403,7 @@ func validate(cfg vmm.Config) error {
 	case cfg.Incoming != "" && !filepath.IsAbs(cfg.Incoming):
 		return fmt.Errorf("snapshot path %q must be absolute", cfg.Incoming)
 	}
-	return nil
-}
-
-// checkWorkspaceFree refuses a workspace image another VMM holds, before
-// anything is launched. CH would only notice at vm.boot.
-func checkWorkspaceFree(ws string) error {
-	if ws == "" {
-		return nil
-	}
-	held, err := locked(ws)
-	if err != nil {
-		return fmt.Errorf("workspace: %w", err)
-	}
-	if held {
-		return fmt.Errorf("workspace %s is locked by another process: %w", ws, vmm.ErrInUse)
-	}
-	return nil
+	return validateDisks(cfg)
 }
 
 // vmConfig is the VM berth asks CH for. Serial and console are set
@@ -446,14 +430,6 @@ func vmConfig(cfg vmm.Config, p paths) chapi.VmConfig {
 	if cfg.Initramfs != "" {
 		c.Payload.Initramfs = &cfg.Initramfs
 	}
-	if cfg.Workspace != "" {
-		// Raw must be explicit: for an auto-detected raw image CH denies
-		// guest writes to sector 0.
-		raw, id, rw := chapi.Raw, workspaceDiskID, false
-		c.Disks = &[]chapi.DiskConfig{{Path: &cfg.Workspace, ImageType: &raw, Id: &id, Readonly: &rw}}
-	}
+	c.Disks = diskConfigs(cfg)
 	return c
 }
-
-// workspaceDiskID names the workspace disk in CH, and so in snapshots.
-const workspaceDiskID = "workspace"

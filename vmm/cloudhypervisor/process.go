@@ -254,15 +254,25 @@ func removeStaleSocket(path string) error {
 
 // locked reports whether any process holds an OFD or POSIX lock on path.
 // CH locks disk images (and, since v53.0, <api socket>.lock) with OFD
-// locks over the whole file; QEMU locks some bytes of its images. A write
-// lock probe over the whole file conflicts with any of them.
-func locked(path string) (bool, error) {
+// locks, by default over the bytes the image has; QEMU locks some bytes
+// of its images. A write lock probe over the whole file conflicts with
+// any of them.
+func locked(path string) (bool, error) { return lockConflicts(path, unix.F_WRLCK) }
+
+// writeLocked reports whether any process holds a write lock on path,
+// as a VMM writing the image does; the shared read locks of VMMs holding
+// it read-only do not count.
+func writeLocked(path string) (bool, error) { return lockConflicts(path, unix.F_RDLCK) }
+
+// lockConflicts reports whether a lock of type typ over the whole of
+// path would conflict with one another open file holds.
+func lockConflicts(path string, typ int16) (bool, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return false, err
 	}
 	defer f.Close()
-	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
+	lk := unix.Flock_t{Type: typ, Whence: io.SeekStart}
 	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
 		return false, fmt.Errorf("probe lock on %s: %w", path, err)
 	}

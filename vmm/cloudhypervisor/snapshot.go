@@ -64,7 +64,7 @@ func (v *VM) Snapshot(ctx context.Context, path string) error {
 }
 
 // prepareRestore checks a snapshot and points the host paths in its
-// config.json at this start's directory and workspace. CH reopens exactly
+// config.json at this start's directory and disks. CH reopens exactly
 // the paths recorded there, so a snapshot restored into another directory
 // would otherwise bind the old VM's vsock socket and write the old console.
 func prepareRestore(cfg vmm.Config, p paths) error {
@@ -90,17 +90,32 @@ func prepareRestore(cfg vmm.Config, p paths) error {
 	if s, ok := c["serial"].(map[string]any); ok && s["mode"] == string(chapi.ConsoleModeFile) {
 		set(s, "file", p.console)
 	}
-	if cfg.Workspace != "" {
-		disks, _ := c["disks"].([]any)
-		found := false
-		for _, d := range disks {
-			if m, ok := d.(map[string]any); ok && m["id"] == workspaceDiskID {
-				set(m, "path", cfg.Workspace)
-				found = true
-			}
+	// The disks are matched by id: a VM restored from a template and given
+	// its disks by AddDisk lists them in another order than a cold boot.
+	want := make(map[string]sessionDisk)
+	for _, d := range sessionDisks(cfg) {
+		want[d.id] = d
+	}
+	disks, _ := c["disks"].([]any)
+	for _, d := range disks {
+		m, ok := d.(map[string]any)
+		if !ok {
+			return fmt.Errorf("snapshot %s: malformed disk %v in %s", cfg.Incoming, d, snapConfig)
 		}
-		if !found {
-			return fmt.Errorf("snapshot %s has no workspace disk, but Config.Workspace is set: restore needs the same disks the VM had", cfg.Incoming)
+		id, _ := m["id"].(string)
+		w, ok := want[id]
+		if !ok {
+			return fmt.Errorf("snapshot %s has a disk %q (%v) that the VM's configuration lacks: restore needs the same disks the VM had", cfg.Incoming, id, m["path"])
+		}
+		if ro, _ := m["readonly"].(bool); ro != w.readonly {
+			return fmt.Errorf("snapshot %s has its %s attached with readonly=%v, not %v as berth attaches it", cfg.Incoming, w.what, ro, w.readonly)
+		}
+		set(m, "path", w.path)
+		delete(want, id)
+	}
+	for _, d := range sessionDisks(cfg) {
+		if _, missing := want[d.id]; missing {
+			return fmt.Errorf("snapshot %s has no %s, but Config.%s is set: restore needs the same disks the VM had", cfg.Incoming, d.what, d.field)
 		}
 	}
 	if !changed {

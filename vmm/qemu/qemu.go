@@ -29,11 +29,22 @@ const (
 	accelFile = "accel"
 )
 
-// PCI slots of berth's devices.
+// PCI slots of berth's devices. The read-only layers take the slots
+// from layerSlot0 on, one each.
 const (
-	vserSlot = "0x3"
-	wsSlot   = "0x4"
+	vserSlot   = "0x3"
+	wsSlot     = "0x4"
+	sysSlot    = "0x5"
+	layerSlot0 = 0x6
 )
+
+// diskSlot is where a hot-pluggable disk goes, with its drive and device ids.
+func diskSlot(d vmm.Disk) (slot, drive, dev string) {
+	if d == vmm.DiskSystem {
+		return sysSlot, "sys", "sysdev"
+	}
+	return wsSlot, "ws", "wsdev"
+}
 
 // Name is the driver's name as users type it.
 const Name = "qemu"
@@ -133,12 +144,26 @@ func Args(cfg vmm.Config, accel vmm.Accel) []string {
 		"-device", "virtserialport,bus=vser.0,chardev=agent,name="+guest.PortName,
 		"-qmp", "unix:"+qmpSock+",server=on,wait=off",
 	)
-	if cfg.Workspace != "" {
-		// cache=writeback: a guest FLUSH becomes fdatasync of the image.
-		// locking=on: a second QEMU on the same image is refused.
+	// cache=writeback: a guest FLUSH becomes fdatasync of the image.
+	// locking=on: a second QEMU writing the same image is refused; read-only
+	// layers take a shared lock, which refuses a writer.
+	for _, d := range []struct {
+		disk vmm.Disk
+		path string
+	}{{vmm.DiskWorkspace, cfg.Workspace}, {vmm.DiskSystem, cfg.System}} {
+		if d.path == "" {
+			continue
+		}
+		slot, drive, dev := diskSlot(d.disk)
 		args = append(args,
-			"-drive", "file="+cfg.Workspace+",if=none,id=ws,format=raw,cache=writeback,file.locking=on,discard=unmap",
-			"-device", "virtio-blk-pci,drive=ws,id=wsdev,addr="+wsSlot)
+			"-drive", "file="+d.path+",if=none,id="+drive+",format=raw,cache=writeback,file.locking=on,discard=unmap",
+			"-device", "virtio-blk-pci,drive="+drive+",id="+dev+",addr="+slot)
+	}
+	for i, l := range cfg.Layers {
+		id := fmt.Sprintf("layer%d", i)
+		args = append(args,
+			"-drive", "file="+l+",if=none,id="+id+",format=raw,readonly=on,file.locking=on",
+			"-device", fmt.Sprintf("virtio-blk-pci,drive=%s,id=%sdev,addr=0x%x", id, id, layerSlot0+i))
 	}
 	if cfg.Incoming != "" {
 		// Start passes the snapshot open as fd 3. QEMU reads it straight
@@ -200,11 +225,15 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.VM, error) {
 func (d *Driver) explain(cfg vmm.Config, proc *vmm.Process, err error) error {
 	tail := proc.Exit().LogTail
 	if strings.Contains(tail, `Failed to get "write" lock`) || strings.Contains(tail, "Is another process using the image") {
+		what, path := "workspace", cfg.Workspace
+		if cfg.System != "" && strings.Contains(tail, cfg.System) {
+			what, path = "system disk", cfg.System
+		}
 		holder := ""
-		if pid := vmm.HolderPid(cfg.Workspace); pid > 0 {
+		if pid := vmm.HolderPid(path); pid > 0 {
 			holder = fmt.Sprintf(" by VM pid %d", pid)
 		}
-		return fmt.Errorf("workspace %s is in use%s: %w", cfg.Workspace, holder, vmm.ErrInUse)
+		return fmt.Errorf("%s %s is in use%s: %w", what, path, holder, vmm.ErrInUse)
 	}
 	return err
 }

@@ -84,25 +84,74 @@ func (e *buildError) Error() string { return "build agent: " + e.err.Error() + "
 func buildImage() (image.Image, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	unlock, err := lockCache()
+	if err != nil {
+		return image.Image{}, err
+	}
+	defer unlock()
+	if _, err := AgentBinary(ctx); err != nil {
+		return image.Image{}, err
+	}
+	im, _, err := testStore().Build(ctx, image.Options{Name: "mini"})
+	return im, err
+}
+
+// Debian returns the debian image, building it (mmdebstrap, about a
+// minute; cached by its inputs like mini) the first time on a machine.
+func Debian(t testing.TB) image.Image {
+	t.Helper()
+	Image(t)
+	debianOnce.Do(func() { debianVal, debianErr = buildDebian() })
+	if debianErr != nil {
+		t.Fatalf("debian image: %v", debianErr)
+	}
+	return debianVal
+}
+
+var (
+	debianOnce sync.Once
+	debianVal  image.Image
+	debianErr  error
+)
+
+func buildDebian() (image.Image, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	unlock, err := lockCache()
+	if err != nil {
+		return image.Image{}, err
+	}
+	defer unlock()
+	st := testStore()
+	im, _, err := st.Build(ctx, image.Options{Name: "debian"})
+	return im, err
+}
+
+func testStore() *image.Store {
+	return &image.Store{Dir: filepath.Join(CacheDir(), "test", "images"), CacheDir: CacheDir(), Agent: filepath.Join(CacheDir(), "test", "berth-agent")}
+}
+
+// lockCache serialises builds into the shared test cache: test binaries
+// of several packages run at once.
+func lockCache() (func(), error) {
 	cache := CacheDir()
 	os.MkdirAll(cache, 0o755)
 	lock, err := os.OpenFile(filepath.Join(cache, "test.lock"), os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return image.Image{}, err
+		return nil, err
 	}
-	defer lock.Close()
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
-		return image.Image{}, err
+		lock.Close()
+		return nil, err
 	}
-	defer unix.Flock(int(lock.Fd()), unix.LOCK_UN)
-	agent, err := AgentBinary(ctx)
-	if err != nil {
-		return image.Image{}, err
-	}
-	im, _, err := image.Build(ctx, image.Options{
-		Name: "mini", ImagesDir: filepath.Join(cache, "test", "images"), CacheDir: cache, Agent: agent,
-	})
-	return im, err
+	return func() { unix.Flock(int(lock.Fd()), unix.LOCK_UN); lock.Close() }, nil
+}
+
+// Images returns the test image store, with the mini image built.
+func Images(t testing.TB) *image.Store {
+	t.Helper()
+	Image(t)
+	return testStore()
 }
 
 // Berth builds the berth command with the agent next to it (where the
@@ -150,6 +199,27 @@ var (
 	berthErr  error
 )
 
+// shareImage links a test image the shared cache holds into a data
+// directory, with the layer cache, so recipes built on it reuse its layers.
+func shareImage(t testing.TB, dir, name string) {
+	t.Helper()
+	st := testStore()
+	if _, err := st.Load(name, ""); err != nil {
+		return
+	}
+	os.Symlink(filepath.Join(st.Dir, name), filepath.Join(dir, "images", name))
+	if _, err := os.Lstat(filepath.Join(dir, "images", ".layers")); err != nil {
+		os.Symlink(filepath.Join(st.Dir, ".layers"), filepath.Join(dir, "images", ".layers"))
+	}
+}
+
+// DebianDataDir is DataDir with the debian image shared as well.
+func DebianDataDir(t testing.TB) string {
+	t.Helper()
+	Debian(t)
+	return DataDir(t)
+}
+
 // DataDir returns a fresh data directory whose mini image is the shared
 // test image, so daemons under test do not rebuild it.
 func DataDir(t testing.TB) string {
@@ -159,9 +229,10 @@ func DataDir(t testing.TB) string {
 	if err := os.MkdirAll(filepath.Join(dir, "images"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(im.Dir, filepath.Join(dir, "images", "mini")); err != nil {
+	if err := os.Symlink(filepath.Dir(im.Dir), filepath.Join(dir, "images", "mini")); err != nil {
 		t.Fatal(err)
 	}
+	shareImage(t, dir, "debian")
 	// Templates are shared too: building one costs a boot.
 	shared := filepath.Join(CacheDir(), "test", "templates")
 	os.MkdirAll(shared, 0o755)

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -89,11 +90,61 @@ func initVM() {
 	log.Info("modules loaded", "took", time.Since(start))
 
 	cfg := agent.Config{PID1: true, Build: build, Logger: log, Home: "/root", PowerOff: agent.PowerOff}
-	cfg.Mount = func(uuid string) (string, string, error) {
-		dev, err := agent.MountWorkspace(uuid, agent.WorkspaceDir, 10*time.Second)
-		return agent.WorkspaceDir, dev, err
+	// Root filesystem images: the read-only layers are the same for every
+	// session of the image, so they are mounted at boot, templates
+	// included; the system disk is the session's own.
+	var layers []string
+	if l := cmdline["berth.layers"]; l != "" {
+		var err error
+		if layers, err = agent.MountLayers(strings.Split(l, ","), 5*time.Second); err != nil {
+			log.Error("image layers", "err", err)
+			cfg.SystemInfo.Error = err.Error()
+		}
 	}
-	if uuid := cmdline["berth.ws"]; uuid != "" && uuid != "none" {
+	switchRoot := func(uuid string) (*os.File, string, error) {
+		if layers == nil {
+			return nil, "", fmt.Errorf("cannot mount the system disk: %s", orElse(cfg.SystemInfo.Error, "this image has no root layers"))
+		}
+		return agent.SwitchRoot(layers, uuid, 5*time.Second)
+	}
+	var system *os.File
+	cfg.Mount = func(spec guest.MountSpec) (agent.Mounted, error) {
+		var m agent.Mounted
+		if spec.System != "" && system == nil {
+			sys, dev, err := switchRoot(spec.System)
+			if err != nil {
+				return m, err
+			}
+			system, m.System, m.SystemDevice = sys, sys, dev
+		}
+		if err := agent.SetIdentity(spec.Hostname, spec.MachineID); err != nil {
+			log.Warn("identity", "err", err)
+		}
+		dev, err := agent.MountWorkspace(spec.Workspace, agent.WorkspaceDir, 10*time.Second)
+		m.Workspace, m.Device = agent.WorkspaceDir, dev
+		return m, err
+	}
+	rootOK := true
+	if uuid := cmdline["berth.sys"]; uuid != "" && uuid != "none" {
+		sys, dev, err := switchRoot(uuid)
+		if err != nil {
+			log.Error("system disk not mounted", "err", err)
+			cfg.SystemInfo = guest.Workspace{UUID: uuid, Error: err.Error()}
+			rootOK = false
+		} else {
+			system, cfg.System = sys, sys
+			cfg.SystemInfo = guest.Workspace{Mounted: true, Device: dev, UUID: uuid}
+		}
+	}
+	cfg.Hostname = cmdline["berth.name"]
+	if err := agent.SetIdentity(cfg.Hostname, cmdline["berth.mid"]); err != nil {
+		log.Warn("identity", "err", err)
+	}
+	if uuid := cmdline["berth.ws"]; !rootOK {
+		// Nothing may run on the initramfs as if it were the session's
+		// system: the host sees why and names berth replace.
+		cfg.WorkspaceError = "the system disk is not mounted: " + cfg.SystemInfo.Error
+	} else if uuid != "" && uuid != "none" {
 		dev, err := agent.MountWorkspace(uuid, agent.WorkspaceDir, 5*time.Second)
 		if err != nil {
 			log.Error("workspace not mounted", "err", err)
@@ -144,4 +195,11 @@ func initVM() {
 	}
 	log.Info("agent ready", "boot", time.Since(start))
 	select {}
+}
+
+func orElse(s, alt string) string {
+	if s == "" {
+		return alt
+	}
+	return s
 }

@@ -7,7 +7,8 @@
 // else (never 405), error bodies are JSON arrays of strings, vm.create
 // accepts any JSON and validation happens at vm.boot, vm.shutdown leaves
 // the VM Created, vm.snapshot needs Paused, and vm.restore needs a fresh
-// VMM. A guest poweroff ends the VMM with status 0.
+// VMM. A guest poweroff ends the VMM with status 0. Disks are locked,
+// given PCI slots and hot-plugged as disks.go describes.
 //
 // It runs in-process (New, Serve) or as a process standing in for the
 // cloud-hypervisor binary (Main).
@@ -18,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -269,7 +271,7 @@ var routes = map[string]handler{
 	"vm.snapshot":      {http.MethodPut, (*Server).snapshot},
 	"vm.restore":       {http.MethodPut, (*Server).restore},
 	"vm.add-device":    {http.MethodPut, unsupported},
-	"vm.add-disk":      {http.MethodPut, unsupported},
+	"vm.add-disk":      {http.MethodPut, (*Server).addDisk},
 	"vm.add-fs":        {http.MethodPut, unsupported},
 	"vm.add-net":       {http.MethodPut, unsupported},
 	"vm.add-pmem":      {http.MethodPut, unsupported},
@@ -405,7 +407,7 @@ func (s *Server) boot([]byte) (any, *apiError) {
 	case state == chapi.Running || state == chapi.Paused:
 		return nil, errAPI(http.StatusInternalServerError, "The VM could not boot", "VM is already created")
 	}
-	dev, aerr := s.openDevices(*cfg, true, "The VM could not boot")
+	dev, aerr := s.openDevices(*cfg, true, nil, "The VM could not boot")
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -429,11 +431,16 @@ func (s *Server) info([]byte) (any, *apiError) {
 	if s.config.Memory != nil {
 		size = s.config.Memory.Size
 	}
+	var tree map[string]chapi.DeviceNode
+	if s.dev != nil {
+		tree = s.dev.deviceTree()
+	}
 	return struct {
-		Config           json.RawMessage `json:"config"`
-		State            chapi.VmState   `json:"state"`
-		MemoryActualSize int64           `json:"memory_actual_size"`
-	}{s.rawConfig, s.state, size}, nil
+		Config           json.RawMessage             `json:"config"`
+		State            chapi.VmState               `json:"state"`
+		MemoryActualSize int64                       `json:"memory_actual_size"`
+		DeviceTree       map[string]chapi.DeviceNode `json:"device_tree,omitempty"`
+	}{s.rawConfig, s.state, size, tree}, nil
 }
 
 // transition moves a booted VM from one state to another the way CH's
@@ -522,6 +529,10 @@ func (s *Server) snapshot(body []byte) (any, *apiError) {
 	}
 	s.mu.Lock()
 	state, raw, cfg := s.state, s.rawConfig, s.config
+	var slots map[string]uint8
+	if s.dev != nil {
+		slots = maps.Clone(s.dev.slots)
+	}
 	s.mu.Unlock()
 	switch state {
 	case chapi.Paused:
@@ -545,7 +556,8 @@ func (s *Server) snapshot(body []byte) (any, *apiError) {
 		werr = cerr
 	}
 	if werr == nil {
-		werr = os.WriteFile(filepath.Join(dir, snapState), []byte(`{"chfake":true}`), 0o600)
+		st, _ := json.Marshal(chfakeState{Chfake: true, Slots: slots})
+		werr = os.WriteFile(filepath.Join(dir, snapState), st, 0o600)
 	}
 	if werr == nil {
 		size := int64(512 << 20)
@@ -602,7 +614,11 @@ func (s *Server) restore(body []byte) (any, *apiError) {
 	if err := json.Unmarshal(raw, &cfg); err != nil {
 		return nil, errAPI(http.StatusInternalServerError, what, "Error restoring VM", "Failed to deserialize snapshot config", err.Error())
 	}
-	dev, aerr := s.openDevices(cfg, false, what)
+	var st chfakeState
+	if b, err := os.ReadFile(filepath.Join(dir, snapState)); err == nil {
+		json.Unmarshal(b, &st)
+	}
+	dev, aerr := s.openDevices(cfg, false, st.Slots, what)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -631,11 +647,13 @@ func fileURLPath(u *string, what string) (string, *apiError) {
 	return p, nil
 }
 
-// devices are what a booted VM holds open on the host.
+// devices are what a booted VM holds open on the host, and where its
+// devices sit on the guest's PCI bus.
 type devices struct {
 	disks  []*os.File
 	serial *os.File
 	vsock  *muxer
+	slots  map[string]uint8 // PCI slot of segment 0 by device id
 }
 
 func (d *devices) close() {
@@ -653,14 +671,15 @@ func (d *devices) close() {
 	}
 }
 
-// openDevices does what vm.boot (and vm.restore) check and open: the
-// payload (boot only), disks with CH's OFD locks, the serial file and the
-// vsock socket, which is bound without unlinking a stale file first.
-func (s *Server) openDevices(cfg chapi.VmConfig, boot bool, what string) (_ *devices, aerr *apiError) {
+// openDevices does what vm.boot (and vm.restore, given the PCI slots its
+// snapshot recorded) check and open: the payload (boot only), disks with
+// CH's OFD locks, the serial file and the vsock socket, which is bound
+// without unlinking a stale file first.
+func (s *Server) openDevices(cfg chapi.VmConfig, boot bool, restored map[string]uint8, what string) (_ *devices, aerr *apiError) {
 	fail := func(msgs ...string) *apiError {
 		return errAPI(http.StatusInternalServerError, append([]string{what}, msgs...)...)
 	}
-	d := &devices{}
+	d := &devices{slots: make(map[string]uint8)}
 	defer func() {
 		if aerr != nil {
 			d.close()
@@ -682,26 +701,32 @@ func (s *Server) openDevices(cfg chapi.VmConfig, boot bool, what string) (_ *dev
 			kf.Close()
 		}
 	}
+	var disks []chapi.DiskConfig
 	if cfg.Disks != nil {
-		for _, dc := range *cfg.Disks {
-			if dc.Path == nil {
-				return nil, fail("Error validating configuration", "Disk has no path")
-			}
-			ro := dc.Readonly != nil && *dc.Readonly
-			flag, lt := os.O_RDWR, int16(unix.F_WRLCK)
-			if ro {
-				flag, lt = os.O_RDONLY, unix.F_RDLCK
-			}
-			f, err := os.OpenFile(*dc.Path, flag, 0)
-			if err != nil {
-				return nil, fail("Error creating device", "Failed to open disk image", err.Error())
-			}
-			d.disks = append(d.disks, f)
-			lk := unix.Flock_t{Type: lt}
-			if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
-				return nil, fail("Error creating device", "Failed to lock disk image "+*dc.Path, "The file is already locked")
-			}
+		disks = *cfg.Disks
+	}
+	if msgs := validateDisks(disks); msgs != nil {
+		return nil, fail(msgs...)
+	}
+	for i, dc := range disks {
+		f, msgs, locked := openDisk(dc)
+		if locked {
+			return nil, fail(append([]string{"Error locking disk images: Another instance likely holds a lock"}, msgs...)...)
 		}
+		if msgs != nil {
+			return nil, fail(append([]string{"Error from device manager"}, msgs...)...)
+		}
+		d.disks = append(d.disks, f)
+		id := fmt.Sprintf("_disk%d", i)
+		if dc.Id != nil {
+			id = *dc.Id
+		}
+		if _, err := d.allocate(id, slotFor(restored, id, dc.PciDeviceId)); err != nil {
+			return nil, fail("Error from device manager", "Failed to find an available PCI device ID", err.Error())
+		}
+	}
+	if _, err := d.allocate(rngID, slotFor(restored, rngID, nil)); err != nil {
+		return nil, fail("Error from device manager", "Failed to find an available PCI device ID", err.Error())
 	}
 	if cfg.Serial != nil && cfg.Serial.Mode == chapi.ConsoleModeFile && cfg.Serial.File != nil {
 		f, err := os.Create(*cfg.Serial.File)
@@ -720,6 +745,13 @@ func (s *Server) openDevices(cfg chapi.VmConfig, boot bool, what string) (_ *dev
 			return nil, fail("Error creating vsock device", err.Error())
 		}
 		d.vsock = m
+		id := vsockID
+		if cfg.Vsock.Id != nil {
+			id = *cfg.Vsock.Id
+		}
+		if _, err := d.allocate(id, slotFor(restored, id, cfg.Vsock.PciDeviceId)); err != nil {
+			return nil, fail("Error from device manager", "Failed to find an available PCI device ID", err.Error())
+		}
 	}
 	return d, nil
 }

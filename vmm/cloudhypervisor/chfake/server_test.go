@@ -4,15 +4,19 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/berthvm/berth/vmm/cloudhypervisor/internal/chapi"
 )
@@ -453,6 +457,314 @@ func TestMainArgs(t *testing.T) {
 	} {
 		if got := apiSocketArg(tc.args); got != tc.want {
 			t.Errorf("apiSocketArg(%q) = %q, want %q", tc.args, got, tc.want)
+		}
+	}
+}
+
+// image writes a disk image of size bytes into dir.
+func image(t *testing.T, dir, name string, size int) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, make([]byte, size), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func disk(path, id string, readonly bool, slot *uint8) chapi.DiskConfig {
+	raw := chapi.Raw
+	dc := chapi.DiskConfig{Path: &path, Readonly: &readonly, ImageType: &raw, PciDeviceId: slot}
+	if id != "" {
+		dc.Id = &id
+	}
+	return dc
+}
+
+func slot(n uint8) *uint8 { return &n }
+
+// pciAddrs reads the PCI address of every device in vm.info's device tree.
+func pciAddrs(t *testing.T, c *chapi.ClientWithResponses) map[string]string {
+	t.Helper()
+	rsp, err := c.GetVmInfoWithResponse(context.Background())
+	expect(t, "vm.info", rsp, err, 200, "")
+	out := make(map[string]string)
+	if rsp.JSON200.DeviceTree == nil {
+		return out
+	}
+	for _, n := range *rsp.JSON200.DeviceTree {
+		if n.PciBdf != nil && n.Children != nil && len(*n.Children) == 1 {
+			out[(*n.Children)[0]] = *n.PciBdf
+		}
+	}
+	return out
+}
+
+func diskIDs(t *testing.T, c *chapi.ClientWithResponses) []string {
+	t.Helper()
+	rsp, err := c.GetVmInfoWithResponse(context.Background())
+	expect(t, "vm.info", rsp, err, 200, "")
+	var ids []string
+	if d := rsp.JSON200.Config.Disks; d != nil {
+		for _, dc := range *d {
+			if dc.Id != nil {
+				ids = append(ids, *dc.Id)
+			}
+		}
+	}
+	return ids
+}
+
+// TestPCISlots: disks take their pci_device_id or the lowest free slot,
+// in order, then virtio-rng and vsock the next free ones.
+func TestPCISlots(t *testing.T) {
+	_, c, dir := start(t, Options{})
+	ctx := context.Background()
+	cfg := vmConfig(t, dir)
+	cfg.Disks = &[]chapi.DiskConfig{
+		disk(image(t, dir, "a.img", 4096), "a", false, slot(5)),
+		disk(image(t, dir, "b.img", 4096), "b", false, nil),
+		disk(image(t, dir, "c.img", 4096), "", true, nil),
+	}
+	r, err := c.CreateVMWithResponse(ctx, cfg)
+	expect(t, "create", r, err, 204, "")
+	b, err := c.BootVMWithResponse(ctx)
+	expect(t, "boot", b, err, 204, "")
+	got := pciAddrs(t, c)
+	want := map[string]string{"a": "0000:00:05.0", "b": "0000:00:01.0", "_disk2": "0000:00:02.0", rngID: "0000:00:03.0", vsockID: "0000:00:04.0"}
+	if len(got) != len(want) {
+		t.Errorf("PCI devices = %v, want %v", got, want)
+	}
+	for id, w := range want {
+		if got[id] != w {
+			t.Errorf("%s at %q, want %s", id, got[id], w)
+		}
+	}
+}
+
+func TestBootDiskValidation(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		disks func(dir string) []chapi.DiskConfig
+		want  string
+	}{
+		{"duplicate id", func(dir string) []chapi.DiskConfig {
+			return []chapi.DiskConfig{disk(image(t, dir, "a.img", 4096), "x", false, nil), disk(image(t, dir, "b.img", 4096), "x", true, nil)}
+		}, "Identifier x is not unique"},
+		{"reserved id", func(dir string) []chapi.DiskConfig {
+			return []chapi.DiskConfig{disk(image(t, dir, "a.img", 4096), "__x", false, nil)}
+		}, "Identifier __x is not invalid"},
+		{"root slot", func(dir string) []chapi.DiskConfig {
+			return []chapi.DiskConfig{disk(image(t, dir, "a.img", 4096), "a", false, slot(0))}
+		}, "is reserved"},
+		{"slot out of range", func(dir string) []chapi.DiskConfig {
+			return []chapi.DiskConfig{disk(image(t, dir, "a.img", 4096), "a", false, slot(32))}
+		}, "out of the supported range"},
+		{"slot taken", func(dir string) []chapi.DiskConfig {
+			return []chapi.DiskConfig{disk(image(t, dir, "a.img", 4096), "a", false, slot(4)), disk(image(t, dir, "b.img", 4096), "b", false, slot(4))}
+		}, "already used: 4"},
+		{"missing image", func(dir string) []chapi.DiskConfig {
+			return []chapi.DiskConfig{disk(filepath.Join(dir, "nope.img"), "a", false, nil)}
+		}, "no such file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, c, dir := start(t, Options{})
+			ctx := context.Background()
+			cfg := vmConfig(t, dir)
+			disks := tc.disks(dir)
+			cfg.Disks = &disks
+			r, err := c.CreateVMWithResponse(ctx, cfg)
+			expect(t, "create", r, err, 204, "")
+			b, err := c.BootVMWithResponse(ctx)
+			expect(t, "boot", b, err, 500, tc.want)
+			if st := state(t, c); st != chapi.Created {
+				t.Errorf("state after a failed boot = %s, want Created", st)
+			}
+		})
+	}
+}
+
+// TestReadonlyDiskLocks: a read-only disk takes a shared lock, a writable
+// one an exclusive lock, so readers share and a writer excludes all.
+func TestReadonlyDiskLocks(t *testing.T) {
+	for _, tc := range []struct {
+		first, second bool // readonly
+		ok            bool
+		want          string
+	}{
+		{true, true, true, ""},
+		{true, false, false, "Failed to get Write lock for disk image"},
+		{false, true, false, "Failed to get Read lock for disk image"},
+		{false, false, false, "Failed to get Write lock for disk image"},
+	} {
+		t.Run(fmt.Sprintf("readonly %v then %v", tc.first, tc.second), func(t *testing.T) {
+			img := image(t, t.TempDir(), "shared.img", 1<<20)
+			_, c1, dir1 := start(t, Options{})
+			_, c2, dir2 := start(t, Options{})
+			ctx := context.Background()
+			cfg := vmConfig(t, dir1)
+			cfg.Disks = &[]chapi.DiskConfig{disk(img, "d", tc.first, nil)}
+			r, err := c1.CreateVMWithResponse(ctx, cfg)
+			expect(t, "create 1", r, err, 204, "")
+			b, err := c1.BootVMWithResponse(ctx)
+			expect(t, "boot 1", b, err, 204, "")
+
+			cfg2 := vmConfig(t, dir2)
+			cfg2.Disks = &[]chapi.DiskConfig{disk(img, "d", tc.second, nil)}
+			r, err = c2.CreateVMWithResponse(ctx, cfg2)
+			expect(t, "create 2", r, err, 204, "")
+			b, err = c2.BootVMWithResponse(ctx)
+			if tc.ok {
+				expect(t, "boot 2", b, err, 204, "")
+				return
+			}
+			expect(t, "boot 2", b, err, 500, "The file is already locked")
+			var msgs []string
+			json.Unmarshal(b.Body, &msgs)
+			if !slices.ContainsFunc(msgs, func(m string) bool { return strings.HasPrefix(m, tc.want) }) {
+				t.Errorf("error %q lacks %q", msgs, tc.want)
+			}
+		})
+	}
+}
+
+// TestDiskLockRange: CH v53.0 locks [0, size) by default, the whole file
+// with lock_granularity Full.
+func TestDiskLockRange(t *testing.T) {
+	for _, tc := range []struct {
+		gran    *chapi.LockGranularity
+		wantLen int64
+	}{{nil, 1 << 20}, {ptr(chapi.ByteRange), 1 << 20}, {ptr(chapi.Full), 0}} {
+		_, c, dir := start(t, Options{})
+		ctx := context.Background()
+		img := image(t, dir, "d.img", 1<<20)
+		d := disk(img, "d", false, nil)
+		d.LockGranularity = tc.gran
+		cfg := vmConfig(t, dir)
+		cfg.Disks = &[]chapi.DiskConfig{d}
+		r, err := c.CreateVMWithResponse(ctx, cfg)
+		expect(t, "create", r, err, 204, "")
+		b, err := c.BootVMWithResponse(ctx)
+		expect(t, "boot", b, err, 204, "")
+		f, err := os.Open(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lk := unix.Flock_t{Type: unix.F_RDLCK}
+		err = unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &lk)
+		f.Close()
+		if err != nil || lk.Type != unix.F_WRLCK || lk.Start != 0 || lk.Len != tc.wantLen {
+			t.Errorf("granularity %v: lock %+v, %v; want a write lock of [0, %d)", tc.gran, lk, err, tc.wantLen)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestAddDisk(t *testing.T) {
+	_, c, dir := start(t, Options{})
+	ctx := context.Background()
+	add := func(dc chapi.DiskConfig) (*chapi.PutVmAddDiskResponse, error) {
+		return c.PutVmAddDiskWithResponse(ctx, dc)
+	}
+
+	r0, err := add(disk(image(t, dir, "a.img", 4096), "a", false, nil))
+	expect(t, "add-disk before create", r0, err, 404, "VM is not created")
+	bad, err := c.PutVmAddDiskWithBodyWithResponse(ctx, "application/json", strings.NewReader("{nope"))
+	expect(t, "add-disk bad JSON", bad, err, 400, "-")
+
+	cfg := vmConfig(t, dir)
+	cfg.Disks = &[]chapi.DiskConfig{disk(image(t, dir, "layer.img", 4096), "layer0", true, slot(6))}
+	r, err := c.CreateVMWithResponse(ctx, cfg)
+	expect(t, "create", r, err, 204, "")
+
+	// Created, not booted: a cold add, into the config only.
+	cold, err := add(disk(image(t, dir, "cold.img", 4096), "cold", false, nil))
+	expect(t, "cold add-disk", cold, err, 204, "")
+	if got := diskIDs(t, c); !slices.Equal(got, []string{"layer0", "cold"}) {
+		t.Fatalf("disks after a cold add = %v", got)
+	}
+	dup, err := add(disk(image(t, dir, "dup.img", 4096), "cold", false, nil))
+	expect(t, "add-disk of a taken id", dup, err, 500, "Identifier cold is not unique")
+
+	b, err := c.BootVMWithResponse(ctx)
+	expect(t, "boot", b, err, 204, "")
+
+	ws := image(t, dir, "ws.img", 1<<20)
+	hot, err := add(disk(ws, "workspace", false, slot(4)))
+	expect(t, "add-disk", hot, err, 200, "")
+	if hot.JSON200 == nil || hot.JSON200.Id != "workspace" || hot.JSON200.Bdf != "0000:00:04.0" {
+		t.Fatalf("add-disk answer = %s, want workspace at 0000:00:04.0", hot.Body)
+	}
+	if addr := pciAddrs(t, c)["workspace"]; addr != "0000:00:04.0" {
+		t.Errorf("device tree has the workspace at %q", addr)
+	}
+	// The hot-plugged disk holds its lock like a booted one.
+	if f, err := os.OpenFile(ws, os.O_RDWR, 0); err == nil {
+		lk := unix.Flock_t{Type: unix.F_RDLCK}
+		unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &lk)
+		f.Close()
+		if lk.Type != unix.F_WRLCK {
+			t.Errorf("hot-plugged workspace lock = %d, want a write lock", lk.Type)
+		}
+	}
+
+	for _, tc := range []struct {
+		name string
+		dc   chapi.DiskConfig
+		want string
+	}{
+		{"taken id", disk(image(t, dir, "x.img", 4096), "workspace", false, nil), "Identifier workspace is not unique"},
+		{"taken slot", disk(image(t, dir, "y.img", 4096), "y", false, slot(4)), "already used: 4"},
+		{"reserved slot", disk(image(t, dir, "z.img", 4096), "z", false, slot(0)), "is reserved"},
+		{"missing image", disk(filepath.Join(dir, "nope.img"), "n", false, nil), "no such file"},
+		{"image in use", disk(ws, "again", false, nil), "The file is already locked"},
+	} {
+		rsp, err := add(tc.dc)
+		expect(t, "add-disk: "+tc.name, rsp, err, 500, tc.want)
+	}
+	noID, err := add(disk(image(t, dir, "anon.img", 4096), "", true, nil))
+	expect(t, "add-disk without id", noID, err, 200, "")
+	if noID.JSON200 == nil || !strings.HasPrefix(noID.JSON200.Id, "_disk") {
+		t.Errorf("add-disk without id answered %s, want a _disk id", noID.Body)
+	}
+	want := []string{"layer0", "cold", "workspace", noID.JSON200.Id}
+	if got := diskIDs(t, c); !slices.Equal(got, want) {
+		t.Fatalf("disks = %v, want %v", got, want)
+	}
+
+	// A snapshot records the hot-plugged disks, and a restore gives every
+	// device its PCI slot back.
+	before := pciAddrs(t, c)
+	p, err := c.PauseVMWithResponse(ctx)
+	expect(t, "pause", p, err, 204, "")
+	snapDir := t.TempDir()
+	url := "file://" + snapDir
+	sn, err := c.PutVmSnapshotWithResponse(ctx, chapi.VmSnapshotConfig{DestinationUrl: &url})
+	expect(t, "snapshot", sn, err, 204, "")
+	var sc chapi.VmConfig
+	raw, _ := os.ReadFile(filepath.Join(snapDir, snapConfig))
+	if err := json.Unmarshal(raw, &sc); err != nil || sc.Disks == nil || len(*sc.Disks) != len(want) {
+		t.Fatalf("snapshot config disks: %s, %v", raw, err)
+	}
+	if !strings.Contains(string(raw), `"memory":{"size":67108864}`) {
+		t.Errorf("snapshot config lost the memory size: %s", raw)
+	}
+	d, err := c.DeleteVMWithResponse(ctx)
+	expect(t, "delete", d, err, 204, "")
+
+	_, c2, _ := start(t, Options{})
+	rs, err := c2.PutVmRestoreWithResponse(ctx, chapi.RestoreConfig{SourceUrl: url})
+	expect(t, "restore", rs, err, 204, "")
+	if got := diskIDs(t, c2); !slices.Equal(got, want) {
+		t.Errorf("restored disks = %v, want %v", got, want)
+	}
+	after := pciAddrs(t, c2)
+	if len(after) != len(before) {
+		t.Errorf("restored PCI devices %v, want %v", after, before)
+	}
+	for id, addr := range before {
+		if after[id] != addr {
+			t.Errorf("restored %s at %q, want %s", id, after[id], addr)
 		}
 	}
 }

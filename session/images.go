@@ -1,0 +1,458 @@
+package session
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/vmm"
+)
+
+// ImageInfo describes one build of an image.
+type ImageInfo struct {
+	Name   string `json:"name"`
+	Digest string `json:"digest"`
+	// Current is the build new sessions get; older builds stay while
+	// sessions made with them exist.
+	Current bool `json:"current"`
+	// RootFS images boot into read-only layers with a system disk per
+	// session; mini's root is its initramfs.
+	RootFS    bool          `json:"rootfs"`
+	Layers    int           `json:"layers"`
+	Packages  int           `json:"packages"`
+	DiskBytes int64         `json:"disk_bytes"` // on the host's disk
+	Built     time.Time     `json:"built"`
+	BuildTook time.Duration `json:"build_took,omitempty"`
+	Source    string        `json:"source"` // "berth" or the recipe file
+	Kernel    string        `json:"kernel_version"`
+	Sessions  []string      `json:"sessions"` // sessions using this build
+}
+
+// BuildRequest names what to build: a shipped image, or a recipe file on
+// the daemon's host.
+type BuildRequest struct {
+	Name   string `json:"name,omitempty"`
+	Recipe string `json:"recipe,omitempty"` // absolute path
+}
+
+// BuildProgress is one step of an image build.
+type BuildProgress struct {
+	Phase      string `json:"phase"` // resolve, download, unpack, image, setup, done
+	Done       int    `json:"done,omitempty"`
+	Total      int    `json:"total,omitempty"`
+	Bytes      int64  `json:"bytes,omitempty"`
+	TotalBytes int64  `json:"total_bytes,omitempty"`
+	Line       string `json:"line,omitempty"`
+}
+
+// Imager builds and manages images. The Manager and the socket client
+// implement it; image commands run only on the daemon's host.
+type Imager interface {
+	Images(ctx context.Context) ([]ImageInfo, error)
+	// BuildImage builds an image unless one from the same inputs exists,
+	// reporting progress as it goes.
+	BuildImage(ctx context.Context, req BuildRequest, progress func(BuildProgress)) (ImageInfo, error)
+	// RemoveImage deletes every build of an image; refused while a session
+	// uses it.
+	RemoveImage(ctx context.Context, name string) error
+}
+
+var _ Imager = (*Manager)(nil)
+
+// Image is what a VM boots: a build of an image, pinned by its digest.
+type Image struct {
+	Name, Digest      string
+	Kernel, Initramfs string
+	// Layers are the read-only root layers, bottom first; none for an
+	// image whose root is its initramfs.
+	Layers []Layer
+}
+
+// Layer is one read-only root layer.
+type Layer struct{ Path, UUID string }
+
+// RootFS reports whether sessions of the image get a system disk.
+func (im Image) RootFS() bool { return len(im.Layers) > 0 }
+
+func fromBuild(b image.Image) Image {
+	im := Image{Name: b.Name, Digest: b.Digest, Kernel: b.Kernel, Initramfs: b.Initramfs}
+	for _, l := range b.Layers {
+		im.Layers = append(im.Layers, Layer{Path: l.Path, UUID: l.UUID})
+	}
+	return im
+}
+
+// imageBuilds serialises builds: two of the same image would race for its
+// name, and on two cores two mmdebstraps only make both slow.
+type imageBuilds struct{ mu sync.Mutex }
+
+// resolveImage returns the build of name a session uses: digest, or the
+// current build, built now if name is a shipped image never built here.
+func (m *Manager) resolveImage(ctx context.Context, name, digest string) (Image, error) {
+	st := m.cfg.Images
+	if st == nil {
+		return Image{}, fmt.Errorf("no image store configured: %w", ErrUnavailable)
+	}
+	b, err := st.Load(name, digest)
+	if err == nil {
+		return fromBuild(b), nil
+	}
+	if digest != "" {
+		return Image{}, fmt.Errorf("%v; the session's system disk was made on that build: `berth replace` moves the session to the current one: %w", err, ErrNotFound)
+	}
+	if !image.Shipped(name) {
+		return Image{}, fmt.Errorf("image %q is not built (berth image build --recipe FILE builds one; berth image ls lists them): %w", name, ErrNotFound)
+	}
+	m.log.Info("building image", "image", name)
+	m.builds.mu.Lock()
+	defer m.builds.mu.Unlock()
+	if b, err := st.Load(name, ""); err == nil {
+		return fromBuild(b), nil // built meanwhile
+	}
+	b, _, err = st.Build(ctx, image.Options{Name: name, Steps: stepRunner{m}, Report: func(p image.Progress) {
+		if p.Phase != "download" && p.Phase != "unpack" {
+			m.log.Info("image build", "image", name, "progress", p.String())
+		}
+	}})
+	if err != nil {
+		return Image{}, fmt.Errorf("build image %q: %w", name, err)
+	}
+	return fromBuild(b), nil
+}
+
+// Images lists every build on disk, with the sessions using each.
+func (m *Manager) Images(ctx context.Context) ([]ImageInfo, error) {
+	if m.cfg.Images == nil {
+		return nil, fmt.Errorf("no image store configured: %w", ErrUnavailable)
+	}
+	builds, err := m.cfg.Images.Builds()
+	if err != nil {
+		return nil, err
+	}
+	users := m.imageUsers()
+	out := make([]ImageInfo, 0, len(builds))
+	seen := map[string]bool{}
+	for _, b := range builds {
+		info := ImageInfo{
+			Name: b.Name, Digest: b.Digest, Current: !seen[b.Name], RootFS: b.RootFS(), Layers: len(b.Layers),
+			Packages: len(b.Packages), DiskBytes: b.DiskBytes(), Built: b.Built, BuildTook: b.BuildTook,
+			Source: b.Source, Kernel: b.KernelVersion, Sessions: []string{},
+		}
+		seen[b.Name] = true
+		for _, u := range users[b.Name] {
+			if u.digest == b.Digest || (u.digest == "" && info.Current) {
+				info.Sessions = append(info.Sessions, u.session)
+			}
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+type imageUser struct{ session, digest string }
+
+// imageUsers maps image names to the sessions using them.
+func (m *Manager) imageUsers() map[string][]imageUser {
+	m.mu.Lock()
+	ss := make([]*sess, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		ss = append(ss, s)
+	}
+	m.mu.Unlock()
+	users := map[string][]imageUser{}
+	for _, s := range ss {
+		s.mu.Lock()
+		users[s.rec.Image] = append(users[s.rec.Image], imageUser{s.name, s.rec.ImageDigest})
+		s.mu.Unlock()
+	}
+	for _, u := range users {
+		sort.Slice(u, func(i, j int) bool { return u[i].session < u[j].session })
+	}
+	return users
+}
+
+// pruneImage removes builds of name no session uses any more.
+func (m *Manager) pruneImage(name string) {
+	if m.cfg.Images == nil {
+		return
+	}
+	users := m.imageUsers()[name]
+	m.cfg.Images.Prune(name, func(digest string) bool {
+		return slices.ContainsFunc(users, func(u imageUser) bool { return u.digest == digest })
+	})
+}
+
+// BuildImage builds a shipped image or a recipe.
+func (m *Manager) BuildImage(ctx context.Context, req BuildRequest, progress func(BuildProgress)) (ImageInfo, error) {
+	if m.cfg.Images == nil {
+		return ImageInfo{}, fmt.Errorf("no image store configured: %w", ErrUnavailable)
+	}
+	if progress == nil {
+		progress = func(BuildProgress) {}
+	}
+	o := image.Options{Steps: stepRunner{m}, Report: func(p image.Progress) {
+		progress(BuildProgress{Phase: p.Phase, Done: p.Done, Total: p.Total, Bytes: p.Bytes, TotalBytes: p.TotalBytes, Line: p.Line})
+	}}
+	switch {
+	case req.Recipe != "":
+		r, err := image.ParseRecipe(req.Recipe)
+		if err != nil {
+			return ImageInfo{}, fmt.Errorf("%w: %w", err, ErrInvalid)
+		}
+		o.Recipe = r
+		req.Name = r.Name
+	case req.Name == "":
+		req.Name = "mini"
+		fallthrough
+	default:
+		if !image.Shipped(req.Name) {
+			return ImageInfo{}, fmt.Errorf("unknown image %q: berth ships %s; build others with --recipe FILE: %w", req.Name, strings.Join(image.Names(), ", "), ErrInvalid)
+		}
+		o.Name = req.Name
+	}
+	m.builds.mu.Lock()
+	b, built, err := m.cfg.Images.Build(ctx, o)
+	m.builds.mu.Unlock()
+	if err != nil {
+		switch {
+		case errors.Is(err, fs.ErrExist):
+			return ImageInfo{}, fmt.Errorf("%w: %w", err, ErrExists)
+		case ctx.Err() != nil:
+			return ImageInfo{}, err
+		}
+		return ImageInfo{}, fmt.Errorf("build image %q: %w", req.Name, err)
+	}
+	if built {
+		m.pruneImage(b.Name)
+	}
+	list, err := m.Images(ctx)
+	if err != nil {
+		return ImageInfo{}, err
+	}
+	for _, info := range list {
+		if info.Name == b.Name && info.Digest == b.Digest {
+			return info, nil
+		}
+	}
+	return ImageInfo{Name: b.Name, Digest: b.Digest, Current: true}, nil
+}
+
+// RemoveImage deletes an image no session uses.
+func (m *Manager) RemoveImage(ctx context.Context, name string) error {
+	if m.cfg.Images == nil {
+		return fmt.Errorf("no image store configured: %w", ErrUnavailable)
+	}
+	if err := image.ValidateName(name); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrInvalid)
+	}
+	m.builds.mu.Lock()
+	defer m.builds.mu.Unlock()
+	if users := m.imageUsers()[name]; len(users) > 0 {
+		names := make([]string, len(users))
+		for i, u := range users {
+			names[i] = u.session
+		}
+		return fmt.Errorf("image %q is used by %s: delete or replace them first (berth replace NAME --image OTHER): %w",
+			name, strings.Join(names, ", "), ErrConflict)
+	}
+	if err := m.cfg.Images.Remove(name); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("image %q: %w", name, ErrNotFound)
+		}
+		return err
+	}
+	return nil
+}
+
+// stepRunner runs a recipe's setup commands in a VM of the image being
+// built: the layers built so far, the build's system disk on top, and a
+// scratch workspace. Nothing runs on the host.
+type stepRunner struct{ m *Manager }
+
+func (r stepRunner) RunSteps(ctx context.Context, b image.StepBuild) error {
+	m := r.m
+	dir, err := os.MkdirTemp(filepath.Join(m.cfg.DataDir), ".build-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	wsUUID := vmm.NewUUID()
+	ws := filepath.Join(dir, "workspace.img")
+	if err := vmm.CreateWorkspace(ctx, ws, 256<<20, wsUUID); err != nil {
+		return err
+	}
+	d, err := m.driver(m.cfg.Defaults.VMM)
+	if err != nil {
+		return err
+	}
+	im := fromBuild(b.Image)
+	cfg := vmm.Config{
+		Dir: filepath.Join(dir, "vm"), Kernel: im.Kernel, Initramfs: im.Initramfs,
+		Cmdline: bootCmdline(wsUUID, b.SystemUUID, im, "berth-build", randomMachineID()),
+		CPUs:    m.cfg.Defaults.CPUs, MemoryMiB: max(m.cfg.Defaults.MemoryMiB, 1024),
+		Workspace: ws, System: b.System, Layers: layerPaths(im), Accel: m.cfg.Defaults.Accel,
+	}
+	b.Report(image.Progress{Phase: "setup", Total: len(b.Steps), Line: "booting a build VM of the image"})
+	bctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer cancel()
+	vm, err := d.Start(bctx, cfg)
+	if err != nil {
+		return fmt.Errorf("boot the build VM: %w", err)
+	}
+	defer func() {
+		vm.Kill(context.Background())
+		vm.Close()
+	}()
+	c, err := guest.Dial(bctx, vm.DialAgent)
+	if err != nil {
+		return fmt.Errorf("build VM: %w", err)
+	}
+	defer c.Close()
+	h, err := c.Hello(bctx)
+	if err == nil && !h.System.Mounted {
+		err = fmt.Errorf("its system disk did not mount: %s", h.System.Error)
+	}
+	if err != nil {
+		return fmt.Errorf("build VM: %w", err)
+	}
+	for i, step := range b.Steps {
+		if err := runStep(ctx, c, b, i, step); err != nil {
+			return err
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, stopGrace+30*time.Second)
+	defer cancel()
+	if _, err := c.Shutdown(sctx, stopGrace); err != nil {
+		return fmt.Errorf("shut the build VM down: %w", err)
+	}
+	select {
+	case <-vm.Done():
+	case <-time.After(20 * time.Second):
+		return errors.New("the build VM did not power off after its setup steps")
+	}
+	return nil
+}
+
+func runStep(ctx context.Context, c *guest.Client, b image.StepBuild, i int, step string) error {
+	n := len(b.Steps)
+	label := fmt.Sprintf("step %d of %d (`%s`)", i+1, n, oneLine(step, 80))
+	b.Report(image.Progress{Phase: "setup", Done: i, Total: n, Line: "$ " + oneLine(step, 200)})
+	sctx, cancel := context.WithTimeout(ctx, b.Timeout)
+	defer cancel()
+	id := newExecID()
+	x, err := c.Exec(sctx, guest.ExecRequest{ID: id, Argv: []string{"/bin/sh", "-c", step}, Cwd: "/workspace",
+		Env: map[string]string{"DEBIAN_FRONTEND": "noninteractive"}})
+	if err != nil {
+		return fmt.Errorf("setup %s could not start: %w", label, err)
+	}
+	var last string
+	var pending []byte
+	emit := func(line []byte) {
+		l := strings.TrimRight(string(line), "\r")
+		if strings.TrimSpace(l) != "" {
+			last = l
+		}
+		b.Report(image.Progress{Phase: "setup", Done: i, Total: n, Line: oneLine(l, 400)})
+	}
+	for o := range x.Output() {
+		pending = append(pending, o.Data...)
+		for {
+			k := bytes.IndexByte(pending, '\n')
+			if k < 0 {
+				break
+			}
+			emit(pending[:k])
+			pending = pending[k+1:]
+		}
+		if len(pending) > 64<<10 {
+			emit(pending)
+			pending = pending[:0]
+		}
+	}
+	if len(pending) > 0 {
+		emit(pending)
+	}
+	info, err := x.Result()
+	switch {
+	case sctx.Err() != nil && ctx.Err() == nil:
+		c.Signal(context.Background(), id, 9)
+		return fmt.Errorf("setup %s timed out after %s (step_timeout in the recipe): %s", label, b.Timeout, last)
+	case err != nil:
+		return fmt.Errorf("setup %s: %w", label, err)
+	case info == nil:
+		return fmt.Errorf("setup %s: the build VM lost the command", label)
+	case info.Signal != "":
+		return fmt.Errorf("setup %s was killed by %s: %s", label, info.Signal, last)
+	case info.ExitCode != 0:
+		return fmt.Errorf("setup %s exited with code %d: %s", label, info.ExitCode, last)
+	}
+	return nil
+}
+
+// oneLine shortens text for a one-line message.
+func oneLine(s string, n int) string {
+	sc := bufio.NewScanner(strings.NewReader(s))
+	if sc.Scan() {
+		s = sc.Text()
+	}
+	if len(s) > n {
+		s = s[:n] + "…"
+	}
+	return s
+}
+
+// randomMachineID returns a fresh machine id: 32 lower-case hex digits,
+// as machine-id(5) has it.
+func randomMachineID() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func layerPaths(im Image) []string {
+	var out []string
+	for _, l := range im.Layers {
+		out = append(out, l.Path)
+	}
+	return out
+}
+
+// bootCmdline tells the agent what a cold boot mounts and who it is.
+func bootCmdline(wsUUID, sysUUID string, im Image, hostname, machineID string) string {
+	parts := []string{"berth.ws=" + orNone(wsUUID)}
+	if im.RootFS() {
+		uuids := make([]string, len(im.Layers))
+		for i, l := range im.Layers {
+			uuids[i] = l.UUID
+		}
+		parts = append(parts, "berth.layers="+strings.Join(uuids, ","), "berth.sys="+orNone(sysUUID))
+	}
+	if hostname != "" {
+		parts = append(parts, "berth.name="+hostname)
+	}
+	if machineID != "" {
+		parts = append(parts, "berth.mid="+machineID)
+	}
+	return strings.Join(parts, " ")
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
