@@ -282,6 +282,10 @@ type Lifecycle interface {
 	Sleep(ctx context.Context, name string) (Session, error)
 	Delete(ctx context.Context, name string) error // VM and all storage, permanently
 	Flush(ctx context.Context, name string) (FlushResult, error)
+	// Replace gives the session a new VM with a fresh system disk from its
+	// image (or opts.Image) on the same workspace: commands end as a stop
+	// ends them, the disks are flushed, the old system disk is dropped.
+	Replace(ctx context.Context, name string, opts ReplaceOptions) (ReplaceResult, error)
 }
 
 // Execer runs and records commands.
@@ -307,6 +311,17 @@ type Files interface {
 	Mkdir(ctx context.Context, name, path string) error
 	Remove(ctx context.Context, name, path string) error
 	Rename(ctx context.Context, name, from, to string) error
+	// CopyIn writes the tar stream r into directory dir (created if
+	// missing) and returns once every file is durable: each written to a
+	// temporary name, fsynced and renamed into place, each directory
+	// fsynced. Entries and symlinks must stay inside the tree; an
+	// interrupted copy leaves no partial file under a final name.
+	CopyIn(ctx context.Context, name, dir string, r io.Reader) (CopyResult, error)
+	// CopyOut streams the file or tree at path as a tar: a directory's
+	// entries relative to it, a file under its own name. Symlinks are sent
+	// as they are, never followed; one pointing out of the tree ends the
+	// stream with an error.
+	CopyOut(ctx context.Context, name, path string) (io.ReadCloser, error)
 }
 
 // Service is everything the UI and CLI use.
