@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/berthvm/berth/guest/tree"
 )
 
 // Version is the protocol version. The handshake carries it, so a host and
@@ -278,14 +280,7 @@ type WriteResult struct {
 }
 
 // TreeResult reports a tree copy.
-type TreeResult struct {
-	Entries  int   `json:"entries"`
-	Files    int   `json:"files"`
-	Dirs     int   `json:"dirs"`
-	Symlinks int   `json:"symlinks"`
-	Skipped  int   `json:"skipped,omitempty"` // sockets, fifos, devices
-	Bytes    int64 `json:"bytes"`
-}
+type TreeResult = tree.Result
 
 // FlushResult reports a flush of /workspace.
 type FlushResult struct {
@@ -364,7 +359,7 @@ func (e *Error) Unwrap() error {
 // Errors the host can test for with errors.Is.
 var (
 	ErrNoWorkspace  = errors.New("workspace not mounted")
-	ErrEscape       = errors.New("path escapes /workspace")
+	ErrEscape       = tree.ErrEscape
 	ErrUnknownExec  = errors.New("agent does not know this execution")
 	ErrGap          = errors.New("output was dropped before it could be read")
 	ErrDisconnected = errors.New("agent channel disconnected")

@@ -211,6 +211,7 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		CPUs        int    `toml:"cpus"`
 		Memory      string `toml:"memory"`
 		Disk        string `toml:"disk"`
+		SystemDisk  string `toml:"system_disk"`
 		VMM         string `toml:"vmm"`
 		Accel       string `toml:"accel"`
 		Retention   string `toml:"retention"`
@@ -231,6 +232,10 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sys, err := ParseSize(f.SystemDisk)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ret, err := ParseSize(f.Retention)
 	if err != nil {
 		t.Fatal(err)
@@ -247,6 +252,7 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		{"cpus", f.CPUs, DefaultCPUs},
 		{"memory", mem, DefaultMemoryMiB},
 		{"disk", disk, int64(DefaultDiskBytes)},
+		{"system_disk", sys, int64(DefaultSystemBytes)},
 		{"vmm", f.VMM, DefaultVMM},
 		{"accel", f.Accel, string(DefaultAccel)},
 		{"retention", ret, DefaultRetention},

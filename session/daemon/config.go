@@ -22,6 +22,7 @@ type File struct {
 	CPUs        int    `toml:"cpus"`
 	Memory      string `toml:"memory"`
 	Disk        string `toml:"disk"`
+	SystemDisk  string `toml:"system_disk"`
 	VMM         string `toml:"vmm"`
 	Accel       string `toml:"accel"`
 	Retention   string `toml:"retention"`
@@ -78,6 +79,9 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		}
 	}
 	if d.DiskBytes, err = size("disk", f.Disk); err != nil {
+		return c, err
+	}
+	if d.SystemBytes, err = size("system_disk", f.SystemDisk); err != nil {
 		return c, err
 	}
 	if d.Retention, err = size("retention", f.Retention); err != nil {

@@ -41,7 +41,7 @@ func Main(args []string, version string) int {
 // Commands are the commands only the daemon's host runs, for cli.Run's
 // table. They read the global flags from Env.Globals, which must be set.
 func Commands(version string) []*cli.Command {
-	return []*cli.Command{tuiCmd(), serveCmd(version), imageBuildCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
+	return []*cli.Command{tuiCmd(), serveCmd(version), imageBuildCmd(), imageLsCmd(), imageRmCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
 }
 
 // local is the group the overview lists these commands under.
@@ -233,33 +233,6 @@ func serveCmd(version string) *cli.Command {
 					return cli.Exit(cli.ExitFailed, strings.ReplaceAll(err.Error(), "\n", "; "))
 				}
 				return nil
-			}
-		},
-	}
-}
-
-func imageBuildCmd() *cli.Command {
-	return &cli.Command{
-		Name: "image build", Group: local, Usage: "[--agent PATH] [NAME]", Args: []string{"[NAME]"},
-		Summary: "build a guest image",
-		Help: "Builds a guest image (default mini): the Debian kernel, fetched with apt-get\n" +
-			"download and unpacked into the cache (never installed), and an initramfs with\n" +
-			"the berth agent, busybox and the kernel modules the agent needs. A second run\n" +
-			"with the same inputs does nothing. Images: " + strings.Join(image.Names(), ", ") + ".",
-		Example: "berth image build mini",
-		Setup: func(fs *flag.FlagSet) cli.RunFunc {
-			agent := fs.String("agent", "", "the static guest agent at `PATH` (default: berth-agent next to berth)")
-			return func(ctx context.Context, c *cli.Call, args []string) error {
-				name := "mini"
-				if len(args) == 1 {
-					name = args[0]
-				}
-				if *agent == "" {
-					*agent = daemon.DefaultAgent()
-				}
-				g := globals(c)
-				_, _, err := image.Build(ctx, image.Options{Name: name, ImagesDir: filepath.Join(g.Data, "images"), CacheDir: g.Cache, Agent: *agent, Progress: c.Env().Stdout})
-				return err
 			}
 		},
 	}

@@ -14,10 +14,12 @@ import (
 func createCmd() *Command {
 	return &Command{
 		Name: "create", Group: "Sessions",
-		Usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--vmm qemu|cloud-hypervisor] [--idle-timeout D]",
+		Usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--system-disk SIZE] [--vmm qemu|cloud-hypervisor] [--idle-timeout D]",
 		Args:    []string{"NAME"},
 		Summary: "create a session and boot it",
 		Help: "Creates the session's workspace volume and boots its VM. Unset flags take the daemon's defaults.\n" +
+			"Images with a root filesystem (debian, recipes) also get a system disk of their own, the\n" +
+			"writable layer over the image (packages, /etc, /root); it is allocated as it is written.\n" +
 			"A SIZE is a number with an optional K, M, G or T suffix, in binary units (1G is 1024M);\n" +
 			"a bare number is bytes, so --memory 512 is refused: write 512M.",
 		Example: "berth create demo --cpus 2 --memory 1G --disk 8G",
@@ -27,7 +29,9 @@ func createCmd() *Command {
 			var disk sizeFlag
 			fs.Var(&memory, "memory", "guest memory `SIZE`, a whole number of MiB (512M, 2G)")
 			fs.Var(&disk, "disk", "workspace volume `SIZE` (4G)")
-			image := fs.String("image", "", "guest image `NAME` (mini)")
+			image := fs.String("image", "", "guest image `NAME`: mini, debian, or one built from a recipe")
+			var system sizeFlag
+			fs.Var(&system, "system-disk", "system disk `SIZE` for images with a root filesystem (8G)")
 			vmm := &choiceFlag{choices: []string{"qemu", "cloud-hypervisor"}}
 			fs.Var(vmm, "vmm", "hypervisor: `qemu` or cloud-hypervisor")
 			idle := fs.String("idle-timeout", "", "sleep after this long idle, e.g. `15m`; 0 never (default: the daemon's)")
@@ -37,7 +41,7 @@ func createCmd() *Command {
 				}
 				opts := session.CreateOptions{
 					Name: args[0], CPUs: *cpus, MemoryMiB: memory.mib, DiskBytes: disk.n,
-					Image: *image, VMM: vmm.value,
+					Image: *image, VMM: vmm.value, SystemBytes: system.n,
 				}
 				if *idle != "" {
 					d, err := time.ParseDuration(*idle)
@@ -54,8 +58,12 @@ func createCmd() *Command {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(c.env.Stdout, "created %s: %s, %s, %s memory, %s disk, image %s on %s\n",
-					s.Name, s.State, plural(s.CPUs, "CPU"), session.FormatBytes(int64(s.MemoryMiB)<<20), session.FormatBytes(s.DiskBytes), s.Image, s.VMM)
+				sys := ""
+				if s.SystemBytes > 0 {
+					sys = ", " + session.FormatBytes(s.SystemBytes) + " system disk"
+				}
+				fmt.Fprintf(c.env.Stdout, "created %s: %s, %s, %s memory, %s disk%s, image %s on %s\n",
+					s.Name, s.State, plural(s.CPUs, "CPU"), session.FormatBytes(int64(s.MemoryMiB)<<20), session.FormatBytes(s.DiskBytes), sys, s.Image, s.VMM)
 				return nil
 			}
 		},
@@ -90,10 +98,10 @@ func lsCmd() *Command {
 					return nil
 				}
 				now := c.env.Now()
-				t := newTable(c.env.Stdout, "NAME", "STATE", "CPUS", "MEMORY", "DISK", "USED", "DIRTY", "RUNNING", "CREATED")
+				t := newTable(c.env.Stdout, "NAME", "STATE", "IMAGE", "CPUS", "MEMORY", "DISK", "USED", "SYSTEM", "DIRTY", "RUNNING", "CREATED")
 				for _, s := range list {
-					t.row(s.Name, stateText(s), fmt.Sprint(s.CPUs), session.FormatBytes(int64(s.MemoryMiB)<<20),
-						session.FormatBytes(s.DiskBytes), session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DirtyBytes),
+					t.row(s.Name, stateText(s), s.Image, fmt.Sprint(s.CPUs), session.FormatBytes(int64(s.MemoryMiB)<<20),
+						session.FormatBytes(s.DiskBytes), session.FormatBytes(s.WorkspaceUsed), systemText(s), session.FormatBytes(s.DirtyBytes),
 						fmt.Sprint(s.Running), ago(now, s.CreatedAt))
 				}
 				return t.flush()
@@ -128,6 +136,14 @@ func infoCmd() *Command {
 	}
 }
 
+// systemText is the system disk's use, or "-" for an image without one.
+func systemText(s session.Session) string {
+	if s.SystemBytes == 0 {
+		return "-"
+	}
+	return session.FormatBytes(s.SystemUsed)
+}
+
 // stateText is the state, with the snapshot's size and the time a wake
 // took last for a sleeping session.
 func stateText(s session.Session) string {
@@ -157,14 +173,23 @@ func writeInfo(w io.Writer, c *Call, s session.Session) {
 		vm += fmt.Sprintf(", pid %d", s.Pid)
 	}
 	t.row("VMM:", vm)
-	t.row("Image:", s.Image)
+	img := s.Image
+	if s.ImageDigest != "" {
+		img += " (build " + s.ImageDigest + ")"
+	}
+	t.row("Image:", img)
 	t.row("CPUs:", fmt.Sprint(s.CPUs))
 	mem := session.FormatBytes(int64(s.MemoryMiB) << 20)
 	if s.MemUsedBytes > 0 {
 		mem += fmt.Sprintf(" (%s used)", session.FormatBytes(s.MemUsedBytes))
 	}
 	t.row("Memory:", mem)
-	t.row("Workspace:", fmt.Sprintf("%s used of %s", session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DiskBytes)))
+	t.row("Workspace:", fmt.Sprintf("%s used of %s, at %s", session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DiskBytes), s.RootDirectory))
+	if s.SystemBytes > 0 {
+		t.row("System disk:", fmt.Sprintf("%s used of %s (packages, /etc, %s: kept with the VM until replace)", session.FormatBytes(s.SystemUsed), session.FormatBytes(s.SystemBytes), s.HomeDirectory))
+	} else {
+		t.row("System disk:", "none: the root is in memory ("+s.HomeDirectory+" is lost at every stop)")
+	}
 	t.row("Dirty:", session.FormatBytes(s.DirtyBytes)+" not yet durable")
 	t.row("Running:", plural(s.Running, "command"))
 	if s.IdleTimeout > 0 {
@@ -282,6 +307,65 @@ func deleteCmd() *Command {
 					return err
 				}
 				fmt.Fprintf(c.env.Stdout, "deleted %s\n", name)
+				return nil
+			}
+		},
+	}
+}
+
+func replaceCmd() *Command {
+	return &Command{
+		Name: "replace", Group: "Sessions", Usage: "NAME [--image IMAGE] [--yes]", Args: []string{"NAME"},
+		Summary: "give a session a new VM with a fresh system disk; /workspace is kept",
+		Help: `Replaces the session's VM with a new one from its image (or --image IMAGE): running
+commands end as a stop ends them, the disks are flushed, and the old system disk, with
+every package installed and every change to /etc and /root since the session was made,
+is dropped. /workspace is kept as it is. Without --yes, says what is dropped and asks you
+to type the session's name; without a terminal, --yes is required.`,
+		Example: "berth replace demo\nberth replace demo --image debian --yes",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			yes := fs.Bool("yes", false, "do not ask for confirmation")
+			image := fs.String("image", "", "the new VM's `IMAGE` (default: the session's, its current build)")
+			return func(ctx context.Context, c *Call, args []string) error {
+				name := args[0]
+				if !*yes && !c.env.StdinTTY {
+					return usageErrorf("refusing to replace %q without confirmation: stdin is not a terminal; add --yes", name)
+				}
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				s, err := svc.Get(ctx, name)
+				if err != nil {
+					return err
+				}
+				if !*yes {
+					to := *image
+					if to == "" {
+						to = s.Image
+					}
+					dropped := "its VM's memory and processes"
+					if s.SystemBytes > 0 {
+						dropped = fmt.Sprintf("its system disk with %s of changes (packages, /etc, /root)", session.FormatBytes(s.SystemUsed))
+					}
+					fmt.Fprintf(c.env.Stderr, "Session %s is %s on image %s.\n"+
+						"Replacing drops %s and starts a fresh VM from image %s.\n"+
+						"/workspace (%s) is kept. Running commands are stopped.\n"+
+						"Type the session name to confirm: ", name, s.State, s.Image, dropped, to, session.FormatBytes(s.WorkspaceUsed))
+					answer, err := readLine(c.env.Stdin)
+					if err != nil && answer == "" {
+						return fmt.Errorf("replace %s: no confirmation (%v); nothing was changed", name, err)
+					}
+					if answer != name {
+						return fmt.Errorf("replace %s: confirmation %q does not match; nothing was changed", name, answer)
+					}
+				}
+				res, err := svc.Replace(ctx, name, session.ReplaceOptions{Image: *image})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(c.env.Stdout, "replaced %s: a new VM from %s (was %s); dropped %s of system changes; /workspace kept\n",
+					name, res.To, res.From, session.FormatBytes(res.Dropped))
 				return nil
 			}
 		},

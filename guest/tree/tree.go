@@ -1,0 +1,335 @@
+// Package tree copies directory trees as tar streams, the wire format of
+// berth's CopyIn and CopyOut: the guest agent unpacks into /workspace and
+// packs out of it, and the CLI does the same on the host's side. Both
+// sides are untrusted by the other, so unpacking checks every entry: it
+// stays inside the directory it is unpacked into, symlinks point inside
+// the tree, and only files, directories and symlinks are accepted.
+//
+// Unpacking is durable like berth's file API: every file is written to a
+// temporary name, fsynced and renamed into place, every directory touched
+// is fsynced, and Unpack returns only then; an interrupted unpack leaves no
+// partial file under a final name.
+package tree
+
+import (
+	"archive/tar"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Result reports a copy.
+type Result struct {
+	Entries  int   `json:"entries"`
+	Files    int   `json:"files"`
+	Dirs     int   `json:"dirs"`
+	Symlinks int   `json:"symlinks"`
+	Skipped  int   `json:"skipped,omitempty"` // sockets, fifos, devices: not packed
+	Bytes    int64 `json:"bytes"`
+}
+
+// MaxEntries bounds one copy.
+const MaxEntries = 1 << 20
+
+// ErrEscape marks an entry or symlink that leads out of the tree.
+var ErrEscape = errors.New("path escapes /workspace or the tree being copied")
+
+// entryPath checks a tar entry's name: relative, clean, inside the tree.
+func entryPath(name string) (string, error) {
+	if strings.ContainsRune(name, 0) || path.IsAbs(name) {
+		return "", fmt.Errorf("entry %q: %w", name, ErrEscape)
+	}
+	c := path.Clean(name)
+	if c == ".." || strings.HasPrefix(c, "../") {
+		return "", fmt.Errorf("entry %q: %w", name, ErrEscape)
+	}
+	return c, nil
+}
+
+// LinkInside reports whether a symlink at entry (relative to the tree's
+// root) pointing at target stays inside the tree.
+func LinkInside(entry, target string) bool {
+	if target == "" || path.IsAbs(target) || strings.ContainsRune(target, 0) {
+		return false
+	}
+	c := path.Clean(path.Join(path.Dir(entry), target))
+	return c != ".." && !strings.HasPrefix(c, "../")
+}
+
+func parent(r string) string {
+	d := path.Dir(r)
+	if d == "" {
+		return "."
+	}
+	return d
+}
+
+// Unpack writes the tar stream r into directory dir of root (created if
+// missing). Progress, if set, is called with the bytes written so far.
+func Unpack(root *os.Root, dir string, r io.Reader, progress func(Result)) (Result, error) {
+	var res Result
+	if err := root.MkdirAll(dir, 0o755); err != nil {
+		return res, err
+	}
+	dirs := map[string]bool{parent(dir): true, dir: true}
+	type stamp struct {
+		name  string
+		mode  fs.FileMode
+		mtime time.Time
+	}
+	var stamps []stamp
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	suffix := ".berth-" + hex.EncodeToString(rnd[:])
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return res, fmt.Errorf("unpack into %s: %w", dir, err)
+		}
+		if res.Entries++; res.Entries > MaxEntries {
+			return res, fmt.Errorf("unpack into %s: more than %d entries", dir, MaxEntries)
+		}
+		rel, err := entryPath(h.Name)
+		if err != nil {
+			return res, err
+		}
+		target := path.Join(dir, rel)
+		mode := fs.FileMode(h.Mode).Perm()
+		if h.Mode&0o4000 != 0 {
+			mode |= fs.ModeSetuid
+		}
+		if h.Mode&0o2000 != 0 {
+			mode |= fs.ModeSetgid
+		}
+		if h.Mode&0o1000 != 0 {
+			mode |= fs.ModeSticky
+		}
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if rel != "." {
+				if err := root.MkdirAll(target, 0o755); err != nil {
+					return res, err
+				}
+				res.Dirs++
+			}
+			dirs[target], dirs[parent(target)] = true, true
+			stamps = append(stamps, stamp{target, mode, h.ModTime})
+		case tar.TypeReg:
+			if err := root.MkdirAll(parent(target), 0o755); err != nil {
+				return res, err
+			}
+			if err := writeFile(root, target, suffix, tr, h.Size, mode, h.ModTime); err != nil {
+				return res, err
+			}
+			dirs[parent(target)] = true
+			res.Files++
+			res.Bytes += h.Size
+		case tar.TypeSymlink:
+			if !LinkInside(rel, h.Linkname) {
+				return res, fmt.Errorf("refusing symlink %s → %s: it points out of the tree being copied: %w", rel, h.Linkname, ErrEscape)
+			}
+			if err := root.MkdirAll(parent(target), 0o755); err != nil {
+				return res, err
+			}
+			tmp := target + suffix
+			if err := root.Symlink(h.Linkname, tmp); err != nil {
+				return res, err
+			}
+			if err := root.Rename(tmp, target); err != nil {
+				root.Remove(tmp)
+				return res, err
+			}
+			dirs[parent(target)] = true
+			res.Symlinks++
+		default:
+			return res, fmt.Errorf("unpack %s: only files, directories and symlinks are copied (tar type %q): %w", rel, h.Typeflag, syscall.EINVAL)
+		}
+		if progress != nil {
+			progress(res)
+		}
+	}
+	// Directories last, deepest first: their modes may forbid writing into
+	// them, and writing into them changed their mtimes.
+	sort.Slice(stamps, func(i, j int) bool { return len(stamps[i].name) > len(stamps[j].name) })
+	for _, d := range stamps {
+		root.Chmod(d.name, d.mode)
+		root.Chtimes(d.name, d.mtime, d.mtime)
+	}
+	names := make([]string, 0, len(dirs))
+	for d := range dirs {
+		names = append(names, d)
+	}
+	sort.Strings(names)
+	for _, d := range names {
+		if err := syncDir(root, d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// writeFile writes size bytes from r to name through a temporary file in
+// the same directory: fsynced, given its mode and mtime, renamed.
+func writeFile(root *os.Root, name, suffix string, r io.Reader, size int64, mode fs.FileMode, mtime time.Time) error {
+	if fi, err := root.Lstat(name); err == nil && fi.IsDir() {
+		return &fs.PathError{Op: "unpack", Path: name, Err: syscall.EISDIR}
+	}
+	tmp := name + suffix
+	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			root.Remove(tmp)
+		}
+	}()
+	if _, err := io.CopyN(f, r, size); err != nil {
+		return fmt.Errorf("unpack %s: %w", name, err)
+	}
+	if err := f.Chmod(mode); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := root.Chtimes(tmp, mtime, mtime); err != nil {
+		return err
+	}
+	if err := root.Rename(tmp, name); err != nil {
+		return err
+	}
+	ok = true
+	return nil
+}
+
+func syncDir(root *os.Root, dir string) error {
+	d, err := root.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Pack writes the file or tree at p of root to w as a tar: a directory's
+// entries relative to it, a file under its own name. Symlinks are packed
+// as symlinks, never followed; one pointing out of the tree stops the copy.
+func Pack(root *os.Root, p string, w io.Writer, progress func(Result)) (Result, error) {
+	var res Result
+	fi, err := root.Lstat(p)
+	if err != nil {
+		return res, err
+	}
+	tw := tar.NewWriter(w)
+	mode := func(fi fs.FileInfo) int64 {
+		m := int64(fi.Mode().Perm())
+		if fi.Mode()&fs.ModeSetuid != 0 {
+			m |= 0o4000
+		}
+		if fi.Mode()&fs.ModeSetgid != 0 {
+			m |= 0o2000
+		}
+		if fi.Mode()&fs.ModeSticky != 0 {
+			m |= 0o1000
+		}
+		return m
+	}
+	var walk func(rel string, fi fs.FileInfo) error
+	walk = func(rel string, fi fs.FileInfo) error {
+		if res.Entries++; res.Entries > MaxEntries {
+			return fmt.Errorf("pack %s: more than %d entries", p, MaxEntries)
+		}
+		full := path.Join(p, rel)
+		name := rel
+		switch {
+		case rel == "." && !fi.IsDir():
+			name = path.Base(p) // one file: the archive holds it by its name
+		case fi.IsDir() && name != ".":
+			name += "/"
+		}
+		defer func() {
+			if progress != nil {
+				progress(res)
+			}
+		}()
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, err := root.Readlink(full)
+			if err != nil {
+				return err
+			}
+			if !LinkInside(rel, target) {
+				return fmt.Errorf("refusing symlink %s → %s: it points out of the tree being copied: %w", full, target, ErrEscape)
+			}
+			res.Symlinks++
+			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777, ModTime: fi.ModTime()})
+		case fi.IsDir():
+			if rel != "." {
+				res.Dirs++
+			}
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
+				return err
+			}
+			d, err := root.Open(full)
+			if err != nil {
+				return err
+			}
+			ents, err := d.ReadDir(-1)
+			d.Close()
+			if err != nil {
+				return err
+			}
+			sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
+			for _, e := range ents {
+				efi, err := e.Info()
+				if err != nil {
+					continue // removed meanwhile
+				}
+				if err := walk(path.Join(rel, e.Name()), efi); err != nil {
+					return err
+				}
+			}
+			return nil
+		case fi.Mode().IsRegular():
+			f, err := root.Open(full)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Size: fi.Size(), Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
+				return err
+			}
+			if _, err := io.CopyN(tw, f, fi.Size()); err != nil {
+				return fmt.Errorf("pack %s: %w (changed while copying?)", full, err)
+			}
+			res.Files++
+			res.Bytes += fi.Size()
+			return nil
+		}
+		res.Skipped++
+		return nil
+	}
+	if err := walk(".", fi); err != nil {
+		return res, err
+	}
+	return res, tw.Close()
+}

@@ -1,0 +1,241 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/ui/cli"
+)
+
+// imager connects to the daemon, which builds and keeps images: recipes'
+// setup steps run in its VMs.
+func imager(ctx context.Context, c *cli.Call) (session.Imager, func(), error) {
+	cl, err := Connect(ctx, globals(c), "cli", false)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cl, func() { cl.Close() }, nil
+}
+
+func imageBuildCmd() *cli.Command {
+	return &cli.Command{
+		Name: "image build", Group: local, Usage: "[NAME] [--recipe FILE]", Args: []string{"[NAME]"},
+		Summary: "build a guest image: mini, debian, or one from a recipe",
+		Help: `Builds an image unless one from the same inputs exists (then it says so at once).
+  mini    an initramfs: the berth agent, busybox and the kernel modules; the root is in memory
+  debian  Debian 12 from Debian's packages, installed on this host with mmdebstrap (no
+          container, no Docker) into a read-only ext4 layer every session of it shares
+The kernel is Debian's, fetched with apt-get download into the cache, never installed.
+
+A recipe (TOML) builds an image of your own:
+  name = "py-tools"
+  base = "debian"                       # or "debian-minimal" (without debian's packages)
+  packages = ["jq", "make"]             # Debian packages, installed on the host
+  files = { "./tool.sh" = "/usr/local/bin/tool.sh" }   # host path = image path
+  run = ["pip install --break-system-packages ruff"]   # setup steps, run in a berth VM
+  step_timeout = "10m"
+Setup steps run inside a VM of the image being built, never on the host; their changes
+become the image's top layer. Each layer is cached by what went into it. Sessions keep
+the build they were made with until 'berth replace'.`,
+		Example: "berth image build debian\nberth image build --recipe ./py-tools.toml",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			recipe := fs.String("recipe", "", "build the recipe in `FILE` (TOML)")
+			return func(ctx context.Context, c *cli.Call, args []string) error {
+				req := session.BuildRequest{Name: "mini"}
+				switch {
+				case *recipe != "" && len(args) > 0:
+					return fmt.Errorf("image build takes a NAME or --recipe FILE, not both (the recipe names its image)")
+				case *recipe != "":
+					abs, err := filepath.Abs(*recipe)
+					if err != nil {
+						return err
+					}
+					// Checked here too, for an answer before the daemon is involved.
+					if _, err := image.ParseRecipe(abs); err != nil {
+						return err
+					}
+					req = session.BuildRequest{Recipe: abs}
+				case len(args) == 1:
+					req.Name = args[0]
+				}
+				im, done, err := imager(ctx, c)
+				if err != nil {
+					return err
+				}
+				defer done()
+				p := newBuildProgress(c.Env().Stdout, c.Env().StdoutTTY)
+				info, err := im.BuildImage(ctx, req, p.show)
+				p.end()
+				if err != nil {
+					return err
+				}
+				if !p.done {
+					fmt.Fprintf(c.Env().Stdout, "image %s (%s) is ready\n", info.Name, info.Digest)
+				}
+				return nil
+			}
+		},
+	}
+}
+
+// buildProgress shows a build's progress: on a terminal, one line per
+// phase redrawn in place, with setup output printed as it comes; else a
+// line per phase and per quarter of a phase's packages.
+type buildProgress struct {
+	w       io.Writer
+	tty     bool
+	phase   string
+	quarter int
+	drawn   bool // a line is open on the terminal
+	done    bool
+	last    time.Time
+}
+
+func newBuildProgress(w io.Writer, tty bool) *buildProgress { return &buildProgress{w: w, tty: tty} }
+
+func (b *buildProgress) show(p session.BuildProgress) {
+	text := p.Phase
+	if p.Total > 0 {
+		text += fmt.Sprintf(" %d/%d", p.Done, p.Total)
+	}
+	if p.TotalBytes > 0 {
+		text += fmt.Sprintf(" %s/%s", session.FormatBytes(p.Bytes), session.FormatBytes(p.TotalBytes))
+	} else if p.Bytes > 0 {
+		text += " " + session.FormatBytes(p.Bytes)
+	}
+	line := text
+	if p.Line != "" {
+		line += ": " + p.Line
+	}
+	changed := p.Phase != b.phase
+	b.phase = p.Phase
+	if changed {
+		b.quarter = 0
+	}
+	switch {
+	case p.Phase == "done":
+		b.clear()
+		fmt.Fprintln(b.w, p.Line)
+		b.done = true
+	case p.Phase == "setup" && !strings.HasPrefix(p.Line, "$ ") && p.Line != "":
+		b.clear()
+		fmt.Fprintln(b.w, "  | "+p.Line) // a setup command's output
+	case b.tty:
+		if !changed && time.Since(b.last) < 100*time.Millisecond {
+			return
+		}
+		b.last = time.Now()
+		fmt.Fprintf(b.w, "\r%s\x1b[K", line)
+		b.drawn = true
+	default:
+		q := 0
+		if p.Total > 0 {
+			q = p.Done * 4 / p.Total
+		}
+		if changed || q > b.quarter || p.Phase == "setup" || p.Phase == "image" {
+			b.quarter = q
+			fmt.Fprintln(b.w, line)
+		}
+	}
+}
+
+func (b *buildProgress) clear() {
+	if b.drawn {
+		fmt.Fprint(b.w, "\r\x1b[K")
+		b.drawn = false
+	}
+}
+
+func (b *buildProgress) end() {
+	if b.drawn {
+		fmt.Fprintln(b.w)
+		b.drawn = false
+	}
+}
+
+func imageLsCmd() *cli.Command {
+	return &cli.Command{
+		Name: "image ls", Group: local, Usage: "[--json]",
+		Summary: "list images: size, digest, build time, the sessions using each",
+		Help:    "Older builds of an image are listed while sessions made with them exist.",
+		Example: "berth image ls",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			asJSON := fs.Bool("json", false, "print JSON")
+			return func(ctx context.Context, c *cli.Call, args []string) error {
+				im, done, err := imager(ctx, c)
+				if err != nil {
+					return err
+				}
+				defer done()
+				list, err := im.Images(ctx)
+				if err != nil {
+					return err
+				}
+				out := c.Env().Stdout
+				if *asJSON {
+					if list == nil {
+						list = []session.ImageInfo{}
+					}
+					enc := json.NewEncoder(out)
+					enc.SetIndent("", "  ")
+					return enc.Encode(list)
+				}
+				if len(list) == 0 {
+					fmt.Fprintln(c.Env().Stderr, "no images; build one with 'berth image build mini' or 'berth image build debian'")
+					return nil
+				}
+				tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tDIGEST\tKIND\tSIZE\tPACKAGES\tBUILT\tTOOK\tSESSIONS")
+				for _, i := range list {
+					name := i.Name
+					if !i.Current {
+						name += " (older)"
+					}
+					kind, pk := "initramfs", "-"
+					if i.RootFS {
+						kind = fmt.Sprintf("rootfs, %d layer(s)", i.Layers)
+						pk = fmt.Sprint(i.Packages)
+					}
+					users := strings.Join(i.Sessions, ",")
+					if users == "" {
+						users = "-"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, i.Digest, kind, session.FormatBytes(i.DiskBytes), pk,
+						i.Built.Local().Format("2006-01-02 15:04"), i.BuildTook.Round(time.Second), users)
+				}
+				return tw.Flush()
+			}
+		},
+	}
+}
+
+func imageRmCmd() *cli.Command {
+	return &cli.Command{
+		Name: "image rm", Group: local, Usage: "NAME", Args: []string{"NAME"},
+		Summary: "remove an image and all its builds; refused while a session uses it",
+		Example: "berth image rm py-tools",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			return func(ctx context.Context, c *cli.Call, args []string) error {
+				im, done, err := imager(ctx, c)
+				if err != nil {
+					return err
+				}
+				defer done()
+				if err := im.RemoveImage(ctx, args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintf(c.Env().Stdout, "removed image %s\n", args[0])
+				return nil
+			}
+		},
+	}
+}
