@@ -329,7 +329,18 @@ func (r stepRunner) RunSteps(ctx context.Context, b image.StepBuild) error {
 	if err != nil {
 		return fmt.Errorf("build VM: %w", err)
 	}
-	for i, step := range b.Steps {
+	steps := b.Steps
+	if len(b.Files) > 0 {
+		// The recipe's files go in through the scratch workspace: the file
+		// API writes nowhere else.
+		b.Report(image.Progress{Phase: "setup", Line: "copying the recipe's files in"})
+		if _, err := c.Unpack(ctx, ".berth-files", bytes.NewReader(b.Files)); err != nil {
+			return fmt.Errorf("copy the recipe's files into the build VM: %w", err)
+		}
+		steps = append([]string{"cp -a /workspace/.berth-files/. / && rm -rf /workspace/.berth-files"}, steps...)
+		b.Steps = steps
+	}
+	for i, step := range steps {
 		if err := runStep(ctx, c, b, i, step); err != nil {
 			return err
 		}

@@ -168,6 +168,8 @@ func actionTable() []action {
 			}},
 		{verbs: []string{"stop"}, mutates: true, target: onSession, confirm: confirmYes, prompt: stopPrompt, run: (*Model).stop},
 		{verbs: []string{"start"}, mutates: true, target: onSession, run: (*Model).start},
+		{key: bind("R", "replace VM (fresh system disk; /workspace kept)"), verbs: []string{"replace"}, mutates: true, target: onSession,
+			confirm: confirmName, prompt: replacePrompt, run: (*Model).replace},
 		{key: bind("d", "delete session"), verbs: []string{"delete"}, mutates: true, target: onSession,
 			confirm: confirmName, prompt: deletePrompt, run: (*Model).delete},
 		{key: bind("n", "new session"), verbs: []string{"create", "new"}, args: "NAME [cpus=N] [mem=SIZE] [disk=SIZE] [image=NAME]",
@@ -460,6 +462,33 @@ func (m *Model) delete(c call) tea.Cmd {
 			return "", nil, err
 		}
 		return "deleted " + name, nil, nil
+	})
+}
+
+func replacePrompt(m *Model, c call) (string, []string) {
+	s := c.s
+	dropped := "its VM's memory and processes"
+	if s.SystemBytes > 0 {
+		dropped = "its system disk: " + session.FormatBytesShort(s.SystemUsed) + " of packages, /etc and /root changes"
+	}
+	body := []string{
+		"Replace gives " + s.Name + " a fresh VM from image " + s.Image + " and drops " + dropped + ". It cannot be undone.",
+		"Kept: every file in /workspace (" + session.FormatBytesShort(s.WorkspaceUsed) + ").",
+	}
+	if s.Running > 0 {
+		body = append(body, fmt.Sprintf("%d running command(s) will be stopped; there is no rollback of their partial changes.", s.Running))
+	}
+	return "Replace the VM of " + s.Name + "?", body
+}
+
+func (m *Model) replace(c call) tea.Cmd {
+	svc, name := m.c.Svc, c.s.Name
+	return m.runOp("replacing the VM of "+name, func(ctx context.Context) (string, tea.Msg, error) {
+		r, err := svc.Replace(ctx, name, session.ReplaceOptions{})
+		if err != nil {
+			return "", nil, err
+		}
+		return "replaced " + name + ": a fresh VM from " + r.To + "; dropped " + session.FormatBytesShort(r.Dropped) + " of system changes; /workspace kept", nil, nil
 	})
 }
 

@@ -125,9 +125,12 @@ type StepBuild struct {
 	Image      Image  // kernel, initramfs and the layers below the new one
 	System     string // path of a fresh, formatted system disk
 	SystemUUID string
-	Steps      []string
-	Timeout    time.Duration // per step
-	Report     func(Progress)
+	// Files is a tar of the recipe's files at their image paths (relative
+	// to /), to copy into the VM's root before the steps; nil for none.
+	Files   []byte
+	Steps   []string
+	Timeout time.Duration // per step
+	Report  func(Progress)
 }
 
 // Names lists the images berth can build without a recipe.
@@ -480,8 +483,8 @@ func (b *builder) rootfs(ctx context.Context, r *Recipe) (Image, bool, error) {
 	if err != nil {
 		return Image{}, false, err
 	}
-	if len(p.steps) > 0 && b.o.Steps == nil {
-		return Image{}, false, errors.New("this recipe has setup steps, which run in a berth VM: build it through the daemon")
+	if p.setup() && b.o.Steps == nil {
+		return Image{}, false, errors.New("this recipe has files or setup steps, which go in through a berth VM: build it through the daemon")
 	}
 	agent, k, err := b.inputs(ctx)
 	if err != nil {
@@ -491,13 +494,14 @@ func (b *builder) rootfs(ctx context.Context, r *Recipe) (Image, bool, error) {
 	if err != nil {
 		return Image{}, false, err
 	}
-	rootHash, err := p.rootHash()
-	if err != nil {
-		return Image{}, false, err
-	}
+	rootHash := p.rootHash()
 	layerHashes := []string{rootHash}
-	if len(p.steps) > 0 {
-		layerHashes = append(layerHashes, p.stepsHash(rootHash))
+	if p.setup() {
+		sh, err := p.stepsHash(rootHash)
+		if err != nil {
+			return Image{}, false, err
+		}
+		layerHashes = append(layerHashes, sh)
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "builder %s\nrootfs %s\nkernel %s\nmodules %s\nlayers %s\n", builderVersion, r.Name, k.Package, strings.Join(mods, " "), strings.Join(layerHashes, " "))
@@ -518,7 +522,7 @@ func (b *builder) rootfs(ctx context.Context, r *Recipe) (Image, bool, error) {
 	im.Layers = append(im.Layers, base.layer("layer-0.img"))
 	im.Installed = base.installed
 	paths := []string{base.path}
-	if len(p.steps) > 0 {
+	if p.setup() {
 		// The setup VM boots the layers below; a partial image with them
 		// exists only in a temporary directory.
 		below := im
@@ -638,12 +642,6 @@ func (b *builder) rootLayer(ctx context.Context, p *plan, hash string) (cachedLa
 	if err := customize(tree); err != nil {
 		return cachedLayer{}, err
 	}
-	for _, f := range p.files {
-		b.report(Progress{Phase: "image", Line: "copying " + f.src + " to " + f.dst})
-		if err := copyIn(tree, f); err != nil {
-			return cachedLayer{}, fmt.Errorf("files: %w", err)
-		}
-	}
 	used, _, _ := treeSize(tree)
 	b.report(Progress{Phase: "image", Bytes: used, Line: "writing the root layer (mkfs.ext4 -d, nothing mounted)"})
 	uuid := newUUID()
@@ -666,10 +664,14 @@ func (b *builder) stepsLayer(ctx context.Context, p *plan, below Image, hash str
 	defer os.RemoveAll(work)
 	sys := filepath.Join(work, "system.img")
 	uuid := newUUID()
-	if err := CreateSystemDisk(ctx, sys, 8<<30, uuid); err != nil {
+	if err := CreateSystemDisk(ctx, sys, p.system, uuid); err != nil {
 		return cachedLayer{}, err
 	}
-	err = b.o.Steps.RunSteps(ctx, StepBuild{Image: below, System: sys, SystemUUID: uuid, Steps: p.steps, Timeout: p.timeout, Report: b.report})
+	files, err := filesTar(p.files)
+	if err != nil {
+		return cachedLayer{}, err
+	}
+	err = b.o.Steps.RunSteps(ctx, StepBuild{Image: below, System: sys, SystemUUID: uuid, Files: files, Steps: p.steps, Timeout: p.timeout, Report: b.report})
 	if err != nil {
 		return cachedLayer{}, err
 	}

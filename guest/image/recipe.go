@@ -44,6 +44,9 @@ type Recipe struct {
 	Run []string `toml:"run"`
 	// StepTimeout bounds each setup command; default 10m.
 	StepTimeout string `toml:"step_timeout"`
+	// SystemDisk sizes the build VM's system disk, where the setup
+	// commands' changes land; default 8G.
+	SystemDisk string `toml:"system_disk"`
 
 	// Dir is where Files' relative paths start (the recipe file's
 	// directory); Source names the recipe for messages.
@@ -103,7 +106,7 @@ func parseRecipe(source, dir string, b []byte) (*Recipe, error) {
 		return nil, fmt.Errorf("%s: %w", source, err)
 	}
 	if und := md.Undecoded(); len(und) > 0 {
-		return nil, fmt.Errorf("%s: unknown key %q (known: name, base, packages, files, run, step_timeout)", source, und[0].String())
+		return nil, fmt.Errorf("%s: unknown key %q (known: name, base, packages, files, run, step_timeout, system_disk)", source, und[0].String())
 	}
 	if err := r.validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
@@ -155,6 +158,11 @@ func (r *Recipe) validate() error {
 			return fmt.Errorf("run: step %d is empty", i+1)
 		}
 	}
+	if r.SystemDisk != "" {
+		if n, err := parseSize(r.SystemDisk); err != nil || n < 64<<20 {
+			return fmt.Errorf("system_disk %q: want a size of at least 64M, like 8G", r.SystemDisk)
+		}
+	}
 	if r.StepTimeout != "" {
 		d, err := time.ParseDuration(r.StepTimeout)
 		if err != nil || d < time.Second {
@@ -162,6 +170,30 @@ func (r *Recipe) validate() error {
 		}
 	}
 	return nil
+}
+
+// systemBytes is the build VM's system disk size.
+func (r *Recipe) systemBytes() int64 {
+	if n, err := parseSize(r.SystemDisk); err == nil && r.SystemDisk != "" {
+		return n
+	}
+	return 8 << 30
+}
+
+// parseSize reads 512M, 8G (binary units). The image package cannot use
+// session's parser (session imports image); recipes only need suffixed
+// sizes.
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(strings.ToUpper(s))
+	mult := map[byte]int64{'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30, 'T': 1 << 40}
+	if s == "" || mult[s[len(s)-1]] == 0 {
+		return 0, fmt.Errorf("want a number with a K, M, G or T suffix")
+	}
+	var n int64
+	if _, err := fmt.Sscanf(s[:len(s)-1], "%d", &n); err != nil || n <= 0 || fmt.Sprint(n) != s[:len(s)-1] {
+		return 0, fmt.Errorf("want a whole number with a K, M, G or T suffix")
+	}
+	return n * mult[s[len(s)-1]], nil
 }
 
 // Timeout is the bound of each setup command.
@@ -187,6 +219,7 @@ type plan struct {
 	files    []fileCopy
 	steps    []string
 	timeout  time.Duration
+	system   int64 // the build VM's system disk
 }
 
 type fileCopy struct {
@@ -194,7 +227,7 @@ type fileCopy struct {
 }
 
 func (r *Recipe) plan() (*plan, error) {
-	p := &plan{name: r.Name, timeout: r.Timeout()}
+	p := &plan{name: r.Name, timeout: r.Timeout(), system: r.systemBytes()}
 	if r.Base == "debian" && r.Name != "debian" {
 		base, err := ShippedRecipe("debian")
 		if err != nil {
@@ -221,28 +254,32 @@ func (r *Recipe) plan() (*plan, error) {
 	return p, nil
 }
 
-// rootHash identifies the root layer: what mmdebstrap installs and which
-// files are copied in, by content.
-func (p *plan) rootHash() (string, error) {
+// rootHash identifies the root layer: what mmdebstrap installs. Recipes
+// that only add files and setup steps share their base's root layer.
+func (p *plan) rootHash() string {
 	h := sha256.New()
 	fmt.Fprintf(h, "rootfs %s %s %s\n", builderVersion, Suite, strings.Join(p.packages, ","))
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// setup reports whether the plan has a setup layer: files or steps.
+func (p *plan) setup() bool { return len(p.files) > 0 || len(p.steps) > 0 }
+
+// stepsHash identifies the setup layer: the root it runs on, the files
+// copied in (by content) and the steps.
+func (p *plan) stepsHash(root string) (string, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "setup %s %s\n", builderVersion, root)
 	for _, f := range p.files {
 		fmt.Fprintf(h, "file %s\n", f.dst)
 		if err := hashTree(h, f.src); err != nil {
 			return "", fmt.Errorf("files: %w", err)
 		}
 	}
-	return hex.EncodeToString(h.Sum(nil))[:16], nil
-}
-
-// stepsHash identifies the setup layer: the root it runs on and the steps.
-func (p *plan) stepsHash(root string) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "steps %s %s\n", builderVersion, root)
 	for _, s := range p.steps {
 		fmt.Fprintf(h, "%d\n%s\n", len(s), s)
 	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
 // hashTree hashes a file or directory tree: names, modes, link targets and

@@ -1,7 +1,9 @@
 package image
 
 import (
+	"archive/tar"
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -269,43 +272,64 @@ func customize(root string) error {
 	return nil
 }
 
-// copyIn copies a host file or tree to dst inside root, keeping modes
-// and symlinks as they are.
-func copyIn(root string, f fileCopy) error {
-	target := filepath.Join(root, f.dst)
-	return filepath.WalkDir(f.src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(f.src, p)
-		out := filepath.Join(target, rel)
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-			return err
-		}
-		switch {
-		case fi.IsDir():
-			if err := os.MkdirAll(out, fi.Mode().Perm()); err != nil {
-				return err
-			}
-			return os.Chmod(out, fi.Mode().Perm())
-		case fi.Mode()&fs.ModeSymlink != 0:
-			t, err := os.Readlink(p)
+// filesTar packs a recipe's host files and trees into a tar whose
+// entries are named by their paths in the image (relative to /), keeping
+// modes and symlinks as they are.
+func filesTar(files []fileCopy) ([]byte, error) {
+	if len(files) == 0 {
+		return nil, nil
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	const limit = 1 << 30
+	for _, f := range files {
+		dst := strings.TrimPrefix(f.dst, "/")
+		err := filepath.WalkDir(f.src, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return err
 			}
-			os.Remove(out)
-			return os.Symlink(t, out)
-		case fi.Mode().IsRegular():
-			os.Remove(out)
-			if err := copyFile(p, out); err != nil {
+			rel, _ := filepath.Rel(f.src, p)
+			name := path.Join(dst, filepath.ToSlash(rel))
+			fi, err := os.Lstat(p)
+			if err != nil {
 				return err
 			}
-			return os.Chmod(out, fi.Mode().Perm())
+			h := &tar.Header{Name: name, Mode: int64(fi.Mode().Perm()), ModTime: fi.ModTime()}
+			switch {
+			case fi.IsDir():
+				h.Typeflag, h.Name = tar.TypeDir, name+"/"
+				return tw.WriteHeader(h)
+			case fi.Mode()&fs.ModeSymlink != 0:
+				t, err := os.Readlink(p)
+				if err != nil {
+					return err
+				}
+				h.Typeflag, h.Linkname = tar.TypeSymlink, t
+				return tw.WriteHeader(h)
+			case fi.Mode().IsRegular():
+				if buf.Len()+int(fi.Size()) > limit {
+					return fmt.Errorf("the recipe's files are over %d bytes: install big things with a setup step instead", limit)
+				}
+				h.Typeflag, h.Size = tar.TypeReg, fi.Size()
+				if err := tw.WriteHeader(h); err != nil {
+					return err
+				}
+				in, err := os.Open(p)
+				if err != nil {
+					return err
+				}
+				defer in.Close()
+				_, err = io.CopyN(tw, in, fi.Size())
+				return err
+			}
+			return fmt.Errorf("%s: not a regular file, directory or symlink", p)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("files: %w", err)
 		}
-		return fmt.Errorf("%s: not a regular file, directory or symlink", p)
-	})
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }

@@ -210,17 +210,27 @@ func (m *Model) View() string {
 	}
 	colW := max(30, m.w/2)
 	two := func(a, b string) string { return common.Fit(a, colW-1) + " " + b }
+	img := common.SanitizeLine(s.Image)
+	if s.ImageDigest != "" {
+		img += st.Muted.Render(" @" + common.SanitizeLine(s.ImageDigest))
+	}
 	lines := []string{
 		two(kv("state", st.StateBadge(s.State)+cause), kv("created", s.CreatedAt.In(loc).Format("2006-01-02 15:04"))),
-		two(kv("image", common.SanitizeLine(s.Image)), kv("uptime", uptime)),
+		two(kv("image", img), kv("uptime", uptime)),
 		two(kv("vmm", common.SanitizeLine(s.VMM)+" · accel "+common.SanitizeLine(accel)), kv("activity", common.Ago(now, s.LastActivity))),
 		two(kv("vm pid", pid), kv("running", strconv.Itoa(s.Running)+" command(s)")),
 		two(kv("vcpus", strconv.Itoa(s.CPUs)), kv("memory", mem)),
 		kv("workspace", session.FormatBytesShort(s.WorkspaceUsed)+" used of "+session.FormatBytesShort(s.DiskBytes)+" (/workspace volume)"),
+	}
+	if s.SystemBytes > 0 {
+		lines = append(lines, kv("system", session.FormatBytesShort(s.SystemUsed)+" used of "+session.FormatBytesShort(s.SystemBytes)+
+			" (system disk: packages, /etc, "+common.SanitizeLine(s.HomeDirectory)+"; kept until R replaces it)"))
+	}
+	lines = append(lines,
 		kv("dirty", dirty),
 		"",
-		st.TableHead.Render("TIMELINE") + st.Muted.Render("  newest first"),
-	}
+		st.TableHead.Render("TIMELINE")+st.Muted.Render("  newest first"),
+	)
 	switch {
 	case m.err != "":
 		lines = append(lines, st.FlashErr.Render("  "+m.err))
