@@ -1,0 +1,99 @@
+package session_test
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// treeSums describes a local tree: every entry's type, mode and content
+// hash (or link target), by relative path.
+func treeSums(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, p)
+		fi, _ := os.Lstat(p)
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			l, _ := os.Readlink(p)
+			out[rel] = "link " + l
+		case fi.IsDir():
+			out[rel] = fmt.Sprintf("dir %o", fi.Mode().Perm())
+		default:
+			b, _ := os.ReadFile(p)
+			out[rel] = fmt.Sprintf("file %o %x %d", fi.Mode().Perm(), sha256.Sum256(b), fi.ModTime().Unix())
+		}
+		return nil
+	})
+	return out
+}
+
+// berth cp round-trips a tree, modes, empty directories and inner
+// symlinks included, and refuses symlinks that lead out of it.
+func TestCopyTree(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	e.ok("create", "cp", "--disk", "128M")
+	src := filepath.Join(t.TempDir(), "proj")
+	os.MkdirAll(filepath.Join(src, "bin"), 0o755)
+	os.MkdirAll(filepath.Join(src, "empty"), 0o700)
+	os.MkdirAll(filepath.Join(src, "deep", "er"), 0o750)
+	big := make([]byte, 5<<20)
+	rand.Read(big)
+	os.WriteFile(filepath.Join(src, "deep", "er", "big.bin"), big, 0o600)
+	os.WriteFile(filepath.Join(src, "bin", "run"), []byte("#!/bin/sh\necho run\n"), 0o755)
+	os.WriteFile(filepath.Join(src, "README"), []byte("hello\n"), 0o644)
+	os.Symlink("../README", filepath.Join(src, "bin", "readme"))
+	want := treeSums(t, src)
+
+	out := e.ok("cp", src, "cp:proj")
+	if !strings.Contains(out, "durably") {
+		t.Errorf("cp in said %q", out)
+	}
+	if got := e.ok("exec", "cp", "--", "sh", "-c", "ls -l proj/bin/readme | sed 's/.*-> //'; stat -c %a proj/empty proj/bin/run; cat proj/bin/readme"); got != "../README\n700\n755\nhello\n" {
+		t.Errorf("in the guest: %q", got)
+	}
+	back := filepath.Join(t.TempDir(), "back")
+	e.ok("cp", "cp:proj", back)
+	got := treeSums(t, back)
+	for k, v := range want {
+		if k == "." {
+			continue
+		}
+		if got[k] != v {
+			t.Errorf("%s: came back as %q, went in as %q", k, got[k], v)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d entries came back, %d went in", len(got), len(want))
+	}
+	// Into an existing directory, and one file to a new name.
+	e.ok("cp", filepath.Join(src, "README"), "cp:proj/empty")
+	e.ok("cp", "cp:proj/README", filepath.Join(back, "README.copy"))
+	if b, _ := os.ReadFile(filepath.Join(back, "README.copy")); string(b) != "hello\n" {
+		t.Errorf("one file out: %q", b)
+	}
+	if r := e.ok("cat", "cp", "proj/empty/README"); r != "hello\n" {
+		t.Errorf("one file into a directory: %q", r)
+	}
+
+	// Escaping symlinks: refused both ways, nothing half-copied.
+	evil := filepath.Join(t.TempDir(), "evil")
+	os.MkdirAll(evil, 0o755)
+	os.WriteFile(filepath.Join(evil, "a"), []byte("a"), 0o644)
+	os.Symlink("/etc/passwd", filepath.Join(evil, "passwd"))
+	e.fails("points out of the tree", "cp", evil, "cp:evil")
+	e.ok("exec", "cp", "--", "sh", "-c", "mkdir -p out && ln -s ../../etc out/etc")
+	e.fails("points out of the tree", "cp", "cp:out", filepath.Join(t.TempDir(), "o"))
+	e.fails("escapes", "cp", src, "cp:../x")
+	e.ok("delete", "cp", "--yes")
+}
