@@ -2,9 +2,11 @@ package session_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/berthvm/berth/session"
@@ -66,6 +68,18 @@ func TestManagerConformance(t *testing.T) {
 		defer srv.Close()
 		c := api.Dial(sock)
 		defer c.Close()
+		// The Manager is an Imager too, and the socket serves it.
+		list, err := c.Images(t.Context())
+		if err != nil || !slices.ContainsFunc(list, func(im session.ImageInfo) bool { return im.Name == "mini" && im.Current }) {
+			t.Errorf("Images over the socket = %+v, %v; want mini", list, err)
+		}
+		_, err = c.BuildImage(t.Context(), session.BuildRequest{Name: "conf-unknown"}, nil)
+		if !errors.Is(err, session.ErrInvalid) {
+			t.Errorf("BuildImage of an unknown image over the socket: %v, want ErrInvalid", err)
+		}
+		if err := c.RemoveImage(t.Context(), "conf-unknown"); !errors.Is(err, session.ErrNotFound) {
+			t.Errorf("RemoveImage of an unknown image over the socket: %v, want ErrNotFound", err)
+		}
 		sessiontest.Suite(t, c)
 	})
 }

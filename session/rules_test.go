@@ -190,11 +190,11 @@ func TestFormatAgo(t *testing.T) {
 
 func TestDefaults(t *testing.T) {
 	got := Defaults{}.withFallbacks()
-	want := Defaults{Image: "mini", CPUs: 1, MemoryMiB: 512, DiskBytes: 4 << 30, VMM: "qemu", Accel: "auto", Retention: 256 << 20}
+	want := Defaults{Image: "mini", CPUs: 1, MemoryMiB: 512, DiskBytes: 4 << 30, SystemBytes: DefaultSystemBytes, VMM: "qemu", Accel: "auto", Retention: 256 << 20}
 	if got != want {
 		t.Errorf("zero Defaults become %+v, want %+v", got, want)
 	}
-	set := Defaults{Image: "big", CPUs: 4, MemoryMiB: 2048, DiskBytes: 1 << 30, VMM: "cloud-hypervisor", Accel: "tcg", Retention: 1 << 20}
+	set := Defaults{Image: "big", CPUs: 4, MemoryMiB: 2048, DiskBytes: 1 << 30, SystemBytes: 2 << 30, VMM: "cloud-hypervisor", Accel: "tcg", Retention: 1 << 20}
 	if got := set.withFallbacks(); got != set {
 		t.Errorf("set Defaults become %+v, want them kept", got)
 	}

@@ -8,7 +8,17 @@
 // line, flushed as they happen. POST /v1/sessions/{name}/exec is full
 // duplex: the request body carries a request frame, then stdin, EOF and
 // resize frames while the response carries output frames and ends with the
-// execution's final record.
+// execution's final record. POST /v1/images streams build progress as
+// NDJSON and ends with the image or an error (see buildFrame).
+//
+// Trees travel as bare tar streams. A PUT to .../tree/{dir} answers once
+// the Service has made every file durable. A GET of .../tree/{path} sends
+// the tar chunked and ends with an HTTP trailer: X-Berth-End: ok, or
+// X-Berth-Error with the error as JSON (class kept), so an error after
+// the stream began reaches the client as one, never as a short tar.
+//
+// The image routes need a Service that is also a session.Imager (the
+// Manager is); otherwise they answer "unavailable".
 //
 // The client names its caller in the X-Berth-By header; the server passes
 // it on with session.WithActor.
@@ -23,6 +33,7 @@
 //	DELETE /v1/sessions/{name}                204
 //	POST   /v1/sessions/{name}/pause|resume|stop|start   Session
 //	POST   /v1/sessions/{name}/flush          FlushResult
+//	POST   /v1/sessions/{name}/replace        ReplaceOptions (body optional) → ReplaceResult
 //	GET    /v1/sessions/{name}/timeline?limit=N          []Event
 //	POST   /v1/sessions/{name}/exec           full duplex NDJSON (see inFrame, outFrame)
 //	GET    /v1/sessions/{name}/executions?all=true       []Execution
@@ -34,6 +45,11 @@
 //	PUT    /v1/sessions/{name}/files/{path...}           body → {"written":N}, once durable
 //	POST   /v1/sessions/{name}/files/{path...}?op=mkdir  204; ?op=rename&to=PATH 204
 //	DELETE /v1/sessions/{name}/files/{path...}           204
+//	GET    /v1/sessions/{name}/tree/{path...}            tar of the file or tree, then a trailer
+//	PUT    /v1/sessions/{name}/tree/{dir...}             tar body → CopyResult, once durable
+//	GET    /v1/images                         []ImageInfo
+//	POST   /v1/images                         BuildRequest → NDJSON build stream (see buildFrame)
+//	DELETE /v1/images/{name}                  204
 package api
 
 import (
@@ -104,6 +120,21 @@ type outFrame struct {
 type written struct {
 	Written int64 `json:"written"`
 }
+
+// buildFrame is one line of an image build's response: progress as it
+// happens, then Image or Error.
+type buildFrame struct {
+	Progress *session.BuildProgress `json:"progress,omitempty"`
+	Image    *session.ImageInfo     `json:"image,omitempty"`
+	Error    *errorBody             `json:"error,omitempty"`
+}
+
+// Trailers of a tar stream sent by GET .../tree/{path}: exactly one of
+// them ends a stream that was not cut off.
+const (
+	trailerEnd   = "X-Berth-End"   // "ok"
+	trailerError = "X-Berth-Error" // errorBody as JSON
+)
 
 // frameReader reads NDJSON frames of bounded size.
 type frameReader struct {

@@ -425,6 +425,16 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	rc, _ := h.client.ReadFile(ctx, "demo", "f")
 	io.ReadAll(rc)
 	rc.Close()
+	tree := sessiontest.Tar(t, sessiontest.TarEntry{Name: "t/big", Data: strings.Repeat("x", 1<<20)})
+	if _, err := h.client.CopyIn(ctx, "demo", "", bytes.NewReader(tree)); err != nil {
+		t.Fatal(err)
+	}
+	tc, err := h.client.CopyOut(ctx, "demo", "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.Read(make([]byte, 1024)) // closed half read on purpose
+	tc.Close()
 
 	cancel()
 	for range p.Output() {

@@ -28,7 +28,10 @@ type Client struct {
 	hc     *http.Client
 }
 
-var _ session.Service = (*Client)(nil)
+var (
+	_ session.Service = (*Client)(nil)
+	_ session.Imager  = (*Client)(nil)
+)
 
 // ClientOption changes a Client built by Dial.
 type ClientOption func(*Client)
@@ -300,6 +303,17 @@ func (c *Client) Flush(ctx context.Context, name string) (session.FlushResult, e
 		return out, err
 	}
 	return out, c.call(ctx, http.MethodPost, p, nil, nil, &out)
+}
+
+// Replace gives the session a new VM with a fresh system disk on its
+// retained workspace.
+func (c *Client) Replace(ctx context.Context, name string, opts session.ReplaceOptions) (session.ReplaceResult, error) {
+	var out session.ReplaceResult
+	p, err := sessionPath(name, "/replace")
+	if err != nil {
+		return out, err
+	}
+	return out, c.call(ctx, http.MethodPost, p, nil, opts, &out)
 }
 
 // Executions lists a session's running executions, or all with all.

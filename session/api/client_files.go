@@ -2,12 +2,15 @@ package api
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"path"
 	"strings"
+	"sync"
 
 	"github.com/berthvm/berth/session"
 )
@@ -134,3 +137,152 @@ func (c *Client) Rename(ctx context.Context, name, from, to string) error {
 	}
 	return c.call(ctx, http.MethodPost, u, url.Values{"op": {"rename"}, "to": {to}}, nil, nil)
 }
+
+func treePath(name, p string) (string, error) {
+	rel, err := workspacePath(p)
+	if err != nil {
+		return "", err
+	}
+	return sessionPath(name, "/tree/"+rel)
+}
+
+// CopyIn streams the tar r into the workspace directory dir and returns
+// once the daemon made every file durable. r is read to its end (or until
+// the daemon refuses an entry) but not closed; once CopyIn returned it is
+// not read again.
+func (c *Client) CopyIn(ctx context.Context, name, dir string, r io.Reader) (session.CopyResult, error) {
+	var out session.CopyResult
+	u, err := treePath(name, dir)
+	if err != nil {
+		return out, err
+	}
+	src := &uploadSource{r: r}
+	defer src.stop()
+	// The transport closes the body, and r is the caller's: no Close.
+	req, err := c.newRequest(ctx, http.MethodPut, u, nil, io.NopCloser(src))
+	if err != nil {
+		return out, err
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.do(req)
+	if err != nil {
+		if rerr := src.failed(); rerr != nil && ctx.Err() == nil {
+			return out, fmt.Errorf("copy into %s: reading the tar: %w", dir, rerr)
+		}
+		return out, err
+	}
+	defer resp.Body.Close()
+	if err := decodeBody(resp, &out); err != nil {
+		return out, fmt.Errorf("copy into %s: reading the daemon's answer: %w", dir, err)
+	}
+	return out, nil
+}
+
+// uploadSource is the caller's reader as a request body. The transport
+// may go on reading a body after the answer came (a refusal answered
+// before the upload ended); once stopped, the source refuses reads, so
+// the caller's reader is its own again when CopyIn returns (but for a
+// read in flight then).
+type uploadSource struct {
+	r       io.Reader
+	mu      sync.Mutex
+	err     error
+	stopped bool
+}
+
+var errUploadStopped = errors.New("upload ended")
+
+func (u *uploadSource) Read(p []byte) (int, error) {
+	u.mu.Lock()
+	stopped := u.stopped
+	u.mu.Unlock()
+	if stopped {
+		return 0, errUploadStopped
+	}
+	n, err := u.r.Read(p)
+	if err != nil && err != io.EOF {
+		u.mu.Lock()
+		if u.err == nil {
+			u.err = err
+		}
+		u.mu.Unlock()
+	}
+	return n, err
+}
+
+func (u *uploadSource) stop() {
+	u.mu.Lock()
+	u.stopped = true
+	u.mu.Unlock()
+}
+
+// failed returns the error reading the caller's reader, if any.
+func (u *uploadSource) failed() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.err
+}
+
+// CopyOut streams the workspace file or tree at p as a tar. An error the
+// daemon meets after the stream began, or a stream cut off, is returned
+// by Read (never io.EOF after a short tar). Close the reader; ctx bounds
+// the transfer.
+func (c *Client) CopyOut(ctx context.Context, name, p string) (io.ReadCloser, error) {
+	u, err := treePath(name, p)
+	if err != nil {
+		return nil, err
+	}
+	req, err := c.newRequest(ctx, http.MethodGet, u, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.do(req)
+	if err != nil {
+		return nil, err
+	}
+	return &tarStream{ctx: ctx, resp: resp, path: p}, nil
+}
+
+// tarStream reads a tar response and checks its trailer at the end.
+type tarStream struct {
+	ctx  context.Context
+	resp *http.Response
+	path string
+	err  error // sticky
+}
+
+func (t *tarStream) Read(p []byte) (int, error) {
+	if t.err != nil {
+		return 0, t.err
+	}
+	n, err := t.resp.Body.Read(p)
+	switch {
+	case err == nil:
+	case err == io.EOF:
+		err = t.end()
+	case t.ctx.Err() != nil:
+		err = t.ctx.Err()
+	default:
+		err = fmt.Errorf("copy out of %s: the daemon's stream was cut off: %w: %w", t.path, session.ErrUnavailable, err)
+	}
+	t.err = err
+	return n, err
+}
+
+// end returns io.EOF for a stream the daemon ended as complete, else the
+// error it sent or one saying the stream was cut off.
+func (t *tarStream) end() error {
+	if e := t.resp.Trailer.Get(trailerError); e != "" {
+		var body errorBody
+		if json.Unmarshal([]byte(e), &body) != nil || body.Error == "" {
+			body = errorBody{Error: fmt.Sprintf("copy out of %s failed: the daemon said %q", t.path, e)}
+		}
+		return fromWire(http.StatusInternalServerError, body)
+	}
+	if t.resp.Trailer.Get(trailerEnd) != "ok" {
+		return fmt.Errorf("copy out of %s: the daemon's stream ended without its end mark: %w", t.path, session.ErrUnavailable)
+	}
+	return io.EOF
+}
+
+func (t *tarStream) Close() error { return t.resp.Body.Close() }

@@ -1,9 +1,11 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -24,12 +26,15 @@ func WithVersion(v string) ServerOption {
 
 type server struct {
 	svc     session.Service
+	img     session.Imager // nil: svc builds no images
 	log     *slog.Logger
 	version string
 	mux     *http.ServeMux
 }
 
 // NewServer returns the API handler for svc. A nil logger discards logs.
+// When svc is also a session.Imager (the Manager is), the image routes
+// serve it; otherwise they answer with session.ErrUnavailable.
 // Streams (watch, exec, attach) last until the client goes away or the
 // request context ends; give the http.Server a BaseContext that is
 // cancelled at shutdown so Shutdown does not wait for them.
@@ -38,6 +43,7 @@ func NewServer(svc session.Service, logger *slog.Logger, opts ...ServerOption) h
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &server{svc: svc, log: logger.With("component", "api"), version: buildVersion()}
+	s.img, _ = svc.(session.Imager)
 	for _, o := range opts {
 		o(s)
 	}
@@ -55,6 +61,7 @@ func NewServer(svc session.Service, logger *slog.Logger, opts ...ServerOption) h
 	m.HandleFunc("POST /v1/sessions/{name}/stop", s.lifecycle(svc.Stop))
 	m.HandleFunc("POST /v1/sessions/{name}/start", s.lifecycle(svc.Start))
 	m.HandleFunc("POST /v1/sessions/{name}/flush", s.flush)
+	m.HandleFunc("POST /v1/sessions/{name}/replace", s.replace)
 	m.HandleFunc("GET /v1/sessions/{name}/timeline", s.timeline)
 
 	m.HandleFunc("POST /v1/sessions/{name}/exec", s.exec)
@@ -69,6 +76,14 @@ func NewServer(svc session.Service, logger *slog.Logger, opts ...ServerOption) h
 	m.HandleFunc("PUT /v1/sessions/{name}/files/{path...}", s.filePut)
 	m.HandleFunc("POST /v1/sessions/{name}/files/{path...}", s.filePost)
 	m.HandleFunc("DELETE /v1/sessions/{name}/files/{path...}", s.fileDelete)
+	// Trees have their own route, not a files ?op=: a daemon without it
+	// then answers "no route" instead of writing the tar as one file.
+	m.HandleFunc("GET /v1/sessions/{name}/tree/{path...}", s.treeGet)
+	m.HandleFunc("PUT /v1/sessions/{name}/tree/{path...}", s.treePut)
+
+	m.HandleFunc("GET /v1/images", s.images)
+	m.HandleFunc("POST /v1/images", s.buildImage)
+	m.HandleFunc("DELETE /v1/images/{name}", s.removeImage)
 
 	m.HandleFunc("/", s.noRoute)
 	s.mux = m
@@ -149,6 +164,24 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 // so a newer client's settings are not silently dropped.
 func readJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("request body: %v: %w", err, session.ErrInvalid)
+	}
+	return nil
+}
+
+// readOptionalJSON is readJSON for a body that may be absent or empty:
+// then v keeps its zero value.
+func readOptionalJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	if err != nil {
+		return fmt.Errorf("request body: %v: %w", err, session.ErrInvalid)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("request body: %v: %w", err, session.ErrInvalid)
@@ -240,6 +273,22 @@ func (s *server) lifecycle(call func(context.Context, string) (session.Session, 
 
 func (s *server) flush(w http.ResponseWriter, r *http.Request) {
 	res, err := s.svc.Flush(r.Context(), r.PathValue("name"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, http.StatusOK, res)
+}
+
+// replace gives the session a new VM. The body (ReplaceOptions) may be
+// empty: the session keeps its image.
+func (s *server) replace(w http.ResponseWriter, r *http.Request) {
+	var opts session.ReplaceOptions
+	if err := readOptionalJSON(w, r, &opts); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	res, err := s.svc.Replace(r.Context(), r.PathValue("name"), opts)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

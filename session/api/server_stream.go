@@ -55,6 +55,7 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	defer closeDuplexBody(rc, r)
 	in := newFrameReader(r.Body)
 	var first inFrame
 	if err := in.next(&first); err != nil || first.Request == nil {
@@ -79,6 +80,7 @@ func (s *server) attach(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	defer closeDuplexBody(rc, r)
 	from, err := queryUint(r, "from")
 	if err != nil {
 		s.writeError(w, r, err)
@@ -98,6 +100,19 @@ func (s *server) attach(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.stream(ctx, cancel, w, rc, p, newFrameReader(r.Body), x.TTY)
+}
+
+// closeDuplexBody closes a full-duplex request's body before the handler
+// returns. Left to the server, a body that reaches its end only in the
+// server's own close starts a read of the connection nobody stops, and
+// the next request on it panics "invalid concurrent Body.Read call"
+// (golang/go#68560): seen after a refused exec. As the server does, it
+// flushes the answer first: a client ends its body once it has it. (A
+// stream whose client still holds its body open has set a past read
+// deadline; then Close returns at once.)
+func closeDuplexBody(rc *http.ResponseController, r *http.Request) {
+	rc.Flush()
+	r.Body.Close()
 }
 
 // stream sends p's output, then its final record, while a goroutine feeds

@@ -53,7 +53,7 @@ func (p *Proc) ReadFile(path string) ([]byte, error) {
 	f := p.e.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n, _, err := p.e.s.lookup(path)
+	n, _, err := p.e.s.find(path, true)
 	if err != nil {
 		return nil, err
 	}

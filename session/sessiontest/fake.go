@@ -42,7 +42,7 @@ type Options struct {
 	// chunks are trimmed and reported as a gap. Zero keeps everything.
 	OutputRetention int64
 	// Delay makes every lifecycle call (Create, Pause, Resume, Stop,
-	// Start, Sleep, Delete, Flush) wait this long before it acts, so a
+	// Start, Sleep, Delete, Flush, Replace) wait this long before it acts, so a
 	// test can see the caller's pending state. Zero waits not at all.
 	Delay time.Duration
 	// FlushTook is how long Flush reports it took; zero means 3 ms.

@@ -30,6 +30,10 @@ func TestTransitions(t *testing.T) {
 			}
 			return state(f.Get(ctx, n))
 		},
+		"replace": func(f *Fake, n string) (session.State, error) {
+			r, err := f.Replace(ctx, n, session.ReplaceOptions{})
+			return r.Session.State, err
+		},
 	}
 	setup := map[session.State]func(f *Fake, n string) error{
 		session.StateRunning:  func(*Fake, string) error { return nil },
@@ -69,6 +73,11 @@ func TestTransitions(t *testing.T) {
 		{session.StateSleeping, "stop", session.StateStopped},
 		{session.StateSleeping, "start", session.StateRunning},
 		{session.StateSleeping, "flush", session.StateRunning},
+		{session.StateRunning, "replace", session.StateRunning},
+		{session.StatePaused, "replace", session.StateRunning},
+		{session.StateStopped, "replace", session.StateRunning},
+		{session.StateCrashed, "replace", session.StateRunning},
+		{session.StateSleeping, "replace", session.StateRunning},
 	}
 	for _, tt := range tests {
 		t.Run(string(tt.from)+"/"+tt.op, func(t *testing.T) {

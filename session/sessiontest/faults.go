@@ -36,7 +36,7 @@ func (f *Fake) Calls(method string) int {
 // lifecycle are the methods Options.Delay slows down.
 var lifecycle = map[string]bool{
 	"Create": true, "Pause": true, "Resume": true, "Stop": true, "Start": true,
-	"Sleep": true, "Delete": true, "Flush": true,
+	"Sleep": true, "Delete": true, "Flush": true, "Replace": true,
 }
 
 // enter begins every Service call: it counts the call, refuses it when ctx

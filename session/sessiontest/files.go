@@ -14,14 +14,17 @@ import (
 	"github.com/berthvm/berth/session"
 )
 
-// node is a file or directory in a fake workspace.
+// node is a file, directory or symlink in a fake workspace.
 type node struct {
 	dir      bool
 	data     []byte
+	link     string // symlink target, when mode has fs.ModeSymlink
 	mode     fs.FileMode
 	mtime    time.Time
 	children map[string]*node
 }
+
+func (n *node) isLink() bool { return n.mode&fs.ModeSymlink != 0 }
 
 func newDir(now time.Time) *node {
 	return &node{dir: true, mode: fs.ModeDir | 0o755, mtime: now, children: map[string]*node{}}
@@ -44,27 +47,65 @@ func cleanPath(p string) (string, error) {
 	return strings.TrimPrefix(full, "/workspace/"), nil
 }
 
-// lookup finds p; it returns the node and its cleaned relative path.
+// lookup finds p, following symlinks on the way but not p itself (as
+// lstat); it returns the node and p's cleaned relative path.
 func (s *fakeSession) lookup(p string) (*node, string, error) {
+	return s.find(p, false)
+}
+
+// find is lookup that follows p itself too when followLast is set.
+func (s *fakeSession) find(p string, followLast bool) (*node, string, error) {
 	rel, err := cleanPath(p)
 	if err != nil {
 		return nil, "", err
 	}
-	n := s.root
-	if rel == "" {
-		return n, rel, nil
-	}
-	for _, part := range strings.Split(rel, "/") {
+	n, _, err := s.resolve(rel, followLast)
+	return n, rel, err
+}
+
+// maxLinks bounds the symlinks followed for one path, as Linux does.
+const maxLinks = 40
+
+// resolve walks rel from the workspace root, following symlinks on the
+// way (and at its end when followLast), and returns the node and its
+// real relative path. A symlink leading out of /workspace (absolute
+// ones included: the guest resolves paths inside its /workspace root) is
+// ErrInvalid, as the guest refuses it.
+func (s *fakeSession) resolve(rel string, followLast bool) (*node, string, error) {
+	parts := splitPath(rel)
+	n, real, links := s.root, []string{}, 0
+	for len(parts) > 0 {
+		part := parts[0]
+		parts = parts[1:]
 		if !n.dir {
-			return nil, rel, fmt.Errorf("%s: a parent is not a directory: %w", displayPath(rel), session.ErrInvalid)
+			return nil, "", fmt.Errorf("%s: a parent is not a directory: %w", displayPath(rel), session.ErrInvalid)
 		}
 		c, ok := n.children[part]
 		if !ok {
-			return nil, rel, fmt.Errorf("%s: %w", displayPath(rel), session.ErrNotFound)
+			return nil, "", fmt.Errorf("%s: %w", displayPath(rel), session.ErrNotFound)
 		}
-		n = c
+		if c.isLink() && (len(parts) > 0 || followLast) {
+			if links++; links > maxLinks {
+				return nil, "", fmt.Errorf("%s: too many levels of symlinks: %w", displayPath(rel), session.ErrInvalid)
+			}
+			to := path.Join(append(append([]string{"/workspace"}, real...), c.link)...)
+			if path.IsAbs(c.link) || (to != "/workspace" && !strings.HasPrefix(to, "/workspace/")) {
+				return nil, "", fmt.Errorf("%s: symlink %s → %s leads out of /workspace: %w", displayPath(rel), displayPath(path.Join(append(real, part)...)), c.link, session.ErrInvalid)
+			}
+			parts = append(splitPath(strings.TrimPrefix(strings.TrimPrefix(to, "/workspace"), "/")), parts...)
+			n, real = s.root, real[:0]
+			continue
+		}
+		n, real = c, append(real, part)
 	}
-	return n, rel, nil
+	return n, strings.Join(real, "/"), nil
+}
+
+func splitPath(rel string) []string {
+	if rel == "" || rel == "." {
+		return nil
+	}
+	return strings.Split(rel, "/")
 }
 
 // parent finds the directory that holds p and p's base name.
@@ -77,7 +118,7 @@ func (s *fakeSession) parent(p string) (*node, string, string, error) {
 		return nil, "", "", fmt.Errorf("/workspace itself cannot be changed: %w", session.ErrInvalid)
 	}
 	dir, base := path.Split(rel)
-	d, _, err := s.lookup(dir)
+	d, _, err := s.find(dir, true)
 	if err != nil {
 		return nil, "", "", fmt.Errorf("%s: parent directory: %w", displayPath(rel), err)
 	}
@@ -90,6 +131,9 @@ func (s *fakeSession) parent(p string) (*node, string, string, error) {
 func displayPath(rel string) string { return path.Join("/workspace", rel) }
 
 func info(name string, n *node) session.FileInfo {
+	if n.isLink() {
+		return session.FileInfo{Name: name, Size: int64(len(n.link)), Mode: n.mode, ModTime: n.mtime, Link: n.link}
+	}
 	return session.FileInfo{Name: name, Size: int64(len(n.data)), Mode: n.mode, ModTime: n.mtime}
 }
 
@@ -132,7 +176,7 @@ func (f *Fake) onUsable(ctx context.Context, name string, do func(s *fakeSession
 func (f *Fake) ListDir(ctx context.Context, name, p string) ([]session.FileInfo, error) {
 	var out []session.FileInfo
 	err := f.files(ctx, "ListDir", name, func(s *fakeSession) error {
-		n, rel, err := s.lookup(p)
+		n, rel, err := s.find(p, true)
 		if err != nil {
 			return err
 		}
@@ -167,7 +211,7 @@ func (f *Fake) Stat(ctx context.Context, name, p string) (session.FileInfo, erro
 func (f *Fake) ReadFile(ctx context.Context, name, p string) (io.ReadCloser, error) {
 	var data []byte
 	err := f.files(ctx, "ReadFile", name, func(s *fakeSession) error {
-		n, rel, err := s.lookup(p)
+		n, rel, err := s.find(p, true)
 		if err != nil {
 			return err
 		}

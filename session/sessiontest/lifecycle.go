@@ -33,6 +33,10 @@ func (f *Fake) Create(ctx context.Context, opts session.CreateOptions) (session.
 			Image:     opts.Image,
 			VMM:       opts.VMM,
 			CreatedAt: now,
+			// As the Manager reports them for an image without a
+			// system disk.
+			RootDirectory: "/workspace",
+			HomeDirectory: "/root",
 		},
 		root: newDir(now),
 	}
@@ -316,4 +320,61 @@ func (f *Fake) Sleep(ctx context.Context, name string) (session.Session, error) 
 	}
 	f.setStateLocked(ctx, s, session.StateSleeping, "idle")
 	return s.info, nil
+}
+
+// Replace gives the session a new (fake) VM on its retained workspace: its
+// commands end as a stop ends them, its system changes (SystemUsed) are
+// dropped, and it runs again. opts.Image must be one the fake knows
+// (Options.Images) or the session's own; "" keeps the session's.
+func (f *Fake) Replace(ctx context.Context, name string, opts session.ReplaceOptions) (session.ReplaceResult, error) {
+	if err := f.enter(ctx, "Replace"); err != nil {
+		return session.ReplaceResult{}, err
+	}
+	f.mu.Lock()
+	s, err := f.getLocked(name)
+	if err != nil {
+		f.mu.Unlock()
+		return session.ReplaceResult{}, err
+	}
+	if !session.Allowed(session.ActionReplace, s.info.State) {
+		f.mu.Unlock()
+		return session.ReplaceResult{}, invalidState(session.ActionReplace, s)
+	}
+	image := opts.Image
+	if image == "" {
+		image = s.info.Image
+	}
+	if image != s.info.Image && !slices.Contains(f.opts.Images, image) {
+		f.mu.Unlock()
+		return session.ReplaceResult{}, fmt.Errorf("image %q is not built (berth image build --recipe FILE builds one; berth image ls lists them): %w", image, session.ErrNotFound)
+	}
+	res := session.ReplaceResult{Dropped: s.info.SystemUsed, From: imageRef(s.info.Image, s.info.ImageDigest)}
+	f.setStateLocked(ctx, s, session.StateStopping, causeBy(ctx, "replacing the VM"))
+	running := f.endExecsLocked(s, errStopped)
+	f.mu.Unlock()
+
+	waitExecs(running)
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s.info.DirtyBytes = 0
+	if image != s.info.Image {
+		s.info.ImageDigest = ""
+	}
+	s.info.Image, s.info.SystemUsed = image, 0
+	res.To = imageRef(s.info.Image, s.info.ImageDigest)
+	f.setStateLocked(ctx, s, session.StateStopped, causeBy(ctx, "replacing the VM: system disk reset"))
+	f.publishLocked(ctx, s, session.Event{Kind: session.EventNote, Message: fmt.Sprintf(
+		"replaced the VM: %s of system changes dropped (%s); new system disk from %s; /workspace kept", session.FormatBytes(res.Dropped), res.From, res.To)})
+	f.bootLocked(ctx, s, causeBy(ctx, "replaced"))
+	res.Session = s.info
+	return res, nil
+}
+
+// imageRef names a build as Replace reports it: image@digest.
+func imageRef(image, digest string) string {
+	if digest == "" {
+		digest = "-"
+	}
+	return image + "@" + digest
 }

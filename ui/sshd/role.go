@@ -14,13 +14,15 @@ type Role int
 
 const (
 	// Viewer reads everything (sessions, events, executions, output,
-	// files) and changes nothing.
+	// files, trees copied out) and changes nothing.
 	Viewer Role = iota + 1
 	// Operator also runs the lifecycle (create, pause, resume, stop,
 	// start, sleep, flush), runs and cancels commands, and changes
-	// files; it may not delete sessions.
+	// files (trees copied in too); it may not delete sessions or replace
+	// their VMs.
 	Operator
-	// Admin may do everything, including deleting sessions.
+	// Admin may do everything, including deleting sessions and replacing
+	// their VMs (which drops what was installed on them).
 	Admin
 )
 
@@ -59,6 +61,7 @@ const (
 	opSleep
 	opFlush
 	opDelete
+	opReplace
 	opExec
 	opCancel
 	opStdin
@@ -91,6 +94,8 @@ func (o op) describe() (what string, least Role) {
 		return "flush sessions", Operator
 	case opDelete:
 		return "delete sessions", Admin
+	case opReplace:
+		return "replace session VMs", Admin
 	case opExec:
 		return "run commands", Operator
 	case opCancel:
@@ -262,6 +267,15 @@ func (g *guard) Flush(ctx context.Context, name string) (session.FlushResult, er
 	return g.svc.Flush(ctx, name)
 }
 
+// Replace drops the VM's system changes, as delete drops everything.
+func (g *guard) Replace(ctx context.Context, name string, opts session.ReplaceOptions) (session.ReplaceResult, error) {
+	ctx, err := g.enter(ctx, opReplace)
+	if err != nil {
+		return session.ReplaceResult{}, err
+	}
+	return g.svc.Replace(ctx, name, opts)
+}
+
 func (g *guard) Exec(ctx context.Context, name string, req session.ExecRequest) (session.Process, error) {
 	ctx, err := g.enter(ctx, opExec)
 	if err != nil {
@@ -375,6 +389,23 @@ func (g *guard) Rename(ctx context.Context, name, from, to string) error {
 		return err
 	}
 	return g.svc.Rename(ctx, name, from, to)
+}
+
+// CopyIn writes files.
+func (g *guard) CopyIn(ctx context.Context, name, dir string, r io.Reader) (session.CopyResult, error) {
+	ctx, err := g.enter(ctx, opWriteFile)
+	if err != nil {
+		return session.CopyResult{}, err
+	}
+	return g.svc.CopyIn(ctx, name, dir, r)
+}
+
+func (g *guard) CopyOut(ctx context.Context, name, path string) (io.ReadCloser, error) {
+	ctx, err := g.enter(ctx, opRead)
+	if err != nil {
+		return nil, err
+	}
+	return g.svc.CopyOut(ctx, name, path)
 }
 
 // guardedProcess checks the caller's role before each change to a running

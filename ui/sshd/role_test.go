@@ -1,6 +1,7 @@
 package sshd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -45,6 +46,13 @@ func TestRestrict(t *testing.T) {
 			}
 			return err
 		}},
+		{"CopyOut", Viewer, func(ctx context.Context, s session.Service) error {
+			rc, err := s.CopyOut(ctx, "demo", "f")
+			if err == nil {
+				rc.Close()
+			}
+			return err
+		}},
 		{"Create", Operator, func(ctx context.Context, s session.Service) error {
 			_, err := s.Create(ctx, session.CreateOptions{Name: "new-one"})
 			return err
@@ -67,9 +75,17 @@ func TestRestrict(t *testing.T) {
 			_, err := s.WriteFile(ctx, "demo", "g", strings.NewReader("x"))
 			return err
 		}},
+		{"CopyIn", Operator, func(ctx context.Context, s session.Service) error {
+			_, err := s.CopyIn(ctx, "demo", "t", bytes.NewReader(sessiontest.Tar(t, sessiontest.TarEntry{Name: "x", Data: "x"})))
+			return err
+		}},
 		{"Mkdir", Operator, func(ctx context.Context, s session.Service) error { return s.Mkdir(ctx, "demo", "d") }},
 		{"Rename", Operator, func(ctx context.Context, s session.Service) error { return s.Rename(ctx, "demo", "g", "h") }},
 		{"Remove", Operator, func(ctx context.Context, s session.Service) error { return s.Remove(ctx, "demo", "h") }},
+		{"Replace", Admin, func(ctx context.Context, s session.Service) error {
+			_, err := s.Replace(ctx, "demo", session.ReplaceOptions{})
+			return err
+		}},
 		{"Delete", Admin, func(ctx context.Context, s session.Service) error { return s.Delete(ctx, "new-one") }},
 	}
 	for _, role := range []Role{Viewer, Operator, Admin} {

@@ -1,0 +1,224 @@
+package api_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/sessiontest"
+)
+
+// imaging is a Service that is also a session.Imager, driven by the test.
+type imaging struct {
+	session.Service
+	build  func(ctx context.Context, req session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error)
+	mu     sync.Mutex
+	images []session.ImageInfo
+}
+
+var _ session.Imager = (*imaging)(nil)
+
+func (im *imaging) Images(context.Context) ([]session.ImageInfo, error) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	return slices.Clone(im.images), nil
+}
+
+func (im *imaging) BuildImage(ctx context.Context, req session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+	return im.build(ctx, req, progress)
+}
+
+func (im *imaging) RemoveImage(_ context.Context, name string) error {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	i := slices.IndexFunc(im.images, func(info session.ImageInfo) bool { return info.Name == name })
+	switch {
+	case i < 0:
+		return fmt.Errorf("image %q: %w", name, session.ErrNotFound)
+	case len(im.images[i].Sessions) > 0:
+		return fmt.Errorf("image %q is used by %s: %w", name, strings.Join(im.images[i].Sessions, ", "), session.ErrConflict)
+	}
+	im.images = slices.Delete(im.images, i, i+1)
+	return nil
+}
+
+func TestImagesAndRemove(t *testing.T) {
+	built := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	im := &imaging{images: []session.ImageInfo{
+		{Name: "debian", Digest: "d1", Current: true, RootFS: true, Layers: 1, Packages: 123, DiskBytes: 300 << 20, Built: built, BuildTook: 20 * time.Second, Source: "berth", Sessions: []string{"a", "b"}},
+		{Name: "mini", Digest: "m1", Current: true, Built: built, Source: "berth", Sessions: []string{}},
+	}}
+	h := start(t, im)
+	ctx := t.Context()
+	list, err := h.client.Images(ctx)
+	if err != nil || len(list) != 2 || list[0].Name != "debian" || list[0].Packages != 123 || !list[0].Built.Equal(built) ||
+		list[0].BuildTook != 20*time.Second || !slices.Equal(list[0].Sessions, []string{"a", "b"}) {
+		t.Fatalf("Images = %+v, %v", list, err)
+	}
+	err = h.client.RemoveImage(ctx, "debian")
+	wantClass(t, "RemoveImage in use", err, session.ErrConflict)
+	if err != nil && !strings.Contains(err.Error(), "a, b") {
+		t.Errorf("RemoveImage in use: %q does not name the sessions", err)
+	}
+	wantClass(t, "RemoveImage missing", h.client.RemoveImage(ctx, "nope"), session.ErrNotFound)
+	wantClass(t, "RemoveImage ..", h.client.RemoveImage(ctx, ".."), session.ErrInvalid)
+	if err := h.client.RemoveImage(ctx, "mini"); err != nil {
+		t.Fatalf("RemoveImage: %v", err)
+	}
+	if list, err := h.client.Images(ctx); err != nil || len(list) != 1 {
+		t.Errorf("after RemoveImage, Images = %+v, %v", list, err)
+	}
+}
+
+// Progress reaches the client as it happens, not when the build ends.
+func TestBuildImageStreamsProgress(t *testing.T) {
+	seen := make(chan session.BuildProgress)
+	var got session.BuildRequest
+	im := &imaging{build: func(ctx context.Context, req session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+		got = req
+		for i := 1; i <= 3; i++ {
+			p := session.BuildProgress{Phase: "download", Done: i, Total: 3, Bytes: int64(i) << 20, TotalBytes: 3 << 20}
+			progress(p)
+			select { // the client must have it before the build goes on
+			case c := <-seen:
+				if c != p {
+					return session.ImageInfo{}, fmt.Errorf("the client saw %+v, want %+v", c, p)
+				}
+			case <-time.After(5 * time.Second):
+				return session.ImageInfo{}, errors.New("progress did not reach the client while the build ran")
+			}
+		}
+		return session.ImageInfo{Name: "debian", Digest: "d2", Current: true, RootFS: true}, nil
+	}}
+	h := start(t, im)
+	info, err := h.client.BuildImage(t.Context(), session.BuildRequest{Name: "debian"}, func(p session.BuildProgress) { seen <- p })
+	if err != nil || info.Name != "debian" || info.Digest != "d2" || got.Name != "debian" {
+		t.Fatalf("BuildImage = %+v, %v (the daemon got %+v)", info, err, got)
+	}
+
+	// A relative recipe path is the caller's: the client makes it absolute.
+	wd, _ := os.Getwd()
+	im.build = func(_ context.Context, req session.BuildRequest, _ func(session.BuildProgress)) (session.ImageInfo, error) {
+		got = req
+		return session.ImageInfo{Name: "mine"}, nil
+	}
+	if _, err := h.client.BuildImage(t.Context(), session.BuildRequest{Recipe: "recipes/mine.toml"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(wd, "recipes/mine.toml"); got.Recipe != want {
+		t.Errorf("the daemon got recipe %q, want %q", got.Recipe, want)
+	}
+}
+
+func TestBuildImageErrors(t *testing.T) {
+	for _, class := range []error{session.ErrInvalid, session.ErrExists, session.ErrNotFound, session.ErrUnavailable} {
+		t.Run(class.Error(), func(t *testing.T) {
+			want := fmt.Errorf("setup step 2 of 3 (`apt-get install nope`) exited with code 100: E: Unable to locate package nope: %w", class)
+			var calls int
+			im := &imaging{build: func(_ context.Context, _ session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+				progress(session.BuildProgress{Phase: "setup", Line: "$ apt-get install nope"})
+				return session.ImageInfo{}, want
+			}}
+			h := start(t, im)
+			_, err := h.client.BuildImage(t.Context(), session.BuildRequest{Name: "x"}, func(session.BuildProgress) { calls++ })
+			wantClass(t, "BuildImage", err, class)
+			if err == nil || err.Error() != want.Error() || calls != 1 {
+				t.Errorf("BuildImage = %v after %d progress calls, want %q after 1", err, calls, want)
+			}
+		})
+	}
+}
+
+// A client that goes away cancels the build.
+func TestBuildImageCancelledByClient(t *testing.T) {
+	buildCtx := make(chan error, 1)
+	im := &imaging{build: func(ctx context.Context, _ session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+		progress(session.BuildProgress{Phase: "resolve"})
+		select {
+		case <-ctx.Done():
+			buildCtx <- ctx.Err()
+			return session.ImageInfo{}, ctx.Err()
+		case <-time.After(10 * time.Second):
+			buildCtx <- nil
+			return session.ImageInfo{}, errors.New("not cancelled")
+		}
+	}}
+	h := start(t, im)
+	check := goroutinesBack(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	_, err := h.client.BuildImage(ctx, session.BuildRequest{Name: "debian"}, func(session.BuildProgress) { cancel() })
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("BuildImage after cancel = %v, want context.Canceled", err)
+	}
+	select {
+	case err := <-buildCtx:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("the daemon's build context: %v, want cancelled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the build went on after its client went away")
+	}
+	h.client.Close()
+	check()
+}
+
+// Without an Imager behind it, the daemon says it keeps no images.
+func TestImagesUnavailable(t *testing.T) {
+	h := start(t, nil)
+	ctx := t.Context()
+	_, err := h.client.Images(ctx)
+	wantClass(t, "Images", err, session.ErrUnavailable)
+	_, err = h.client.BuildImage(ctx, session.BuildRequest{Name: "debian"}, nil)
+	wantClass(t, "BuildImage", err, session.ErrUnavailable)
+	wantClass(t, "RemoveImage", h.client.RemoveImage(ctx, "debian"), session.ErrUnavailable)
+}
+
+// The new routes' bad requests, as a client other than ours sends them.
+func TestNewRoutesBadRequests(t *testing.T) {
+	fake := sessiontest.New(sessiontest.Options{})
+	t.Cleanup(func() { fake.Close() })
+	h := start(t, &imaging{Service: fake})
+	h.create(t, "a")
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", h.socket)
+		},
+	}}
+	defer hc.CloseIdleConnections()
+	tests := []struct {
+		method, path, body string
+		status             int
+		want               string
+	}{
+		{"POST", "/v1/images", `{"recipe":"relative.toml"}`, 400, `"class":"invalid"`},
+		{"POST", "/v1/images", `{"name":"debian","colour":"red"}`, 400, `"class":"invalid"`},
+		{"POST", "/v1/sessions/a/replace", `{"image":"mini","force":true}`, 400, `"class":"invalid"`},
+		{"POST", "/v1/sessions/a/replace", ``, 200, `"session":{"name":"a","state":"running"`},
+		{"POST", "/v1/sessions/a/replace", `{"image":"other"}`, 404, `"class":"not_found"`},
+		{"GET", "/v1/sessions/a/tree/missing", "", 404, `"class":"not_found"`},
+		{"PUT", "/v1/sessions/a/tree/d", "not a tar at all, but longer than one tar block of 512 bytes" + strings.Repeat(".", 600), 500, `reading the tar`},
+	}
+	for _, tt := range tests {
+		req, _ := http.NewRequest(tt.method, "http://berth"+tt.path, strings.NewReader(tt.body))
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, 4096)
+		n, _ := resp.Body.Read(b)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status || !strings.Contains(string(b[:n]), tt.want) {
+			t.Errorf("%s %s: %d %s, want %d with %s", tt.method, tt.path, resp.StatusCode, b[:n], tt.status, tt.want)
+		}
+	}
+}
