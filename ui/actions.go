@@ -168,7 +168,7 @@ func actionTable() []action {
 			}},
 		{verbs: []string{"stop"}, mutates: true, target: onSession, confirm: confirmYes, prompt: stopPrompt, run: (*Model).stop},
 		{verbs: []string{"start"}, mutates: true, target: onSession, run: (*Model).start},
-		{key: bind("R", "replace VM (fresh system disk; /workspace kept)"), verbs: []string{"replace"}, mutates: true, target: onSession,
+		{key: bind("R", "replace VM (keeps /workspace)"), verbs: []string{"replace"}, mutates: true, target: onSession,
 			confirm: confirmName, prompt: replacePrompt, run: (*Model).replace},
 		{key: bind("d", "delete session"), verbs: []string{"delete"}, mutates: true, target: onSession,
 			confirm: confirmName, prompt: deletePrompt, run: (*Model).delete},

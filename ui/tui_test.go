@@ -231,6 +231,29 @@ func TestDeleteRequiresTypingTheName(t *testing.T) {
 	}
 }
 
+// Replace drops the VM's system disk: it asks for the name, says what is
+// kept and what is dropped, and reports the result.
+func TestReplaceRequiresTypingTheName(t *testing.T) {
+	t.Parallel()
+	f := fixture()
+	h := newHarness(t, f, Options{})
+	h.press("R")
+	scr := h.screen()
+	if !strings.Contains(scr, "Replace the VM of alpha?") || !strings.Contains(scr, "Kept: every file in /workspace") {
+		t.Fatalf("no replace dialog:\n%s", scr)
+	}
+	h.press("enter")
+	if f.Calls("Replace") != 0 {
+		t.Fatal("replaced without the name typed")
+	}
+	h.typeText("alpha")
+	h.press("enter")
+	h.waitFor("replaced", func() bool { return strings.HasPrefix(h.flash(), "replaced alpha") })
+	if f.Calls("Replace") != 1 || !strings.Contains(h.flash(), "/workspace kept") {
+		t.Fatalf("calls %d, flash %q", f.Calls("Replace"), h.flash())
+	}
+}
+
 func TestNewSessionForm(t *testing.T) {
 	t.Parallel()
 	f := fixture()

@@ -20,7 +20,6 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/berthvm/berth/guest/image"
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/api"
 	"github.com/berthvm/berth/session/daemon"

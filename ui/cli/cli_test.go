@@ -281,7 +281,7 @@ func TestGroups(t *testing.T) {
 	for _, tt := range []tc{
 		{name: "bare", args: []string{"ssh"}, code: 2, stdout: "", stderr: "~Usage: berth ssh add-key [--role viewer|operator|admin] KEYFILE\n"},
 		{name: "help", args: []string{"ssh", "help"}, stdout: "~Usage: berth ssh add-key", stderr: ""},
-		{name: "--help", args: []string{"image", "--help"}, stdout: "~Usage: berth image build [--agent PATH] [NAME]", stderr: ""},
+		{name: "--help", args: []string{"image", "--help"}, stdout: "~Usage: berth image build [NAME] [--recipe FILE]", stderr: ""},
 		{name: "help group", args: []string{"help", "image"}, stdout: "~Usage: berth image build", stderr: ""},
 		{name: "unknown", args: []string{"ssh", "remove-key"}, code: 2,
 			stderr: "berth: ssh: unknown subcommand \"remove-key\" (usage: berth ssh add-key KEYFILE [flags]; see 'berth help ssh')\n"},
