@@ -2,6 +2,7 @@ package session_test
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"os"
 	"os/exec"
@@ -93,6 +94,40 @@ func TestBenchImages(t *testing.T) {
 	t.Logf("BENCH %-44s %10s vs cold %10s  ratio %.2fx  (target ≤ 0.1x)", "start of a stopped debian session → ready", median(startDeb).Round(time.Millisecond), median(debCold).Round(time.Millisecond), float64(median(startDeb))/float64(median(debCold)))
 	booted := allocated(filepath.Join(e.data, "sessions", "sd", "system.img"))
 
+	// cp of a 100 MB tree of 2,000 files in, against put of one 100 MB file.
+	local := t.TempDir()
+	tree := filepath.Join(local, "tree")
+	for i := 0; i < 2000; i++ {
+		d := filepath.Join(tree, fmt.Sprintf("d%02d", i%40))
+		os.MkdirAll(d, 0o755)
+		b := make([]byte, 50<<10)
+		rand.Read(b)
+		os.WriteFile(filepath.Join(d, fmt.Sprintf("f%04d", i)), b, 0o644)
+	}
+	one := make([]byte, 2000*50<<10)
+	rand.Read(one)
+	os.WriteFile(filepath.Join(local, "one.bin"), one, 0o644)
+	e.ok("create", "cpb", "--disk", "512M")
+	var cpIn, put []time.Duration
+	for i := 0; i < n; i++ {
+		start := time.Now()
+		e.ok("cp", tree, fmt.Sprintf("cpb:t%d", i))
+		cpIn = append(cpIn, time.Since(start))
+		start = time.Now()
+		e.ok("put", "cpb", filepath.Join(local, "one.bin"), fmt.Sprintf("one%d.bin", i))
+		put = append(put, time.Since(start))
+	}
+	mb := float64(len(one)) / 1e6
+	t.Logf("BENCH %-44s %10s (%.0f MB/s) vs put of one file %10s (%.0f MB/s)  ratio %.2fx  (report)", "cp in of 100 MB in 2,000 files (median)",
+		median(cpIn).Round(time.Millisecond), mb/median(cpIn).Seconds(), median(put).Round(time.Millisecond), mb/median(put).Seconds(), float64(median(cpIn))/float64(median(put)))
+	var cpOut []time.Duration
+	for i := 0; i < n; i++ {
+		start := time.Now()
+		e.ok("cp", "cpb:t0", filepath.Join(local, fmt.Sprintf("out%d", i)))
+		cpOut = append(cpOut, time.Since(start))
+	}
+	t.Logf("BENCH %-44s %10s (%.0f MB/s)  (report)", "cp out of the same tree (median)", median(cpOut).Round(time.Millisecond), mb/median(cpOut).Seconds())
+
 	// A new system disk before any write, and after the first boots.
 	sys := filepath.Join(t.TempDir(), "system.img")
 	if err := image.CreateSystemDisk(ctx, sys, 8<<30, vmm.NewUUID()); err != nil {
@@ -104,20 +139,20 @@ func TestBenchImages(t *testing.T) {
 	// The build against mmdebstrap and mkfs.ext4 by hand, same packages.
 	work := t.TempDir()
 	start := time.Now()
-	tree := filepath.Join(work, "root")
-	cmd := exec.Command("mmdebstrap", "--variant=apt", "--include="+strings.Join(deb.Packages, ","), image.Suite, tree)
+	root := filepath.Join(work, "root")
+	cmd := exec.Command("mmdebstrap", "--variant=apt", "--include="+strings.Join(deb.Packages, ","), image.Suite, root)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("mmdebstrap: %v: %s", err, out)
 	}
-	du, _ := exec.Command("du", "-sb", tree).Output()
+	du, _ := exec.Command("du", "-sb", root).Output()
 	var used int64
 	fmt.Sscan(string(du), &used)
 	img := filepath.Join(work, "root.img")
-	if out, err := exec.Command("mkfs.ext4", "-q", "-d", tree, img, fmt.Sprintf("%dM", used*13/10>>20+64)).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mkfs.ext4", "-q", "-d", root, img, fmt.Sprintf("%dM", used*13/10>>20+64)).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.ext4: %v: %s", err, out)
 	}
 	byHand := time.Since(start)
-	os.RemoveAll(tree)
+	os.RemoveAll(root)
 	st := &image.Store{Dir: filepath.Join(work, "images"), CacheDir: vmmtest.CacheDir(), Agent: filepath.Join(vmmtest.CacheDir(), "test", "berth-agent")}
 	start = time.Now()
 	built, did, err := st.Build(ctx, image.Options{Name: "debian"})

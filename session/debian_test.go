@@ -130,6 +130,17 @@ func TestReplace(t *testing.T) {
 	e.fails("berth replace rep", "start", "rep")
 	e.ok("replace", "rep", "--yes")
 	e.ok("exec", "rep", "--", "true")
+	// A corrupt one: the same.
+	e.ok("stop", "rep")
+	f, err := os.OpenFile(filepath.Join(e.data, "sessions", "rep", "system.img"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt(make([]byte, 4096), 0) // the superblock is at 1024
+	f.Close()
+	e.fails("berth replace rep", "start", "rep")
+	e.ok("replace", "rep", "--yes")
+	e.ok("exec", "rep", "--", "true")
 	e.ok("delete", "rep", "--yes")
 }
 

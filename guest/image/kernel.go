@@ -46,8 +46,38 @@ func run(ctx context.Context, dir string, name string, args ...string) ([]byte, 
 	return out, nil
 }
 
-// kernelPackage asks apt which kernel package the meta package points at.
-func kernelPackage(ctx context.Context) (string, error) {
+// aptState identifies apt's package lists as they are now: the answer
+// to "which kernel" only changes when they do.
+func aptState() string {
+	var parts []string
+	for _, p := range []string{"/var/lib/apt/lists", "/var/cache/apt/pkgcache.bin"} {
+		if fi, err := os.Stat(p); err == nil {
+			parts = append(parts, fmt.Sprintf("%s %d %d", p, fi.Size(), fi.ModTime().UnixNano()))
+		}
+	}
+	return strings.Join(parts, ";")
+}
+
+// kernelPackage asks apt which kernel package the meta package points at,
+// remembering the answer in dir while apt's lists stay the same (asking
+// takes about a second, most of an up-to-date build's time).
+func kernelPackage(ctx context.Context, dir string) (string, error) {
+	memo := filepath.Join(dir, "resolved")
+	state := aptState()
+	if b, err := os.ReadFile(memo); err == nil {
+		if st, pkg, ok := strings.Cut(strings.TrimSpace(string(b)), "\n"); ok && st == state && state != "" {
+			return pkg, nil
+		}
+	}
+	pkg, err := askKernelPackage(ctx)
+	if err == nil && state != "" {
+		os.MkdirAll(dir, 0o755)
+		os.WriteFile(memo, []byte(state+"\n"+pkg+"\n"), 0o644)
+	}
+	return pkg, err
+}
+
+func askKernelPackage(ctx context.Context) (string, error) {
 	out, err := run(ctx, "", "apt-cache", "depends", metaPackage)
 	if err != nil {
 		return "", err
@@ -65,7 +95,7 @@ func kernelPackage(ctx context.Context) (string, error) {
 // first time. Without apt (offline) the newest cached kernel is used.
 func FetchKernel(ctx context.Context, cacheDir string, progress io.Writer) (Kernel, error) {
 	base := filepath.Join(cacheDir, "kernel")
-	pkg, err := kernelPackage(ctx)
+	pkg, err := kernelPackage(ctx, base)
 	if err != nil {
 		if k, cerr := newestCached(base); cerr == nil {
 			fmt.Fprintf(progress, "apt unavailable (%v); using cached %s\n", err, k.Package)
