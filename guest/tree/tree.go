@@ -281,12 +281,12 @@ func Pack(root *os.Root, p string, w io.Writer, progress func(Result)) (Result, 
 				return fmt.Errorf("refusing symlink %s → %s: it points out of the tree being copied: %w", full, target, ErrEscape)
 			}
 			res.Symlinks++
-			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777, ModTime: fi.ModTime()})
+			return tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777, ModTime: fi.ModTime()})
 		case fi.IsDir():
 			if rel != "." {
 				res.Dirs++
 			}
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
+			if err := tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeDir, Name: name, Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
 				return err
 			}
 			d, err := root.Open(full)
@@ -315,7 +315,7 @@ func Pack(root *os.Root, p string, w io.Writer, progress func(Result)) (Result, 
 				return err
 			}
 			defer f.Close()
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Size: fi.Size(), Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
+			if err := tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeReg, Name: name, Size: fi.Size(), Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
 				return err
 			}
 			if _, err := io.CopyN(tw, f, fi.Size()); err != nil {

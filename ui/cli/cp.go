@@ -173,7 +173,7 @@ func packFile(w io.Writer, root *os.Root, file, name string) error {
 		return fmt.Errorf("%s is not a regular file or a directory", file)
 	}
 	tw := tar.NewWriter(w)
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Size: fi.Size(), Mode: int64(fi.Mode().Perm()), ModTime: fi.ModTime()}); err != nil {
+	if err := tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeReg, Name: name, Size: fi.Size(), Mode: int64(fi.Mode().Perm()), ModTime: fi.ModTime()}); err != nil {
 		return err
 	}
 	if _, err := io.CopyN(tw, f, fi.Size()); err != nil {
