@@ -95,5 +95,24 @@ func TestCopyTree(t *testing.T) {
 	e.ok("exec", "cp", "--", "sh", "-c", "mkdir -p out && ln -s ../../etc out/etc")
 	e.fails("points out of the tree", "cp", "cp:out", filepath.Join(t.TempDir(), "o"))
 	e.fails("outside /workspace", "cp", src, "cp:../x")
+
+	// A full workspace: the copy fails saying so, and no file is left
+	// half-written under its final name.
+	e.ok("create", "small", "--disk", "24M")
+	full := filepath.Join(t.TempDir(), "full")
+	os.MkdirAll(full, 0o755)
+	for i := 0; i < 3; i++ {
+		b := make([]byte, 12<<20)
+		rand.Read(b)
+		os.WriteFile(filepath.Join(full, fmt.Sprintf("f%d", i)), b, 0o644)
+	}
+	e.fails("is full", "cp", full, "small:full")
+	out = e.ok("exec", "small", "--", "sh", "-c", "ls -a full; for f in full/f*; do [ -f \"$f\" ] && stat -c '%n %s' \"$f\"; done; true")
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[1] != fmt.Sprint(12<<20) {
+			t.Errorf("a partial file under its final name: %s", l)
+		}
+	}
+	e.ok("delete", "small", "--yes")
 	e.ok("delete", "cp", "--yes")
 }

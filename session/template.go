@@ -175,7 +175,12 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 	cfg.Cmdline, cfg.Workspace, cfg.System, cfg.Incoming = templateCmdline(im), "", "", snap
 	bctx, cancel := context.WithTimeout(ctx, s.m.cfg.BootTimeout)
 	defer cancel()
+	start := time.Now()
+	var steps []any
+	step := func(name string) { steps = append(steps, name, time.Since(start).Round(time.Millisecond)) }
+	defer func() { s.m.log.Debug("template restore", append([]any{"session", s.name}, steps...)...) }()
 	vm, err := d.Start(bctx, cfg)
+	step("restored")
 	if err != nil {
 		return fmt.Errorf("restore the template: %w", err)
 	}
@@ -201,6 +206,7 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 			return err
 		}
 	}
+	step("plugged")
 	if err := vm.Resume(bctx); err != nil {
 		return err
 	}
@@ -208,6 +214,7 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 	if err != nil {
 		return fmt.Errorf("agent of the restored template: %w", err)
 	}
+	step("connected")
 	seed := make([]byte, 64)
 	rand.Read(seed)
 	spec := guest.MountSpec{Workspace: rec.WorkspaceUUID, System: rec.SystemUUID, Hostname: s.name, MachineID: rec.MachineID}
@@ -218,6 +225,7 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 		}
 		return fmt.Errorf("mount the session's disks in the restored template: %v", err)
 	}
+	step("mounted")
 	ok = true
 	s.attached(vm, c)
 	return nil

@@ -138,16 +138,16 @@ func (c *Call) copyIn(ctx context.Context, svc session.Service, local, name, dst
 		packed <- err
 	}()
 	res, err := svc.CopyIn(ctx, name, intoDir, p.reader(pr))
-	pr.CloseWithError(errors.New("copy ended"))
+	pr.CloseWithError(errCopyEnded)
 	perr := <-packed
 	p.stop(err == nil)
-	if perr != nil && !errors.Is(perr, io.ErrClosedPipe) && err == nil {
-		err = perr
+	if errors.Is(perr, errCopyEnded) || errors.Is(perr, io.ErrClosedPipe) {
+		perr = nil // the upload ended first; its error says why
 	}
-	if err != nil {
-		if perr != nil && !errors.Is(perr, io.ErrClosedPipe) {
-			return fmt.Errorf("cp %s: %w", local, perr) // the local side's reason comes first
-		}
+	switch {
+	case perr != nil:
+		return fmt.Errorf("cp %s: %w", local, perr) // the local side failed: that is why the upload did
+	case err != nil:
 		return err
 	}
 	to := intoDir
@@ -157,6 +157,9 @@ func (c *Call) copyIn(ctx context.Context, svc session.Service, local, name, dst
 	c.copied(res, name+":"+to)
 	return nil
 }
+
+// errCopyEnded stops the local side of an upload that ended.
+var errCopyEnded = errors.New("the copy ended")
 
 // packFile writes a one-file archive whose entry is called name.
 func packFile(w io.Writer, root *os.Root, file, name string) error {

@@ -110,6 +110,7 @@ func initVM() {
 	var system *os.File
 	cfg.Mount = func(spec guest.MountSpec) (agent.Mounted, error) {
 		var m agent.Mounted
+		start := time.Now()
 		if spec.System != "" && system == nil {
 			sys, dev, err := switchRoot(spec.System)
 			if err != nil {
@@ -117,11 +118,14 @@ func initVM() {
 			}
 			system, m.System, m.SystemDevice = sys, sys, dev
 		}
+		rooted := time.Since(start)
 		if err := agent.SetIdentity(spec.Hostname, spec.MachineID); err != nil {
 			log.Warn("identity", "err", err)
 		}
+		named := time.Since(start)
 		dev, err := agent.MountWorkspace(spec.Workspace, agent.WorkspaceDir, 10*time.Second)
 		m.Workspace, m.Device = agent.WorkspaceDir, dev
+		log.Info("mounted", "root", rooted, "identity", named, "workspace", time.Since(start))
 		return m, err
 	}
 	rootOK := true
