@@ -635,7 +635,7 @@ func (b *builder) rootLayer(ctx context.Context, p *plan, hash string) (cachedLa
 	if err := os.MkdirAll(filepath.Dir(tree), 0o755); err != nil {
 		return cachedLayer{}, err
 	}
-	installed, err := debootstrap(ctx, tree, p.packages, b.report)
+	installed, err := debootstrap(ctx, tree, filepath.Join(b.o.CacheDir, "debs"), p.packages, b.report)
 	if err != nil {
 		return cachedLayer{}, err
 	}

@@ -130,11 +130,23 @@ func (t *aptTracker) aptError() string {
 
 // debootstrap installs Debian with packages into dir (which must not exist
 // or be empty) with mmdebstrap, reporting progress.
-func debootstrap(ctx context.Context, dir string, packages []string, report func(Progress)) (installed int, err error) {
+//
+// Downloaded packages are kept in debs (mmdebstrap's documented sync-in /
+// sync-out hooks), so a rebuild with a package more downloads one package.
+func debootstrap(ctx context.Context, dir, debs string, packages []string, report func(Progress)) (installed int, err error) {
 	if _, err := exec.LookPath("mmdebstrap"); err != nil {
 		return 0, errors.New("mmdebstrap not found: install Debian's mmdebstrap package")
 	}
 	args := []string{"--verbose", "--variant=apt", "--format=directory"}
+	if debs != "" {
+		if err := os.MkdirAll(debs, 0o755); err != nil {
+			return 0, err
+		}
+		args = append(args, "--skip=essential/unlink",
+			`--setup-hook=mkdir -p "$1"/var/cache/apt/archives/`,
+			"--setup-hook=sync-in "+debs+" /var/cache/apt/archives/",
+			"--customize-hook=sync-out /var/cache/apt/archives "+debs)
+	}
 	if len(packages) > 0 {
 		args = append(args, "--include="+strings.Join(packages, ","))
 	}
