@@ -55,6 +55,7 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	defer endBody(rc, r)
 	in := newFrameReader(r.Body)
 	var first inFrame
 	if err := in.next(&first); err != nil || first.Request == nil {
@@ -79,6 +80,7 @@ func (s *server) attach(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	defer endBody(rc, r)
 	from, err := queryUint(r, "from")
 	if err != nil {
 		s.writeError(w, r, err)
@@ -98,6 +100,21 @@ func (s *server) attach(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.stream(ctx, cancel, w, rc, p, newFrameReader(r.Body), x.TTY)
+}
+
+// endBody closes a full-duplex request's body before its handler returns.
+// Left to net/http, a body the handler did not read to its end is closed
+// after the handler, and when that close reaches the end it starts the
+// connection's background read where nothing stops it: the server then
+// panics reading the next request on the connection ("invalid concurrent
+// Body.Read call", golang/go#68560) and drops it, and the client's next
+// call fails with EOF. It happens whenever a stream is refused (or cut
+// short) and the client's body ends only after that. The response is
+// flushed first, as the server would: a client may end its body only once
+// it has the answer.
+func endBody(rc *http.ResponseController, r *http.Request) {
+	rc.Flush()
+	r.Body.Close()
 }
 
 // stream sends p's output, then its final record, while a goroutine feeds
