@@ -51,6 +51,18 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
+// subtest runs f as a subtest of t with the env's helpers failing the
+// subtest: they report on e.t, and a FailNow on the parent from inside a
+// subtest would abandon the subtest and panic.
+func (e *env) subtest(t *testing.T, name string, f func(t *testing.T)) bool {
+	return t.Run(name, func(t *testing.T) {
+		parent := e.t
+		e.t = t
+		defer func() { e.t = parent }()
+		f(t)
+	})
+}
+
 func (e *env) cmd(args ...string) *exec.Cmd {
 	c := exec.Command(e.berth, append([]string{"--data", e.data, "--cache", vmmtest.CacheDir()}, args...)...)
 	c.Env = append(os.Environ(), "BERTH_DATA=", "NO_COLOR=1")
@@ -108,10 +120,11 @@ type result struct {
 }
 
 func (e *env) runIn(stdin string, args ...string) result {
+	t := e.t
 	c := e.cmd(args...)
 	// No CLI call may hang a test: a stuck one fails it with the daemon's log.
 	timer := time.AfterFunc(3*time.Minute, func() {
-		e.t.Errorf("berth %s hung; daemon log:\n%s", strings.Join(args, " "), e.daemonLog())
+		t.Errorf("berth %s hung; daemon log:\n%s", strings.Join(args, " "), e.daemonLog())
 		c.Process.Kill()
 	})
 	defer timer.Stop()
@@ -193,7 +206,7 @@ func TestSessionEndToEnd(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon()
 
-	t.Run("bad input", func(t *testing.T) {
+	e.subtest(t, "bad input", func(t *testing.T) {
 		e.fails("invalid session name", "create", "Bad_Name")
 		e.fails("not found", "info", "ghost")
 		e.fails("not found", "pause", "ghost")
@@ -212,7 +225,7 @@ func TestSessionEndToEnd(t *testing.T) {
 	t.Logf("create took %s", time.Since(start))
 	e.fails("already exists", "create", "alpha")
 
-	t.Run("exec codes and streams", func(t *testing.T) {
+	e.subtest(t, "exec codes and streams", func(t *testing.T) {
 		r := e.run("exec", "alpha", "--", "sh", "-c", "echo out; echo err >&2; exit 3")
 		if r.stdout != "out\n" || r.stderr != "err\n" || r.code != 3 {
 			t.Errorf("got %q %q %d", r.stdout, r.stderr, r.code)
@@ -239,7 +252,7 @@ func TestSessionEndToEnd(t *testing.T) {
 		}
 	})
 
-	t.Run("crash, lost, start keeps the workspace", func(t *testing.T) {
+	e.subtest(t, "crash, lost, start keeps the workspace", func(t *testing.T) {
 		local := filepath.Join(t.TempDir(), "payload")
 		data := make([]byte, 3<<20)
 		rand.Read(data)
@@ -266,7 +279,7 @@ func TestSessionEndToEnd(t *testing.T) {
 		}
 	})
 
-	t.Run("logs replay byte-exact across a daemon kill -9", func(t *testing.T) {
+	e.subtest(t, "logs replay byte-exact across a daemon kill -9", func(t *testing.T) {
 		out := e.ok("exec", "alpha", "--detach", "--", "sh", "-c",
 			"i=0; while [ $i -lt 300 ]; do echo line $i; echo e$i >&2; i=$((i+1)); sleep 0.01; done")
 		id := strings.TrimSpace(out)
@@ -306,7 +319,7 @@ func TestSessionEndToEnd(t *testing.T) {
 		}
 	})
 
-	t.Run("pause, resume, flush", func(t *testing.T) {
+	e.subtest(t, "pause, resume, flush", func(t *testing.T) {
 		e.ok("pause", "alpha")
 		e.waitState("alpha", session.StatePaused, time.Second)
 		e.fails("resume it first", "exec", "alpha", "--", "true")
@@ -318,21 +331,21 @@ func TestSessionEndToEnd(t *testing.T) {
 		}
 	})
 
-	t.Run("stop and wrong-state errors", func(t *testing.T) {
+	e.subtest(t, "stop and wrong-state errors", func(t *testing.T) {
 		e.ok("stop", "alpha")
 		e.waitState("alpha", session.StateStopped, time.Second)
 		e.fails(`cannot pause session "alpha": it is stopped`, "pause", "alpha")
 		e.fails("start it first", "exec", "alpha", "--", "true")
 	})
 
-	t.Run("second daemon refused", func(t *testing.T) {
+	e.subtest(t, "second daemon refused", func(t *testing.T) {
 		r := e.run("serve")
 		if r.code == 0 || !strings.Contains(r.stderr, "in use by berth daemon pid") {
 			t.Errorf("second daemon: exit %d, %q", r.code, r.stderr)
 		}
 	})
 
-	t.Run("timeline", func(t *testing.T) {
+	e.subtest(t, "timeline", func(t *testing.T) {
 		out := e.ok("events", "alpha")
 		for _, want := range []string{"crashed", "paused", "flush", "stopped"} {
 			if !strings.Contains(out, want) {
@@ -341,7 +354,7 @@ func TestSessionEndToEnd(t *testing.T) {
 		}
 	})
 
-	t.Run("delete", func(t *testing.T) {
+	e.subtest(t, "delete", func(t *testing.T) {
 		r := e.run("delete", "alpha")
 		if r.code == 0 {
 			t.Fatal("delete without --yes on a non-terminal succeeded")

@@ -87,7 +87,7 @@ func TestSleepWake(t *testing.T) {
 		t.Errorf("no wake time recorded: %+v", info)
 	}
 
-	t.Run("20 cycles", func(t *testing.T) {
+	e.subtest(t, "20 cycles", func(t *testing.T) {
 		for i := 0; i < 20; i++ {
 			e.ok("exec", "sleepy", "--", "sh", "-c", "head -c 100000 /dev/urandom >> data.bin && sha256sum data.bin > data.sum")
 			e.ok("sleep", "sleepy")
@@ -97,7 +97,7 @@ func TestSleepWake(t *testing.T) {
 		}
 	})
 
-	t.Run("busy sessions do not sleep", func(t *testing.T) {
+	e.subtest(t, "busy sessions do not sleep", func(t *testing.T) {
 		id := strings.TrimSpace(e.ok("exec", "sleepy", "--detach", "--", "sleep", "30"))
 		e.fails("still running", "sleep", "sleepy")
 		e.ok("stop", "sleepy") // ends the command too
@@ -140,7 +140,7 @@ func TestSleepCrashPoints(t *testing.T) {
 		os.Unsetenv("BERTH_CRASH_AT")
 	}
 	for _, point := range []string{"sleep:frozen", "sleep:paused", "sleep:saved", "sleep:synced", "sleep:recorded"} {
-		t.Run(point, func(t *testing.T) {
+		e.subtest(t, point, func(t *testing.T) {
 			crashDaemon(point)
 			e.run("sleep", "crashy") // the daemon dies here
 			e.daemon.Wait()
@@ -150,7 +150,7 @@ func TestSleepCrashPoints(t *testing.T) {
 		})
 	}
 	for _, point := range []string{"wake:restored", "wake:recorded", "wake:resumed"} {
-		t.Run(point, func(t *testing.T) {
+		e.subtest(t, point, func(t *testing.T) {
 			e.ok("sleep", "crashy")
 			crashDaemon(point)
 			e.run("exec", "crashy", "--", "true") // wakes; the daemon dies

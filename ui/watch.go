@@ -75,15 +75,24 @@ func waitEvents(gen int, ch <-chan session.Event) tea.Cmd {
 		timer := time.NewTimer(eventLinger)
 		defer timer.Stop()
 		for len(batch) < maxEventsBatch {
+			// Events already queued are taken before the timer is looked
+			// at: a burst that arrived together goes out together, even
+			// when this goroutine ran later than the linger.
+			var ev session.Event
+			var ok bool
 			select {
-			case ev, ok := <-ch:
-				if !ok {
-					return eventsMsg{gen: gen, events: batch, closed: true}
+			case ev, ok = <-ch:
+			default:
+				select {
+				case ev, ok = <-ch:
+				case <-timer.C:
+					return eventsMsg{gen: gen, events: batch}
 				}
-				batch = append(batch, ev)
-			case <-timer.C:
-				return eventsMsg{gen: gen, events: batch}
 			}
+			if !ok {
+				return eventsMsg{gen: gen, events: batch, closed: true}
+			}
+			batch = append(batch, ev)
 		}
 		return eventsMsg{gen: gen, events: batch}
 	}

@@ -381,11 +381,21 @@ func TestHandshakeDiscardsStaleBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	hc, gc := socketPair(t)
+	// Garbage from an "old session" in both directions, queued before the
+	// handshake starts, as a virtio-serial port keeps it. It is written
+	// before the handshake, not alongside it: bytes the host writes after
+	// its READY are its yamux stream, which no handshake can tell from
+	// garbage. The socket buffers both writes.
+	garbage := bytes.Repeat([]byte{0, 1, 2, 'B', 'E', '\n'}, 1000)
+	if _, err := hc.Write(append(garbage, "BERTH-READY bogus\n"...)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gc.Write(append(garbage, "BERTH-ACK 1 bogus\n"...)); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go a.ServeConn(ctx, gc)
-	// Garbage from an "old session" in both directions before the SYNC.
-	go hc.Write(append(bytes.Repeat([]byte{0, 1, 2, 'B', 'E', '\n'}, 1000), []byte("BERTH-READY bogus\n")...))
 	cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
 	defer ccancel()
 	c, err := guest.Connect(cctx, hc)

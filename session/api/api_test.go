@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -451,4 +452,47 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	}
 	h.client.Close()
 	check()
+}
+
+// TestRefusedStreamKeepsConnection: a refused exec or attach whose body
+// ends only after the refusal (as a client's body does when it is written
+// while the response comes back) leaves the connection serving the next
+// request. net/http with full duplex enabled closes such a body after the
+// handler, too late to stop the background read its end starts, and then
+// panics reading the next request (golang/go#68560): the client's next call
+// on that connection failed with EOF.
+func TestRefusedStreamKeepsConnection(t *testing.T) {
+	h := start(t, nil)
+	for _, path := range []string{"/v1/sessions/ghost/exec", "/v1/execs/ghost/attach"} {
+		t.Run(path, func(t *testing.T) {
+			conn, err := net.Dial("unix", h.socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			br := bufio.NewReader(conn)
+			first := `{"request":{"argv":["true"]}}` + "\n"
+			fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: berth\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", path, len(first), first)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusNotFound {
+				t.Fatalf("refused stream: status %d, want 404", resp.StatusCode)
+			}
+			io.WriteString(conn, "0\r\n\r\n") // the body ends after the refusal
+			io.WriteString(conn, "GET /v1/version HTTP/1.1\r\nHost: berth\r\n\r\n")
+			resp, err = http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("the next request on the connection: %v", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("the next request on the connection: status %d", resp.StatusCode)
+			}
+		})
+	}
 }

@@ -55,7 +55,7 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	defer closeDuplexBody(rc, r)
+	defer endBody(rc, r)
 	in := newFrameReader(r.Body)
 	var first inFrame
 	if err := in.next(&first); err != nil || first.Request == nil {
@@ -80,7 +80,7 @@ func (s *server) attach(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	defer closeDuplexBody(rc, r)
+	defer endBody(rc, r)
 	from, err := queryUint(r, "from")
 	if err != nil {
 		s.writeError(w, r, err)
@@ -102,15 +102,17 @@ func (s *server) attach(w http.ResponseWriter, r *http.Request) {
 	s.stream(ctx, cancel, w, rc, p, newFrameReader(r.Body), x.TTY)
 }
 
-// closeDuplexBody closes a full-duplex request's body before the handler
-// returns. Left to the server, a body that reaches its end only in the
-// server's own close starts a read of the connection nobody stops, and
-// the next request on it panics "invalid concurrent Body.Read call"
-// (golang/go#68560): seen after a refused exec. As the server does, it
-// flushes the answer first: a client ends its body once it has it. (A
-// stream whose client still holds its body open has set a past read
-// deadline; then Close returns at once.)
-func closeDuplexBody(rc *http.ResponseController, r *http.Request) {
+// endBody closes a full-duplex request's body before its handler returns.
+// Left to net/http, a body the handler did not read to its end is closed
+// after the handler, and when that close reaches the end it starts the
+// connection's background read where nothing stops it: the server then
+// panics reading the next request on the connection ("invalid concurrent
+// Body.Read call", golang/go#68560) and drops it, and the client's next
+// call fails with EOF. It happens whenever a stream is refused (or cut
+// short) and the client's body ends only after that. The response is
+// flushed first, as the server would: a client may end its body only once
+// it has the answer.
+func endBody(rc *http.ResponseController, r *http.Request) {
 	rc.Flush()
 	r.Body.Close()
 }

@@ -375,6 +375,36 @@ func DriverSuite(t *testing.T, d vmm.Driver) {
 		}
 	})
 
+	t.Run("reconnect after the host left a paused VM", func(t *testing.T) {
+		// A daemon that dies while its VM is paused (mid-sleep) leaves a
+		// channel that a new connection may find mute from the guest; the
+		// agent must still be reachable, quickly, every time.
+		for i := range 20 {
+			if _, err := c.Hello(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.VM.Pause(ctx); err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+			if err := b.VM.Resume(ctx); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			nc, err := guest.Dial(dctx, b.VM.DialAgent)
+			cancel()
+			if err != nil {
+				t.Fatalf("round %d: %v", i, err)
+			}
+			if d := time.Since(start); d > 500*time.Millisecond {
+				t.Logf("round %d: the agent answered after %s", i, d.Round(time.Millisecond))
+			}
+			c = nc
+			b.Agent = nc
+		}
+	})
+
 	t.Run("second writer refused", func(t *testing.T) {
 		cfg := b.Config
 		cfg.Dir = filepath.Join(dir, "vm-second")
