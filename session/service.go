@@ -312,10 +312,11 @@ type Files interface {
 	Remove(ctx context.Context, name, path string) error
 	Rename(ctx context.Context, name, from, to string) error
 	// CopyIn writes the tar stream r into directory dir (created if
-	// missing) and returns once every file is durable: each written to a
-	// temporary name, fsynced and renamed into place, each directory
-	// fsynced. Entries and symlinks must stay inside the tree; an
-	// interrupted copy leaves no partial file under a final name.
+	// missing) and returns once every file is durable: written under
+	// temporary names, synced (in batches, one filesystem sync each), and
+	// only then renamed into place; the renames synced too. Entries and
+	// symlinks must stay inside the tree; an interrupted copy leaves no
+	// partial file under a final name.
 	CopyIn(ctx context.Context, name, dir string, r io.Reader) (CopyResult, error)
 	// CopyOut streams the file or tree at path as a tar: a directory's
 	// entries relative to it, a file under its own name. Symlinks are sent

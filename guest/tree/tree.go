@@ -73,12 +73,57 @@ func parent(r string) string {
 	return d
 }
 
+// Options tune Unpack.
+type Options struct {
+	// Progress, if set, is called after each entry.
+	Progress func(Result)
+	// Sync, if set, makes the whole filesystem under root durable (syncfs).
+	// Files are then not synced one by one: a batch of files is written
+	// under temporary names, Sync makes them durable, and only then are
+	// they renamed into place; a last Sync makes the renames durable. Two
+	// syncs per batch instead of one per file, and still no file under a
+	// final name before its bytes are on the disk.
+	Sync func() error
+}
+
+// Batches of a syncing Unpack: renames wait for at most this much.
+const (
+	batchBytes = 64 << 20
+	batchFiles = 4096
+)
+
 // Unpack writes the tar stream r into directory dir of root (created if
-// missing). Progress, if set, is called with the bytes written so far.
-func Unpack(root *os.Root, dir string, r io.Reader, progress func(Result)) (Result, error) {
-	var res Result
+// missing).
+func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err error) {
+	progress := o.Progress
 	if err := root.MkdirAll(dir, 0o755); err != nil {
 		return res, err
+	}
+	// Files written but not yet renamed into place (syncing mode).
+	type pending struct{ tmp, name string }
+	var waiting []pending
+	var waitingBytes int64
+	defer func() {
+		for _, p := range waiting {
+			root.Remove(p.tmp) // an interrupted unpack leaves nothing behind
+		}
+	}()
+	settle := func() error {
+		if len(waiting) == 0 {
+			return nil
+		}
+		if err := o.Sync(); err != nil {
+			return fmt.Errorf("sync the copy: %w", err)
+		}
+		for len(waiting) > 0 {
+			p := waiting[0]
+			if err := root.Rename(p.tmp, p.name); err != nil {
+				return err
+			}
+			waiting = waiting[1:]
+		}
+		waitingBytes = 0
+		return nil
 	}
 	dirs := map[string]bool{parent(dir): true, dir: true}
 	type stamp struct {
@@ -131,8 +176,21 @@ func Unpack(root *os.Root, dir string, r io.Reader, progress func(Result)) (Resu
 			if err := root.MkdirAll(parent(target), 0o755); err != nil {
 				return res, err
 			}
-			if err := writeFile(root, target, suffix, tr, h.Size, mode, h.ModTime); err != nil {
-				return res, err
+			if o.Sync == nil {
+				if err := writeFile(root, target, suffix, tr, h.Size, mode, h.ModTime, true); err != nil {
+					return res, err
+				}
+			} else {
+				tmp := fmt.Sprintf("%s%s-%d", target, suffix, res.Entries)
+				if err := writeFile(root, tmp, "", tr, h.Size, mode, h.ModTime, false); err != nil {
+					return res, err
+				}
+				waiting = append(waiting, pending{tmp, target})
+				if waitingBytes += h.Size; waitingBytes >= batchBytes || len(waiting) >= batchFiles {
+					if err := settle(); err != nil {
+						return res, err
+					}
+				}
 			}
 			dirs[parent(target)] = true
 			res.Files++
@@ -161,6 +219,9 @@ func Unpack(root *os.Root, dir string, r io.Reader, progress func(Result)) (Resu
 			progress(res)
 		}
 	}
+	if err := settle(); err != nil {
+		return res, err
+	}
 	// Directories last, deepest first: their modes may forbid writing into
 	// them, and writing into them changed their mtimes.
 	sort.Slice(stamps, func(i, j int) bool { return len(stamps[i].name) > len(stamps[j].name) })
@@ -172,6 +233,10 @@ func Unpack(root *os.Root, dir string, r io.Reader, progress func(Result)) (Resu
 	for d := range dirs {
 		names = append(names, d)
 	}
+	if o.Sync != nil {
+		// The renames and the directories' modes, in one go.
+		return res, o.Sync()
+	}
 	sort.Strings(names)
 	for _, d := range names {
 		if err := syncDir(root, d); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -182,8 +247,10 @@ func Unpack(root *os.Root, dir string, r io.Reader, progress func(Result)) (Resu
 }
 
 // writeFile writes size bytes from r to name through a temporary file in
-// the same directory: fsynced, given its mode and mtime, renamed.
-func writeFile(root *os.Root, name, suffix string, r io.Reader, size int64, mode fs.FileMode, mtime time.Time) error {
+// the same directory: fsynced, given its mode and mtime, renamed. Without
+// durable, it writes name itself (a temporary name of the caller's) and
+// neither syncs nor renames.
+func writeFile(root *os.Root, name, suffix string, r io.Reader, size int64, mode fs.FileMode, mtime time.Time, durable bool) error {
 	if fi, err := root.Lstat(name); err == nil && fi.IsDir() {
 		return &fs.PathError{Op: "unpack", Path: name, Err: syscall.EISDIR}
 	}
@@ -205,8 +272,10 @@ func writeFile(root *os.Root, name, suffix string, r io.Reader, size int64, mode
 	if err := f.Chmod(mode); err != nil {
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		return err
+	if durable {
+		if err := f.Sync(); err != nil {
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
@@ -214,8 +283,10 @@ func writeFile(root *os.Root, name, suffix string, r io.Reader, size int64, mode
 	if err := root.Chtimes(tmp, mtime, mtime); err != nil {
 		return err
 	}
-	if err := root.Rename(tmp, name); err != nil {
-		return err
+	if durable {
+		if err := root.Rename(tmp, name); err != nil {
+			return err
+		}
 	}
 	ok = true
 	return nil
@@ -283,11 +354,13 @@ func Pack(root *os.Root, p string, w io.Writer, progress func(Result)) (Result, 
 			res.Symlinks++
 			return tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777, ModTime: fi.ModTime()})
 		case fi.IsDir():
+			// The tree's own directory has no entry: its contents land in
+			// the directory the copy goes to.
 			if rel != "." {
 				res.Dirs++
-			}
-			if err := tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeDir, Name: name, Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
-				return err
+				if err := tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeDir, Name: name, Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
+					return err
+				}
 			}
 			d, err := root.Open(full)
 			if err != nil {

@@ -27,9 +27,9 @@ A directory is copied whole, with modes, mtimes and the symlinks inside it; a sy
 points out of the tree being copied is refused, never followed. As with docker cp, copying
 into an existing directory puts SRC inside it; otherwise DST becomes the copy.
 
-The copy is durable when cp succeeds: every file is written to a temporary name, synced and
-renamed into place, and every directory synced. An interrupted copy leaves no partial file
-under a final name (files already copied stay). Progress goes to stderr for copies over 8 MB.`,
+The copy is durable when cp succeeds: files are written under temporary names, synced (in
+batches, with one filesystem sync each), and only then renamed into place. An interrupted copy leaves no partial file
+under a final name. Progress goes to stderr for copies over 8 MB.`,
 		Example: "berth cp ./src demo:src\nberth cp demo:out ./results\ntar c src | berth cp - demo:.",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			return func(ctx context.Context, c *Call, args []string) error {
@@ -224,7 +224,7 @@ func (c *Call) copyOut(ctx context.Context, svc session.Service, name, src, loca
 			return err
 		}
 		defer root.Close()
-		res, err := tree.Unpack(root, ".", p.reader(rc), nil)
+		res, err := tree.Unpack(root, ".", p.reader(rc), tree.Options{})
 		p.stop(err == nil)
 		if err != nil {
 			return fmt.Errorf("cp %s:%s: %w", name, src, err)
@@ -248,7 +248,7 @@ func (c *Call) copyOut(ctx context.Context, svc session.Service, name, src, loca
 		return err
 	}
 	defer root.Close()
-	res, err := tree.Unpack(root, ".", p.reader(rc), nil)
+	res, err := tree.Unpack(root, ".", p.reader(rc), tree.Options{})
 	p.stop(err == nil)
 	if err != nil {
 		return fmt.Errorf("cp %s:%s: %w", name, src, err)
