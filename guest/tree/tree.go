@@ -13,6 +13,7 @@ package tree
 
 import (
 	"archive/tar"
+	"bufio"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -25,6 +26,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Result reports a copy.
@@ -92,20 +95,57 @@ const (
 	batchFiles = 4096
 )
 
+// dirRoots keeps the directories an unpack writes into open, so each
+// file costs one openat of its own name instead of a walk of its path.
+type dirRoots struct {
+	root  *os.Root
+	open  map[string]*os.Root
+	order []string
+}
+
+func (d *dirRoots) get(dir string) (*os.Root, error) {
+	if r, ok := d.open[dir]; ok {
+		return r, nil
+	}
+	if err := d.root.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	r, err := d.root.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	if len(d.order) >= 16 {
+		old := d.order[0]
+		d.order = d.order[1:]
+		d.open[old].Close()
+		delete(d.open, old)
+	}
+	d.open[dir] = r
+	d.order = append(d.order, dir)
+	return r, nil
+}
+
+func (d *dirRoots) close() {
+	for _, r := range d.open {
+		r.Close()
+	}
+}
+
 // Unpack writes the tar stream r into directory dir of root (created if
 // missing).
 func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err error) {
-	progress := o.Progress
 	if err := root.MkdirAll(dir, 0o755); err != nil {
 		return res, err
 	}
+	dr := &dirRoots{root: root, open: map[string]*os.Root{}}
+	defer dr.close()
 	// Files written but not yet renamed into place (syncing mode).
-	type pending struct{ tmp, name string }
+	type pending struct{ dir, tmp, name string }
 	var waiting []pending
 	var waitingBytes int64
 	defer func() {
 		for _, p := range waiting {
-			root.Remove(p.tmp) // an interrupted unpack leaves nothing behind
+			root.Remove(path.Join(p.dir, p.tmp)) // an interrupted unpack leaves nothing behind
 		}
 	}()
 	settle := func() error {
@@ -117,7 +157,11 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 		}
 		for len(waiting) > 0 {
 			p := waiting[0]
-			if err := root.Rename(p.tmp, p.name); err != nil {
+			d, err := dr.get(p.dir)
+			if err != nil {
+				return err
+			}
+			if err := d.Rename(p.tmp, p.name); err != nil {
 				return err
 			}
 			waiting = waiting[1:]
@@ -135,7 +179,8 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 	var rnd [6]byte
 	rand.Read(rnd[:])
 	suffix := ".berth-" + hex.EncodeToString(rnd[:])
-	tr := tar.NewReader(r)
+	buf := make([]byte, 256<<10)
+	tr := tar.NewReader(bufio.NewReaderSize(r, 1<<20))
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
@@ -165,7 +210,7 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 		switch h.Typeflag {
 		case tar.TypeDir:
 			if rel != "." {
-				if err := root.MkdirAll(target, 0o755); err != nil {
+				if _, err := dr.get(target); err != nil {
 					return res, err
 				}
 				res.Dirs++
@@ -173,50 +218,54 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 			dirs[target], dirs[parent(target)] = true, true
 			stamps = append(stamps, stamp{target, mode, h.ModTime})
 		case tar.TypeReg:
-			if err := root.MkdirAll(parent(target), 0o755); err != nil {
+			pdir, base := parent(target), path.Base(target)
+			d, err := dr.get(pdir)
+			if err != nil {
 				return res, err
 			}
 			if o.Sync == nil {
-				if err := writeFile(root, target, suffix, tr, h.Size, mode, h.ModTime, true); err != nil {
-					return res, err
+				if err := writeFile(d, base, base+suffix, tr, buf, h.Size, mode, h.ModTime, true); err != nil {
+					return res, fmt.Errorf("unpack %s: %w", rel, err)
 				}
 			} else {
-				tmp := fmt.Sprintf("%s%s-%d", target, suffix, res.Entries)
-				if err := writeFile(root, tmp, "", tr, h.Size, mode, h.ModTime, false); err != nil {
-					return res, err
+				tmp := fmt.Sprintf("%s%s-%d", base, suffix, res.Entries)
+				if err := writeFile(d, base, tmp, tr, buf, h.Size, mode, h.ModTime, false); err != nil {
+					return res, fmt.Errorf("unpack %s: %w", rel, err)
 				}
-				waiting = append(waiting, pending{tmp, target})
+				waiting = append(waiting, pending{pdir, tmp, base})
 				if waitingBytes += h.Size; waitingBytes >= batchBytes || len(waiting) >= batchFiles {
 					if err := settle(); err != nil {
 						return res, err
 					}
 				}
 			}
-			dirs[parent(target)] = true
+			dirs[pdir] = true
 			res.Files++
 			res.Bytes += h.Size
 		case tar.TypeSymlink:
 			if !LinkInside(rel, h.Linkname) {
 				return res, fmt.Errorf("refusing symlink %s → %s: it points out of the tree being copied: %w", rel, h.Linkname, ErrEscape)
 			}
-			if err := root.MkdirAll(parent(target), 0o755); err != nil {
+			pdir, base := parent(target), path.Base(target)
+			d, err := dr.get(pdir)
+			if err != nil {
 				return res, err
 			}
-			tmp := target + suffix
-			if err := root.Symlink(h.Linkname, tmp); err != nil {
+			tmp := base + suffix
+			if err := d.Symlink(h.Linkname, tmp); err != nil {
 				return res, err
 			}
-			if err := root.Rename(tmp, target); err != nil {
-				root.Remove(tmp)
+			if err := d.Rename(tmp, base); err != nil {
+				d.Remove(tmp)
 				return res, err
 			}
-			dirs[parent(target)] = true
+			dirs[pdir] = true
 			res.Symlinks++
 		default:
 			return res, fmt.Errorf("unpack %s: only files, directories and symlinks are copied (tar type %q): %w", rel, h.Typeflag, syscall.EINVAL)
 		}
-		if progress != nil {
-			progress(res)
+		if o.Progress != nil {
+			o.Progress(res)
 		}
 	}
 	if err := settle(); err != nil {
@@ -229,13 +278,13 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 		root.Chmod(d.name, d.mode)
 		root.Chtimes(d.name, d.mtime, d.mtime)
 	}
-	names := make([]string, 0, len(dirs))
-	for d := range dirs {
-		names = append(names, d)
-	}
 	if o.Sync != nil {
 		// The renames and the directories' modes, in one go.
 		return res, o.Sync()
+	}
+	names := make([]string, 0, len(dirs))
+	for d := range dirs {
+		names = append(names, d)
 	}
 	sort.Strings(names)
 	for _, d := range names {
@@ -246,16 +295,14 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 	return res, nil
 }
 
-// writeFile writes size bytes from r to name through a temporary file in
-// the same directory: fsynced, given its mode and mtime, renamed. Without
-// durable, it writes name itself (a temporary name of the caller's) and
-// neither syncs nor renames.
-func writeFile(root *os.Root, name, suffix string, r io.Reader, size int64, mode fs.FileMode, mtime time.Time, durable bool) error {
-	if fi, err := root.Lstat(name); err == nil && fi.IsDir() {
+// writeFile writes size bytes from r into tmp in directory d, gives it its
+// mode and mtime, and, when durable, syncs it and renames it to name.
+// Otherwise the caller renames it once a batch is synced.
+func writeFile(d *os.Root, name, tmp string, r io.Reader, buf []byte, size int64, mode fs.FileMode, mtime time.Time, durable bool) error {
+	if fi, err := d.Lstat(name); err == nil && fi.IsDir() {
 		return &fs.PathError{Op: "unpack", Path: name, Err: syscall.EISDIR}
 	}
-	tmp := name + suffix
-	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := d.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
@@ -263,13 +310,22 @@ func writeFile(root *os.Root, name, suffix string, r io.Reader, size int64, mode
 	defer func() {
 		if !ok {
 			f.Close()
-			root.Remove(tmp)
+			d.Remove(tmp)
 		}
 	}()
-	if _, err := io.CopyN(f, r, size); err != nil {
-		return fmt.Errorf("unpack %s: %w", name, err)
+	// A plain writer: *os.File's ReadFrom would copy through its own
+	// 32 KiB buffer, a write per 32 KiB.
+	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, io.LimitReader(r, size), buf); err != nil {
+		return err
+	}
+	if fi, err := f.Stat(); err != nil || fi.Size() != size {
+		return fmt.Errorf("short archive entry: %w", io.ErrUnexpectedEOF)
 	}
 	if err := f.Chmod(mode); err != nil {
+		return err
+	}
+	ts := []unix.Timeval{unix.NsecToTimeval(mtime.UnixNano()), unix.NsecToTimeval(mtime.UnixNano())}
+	if err := unix.Futimes(int(f.Fd()), ts); err != nil {
 		return err
 	}
 	if durable {
@@ -280,11 +336,8 @@ func writeFile(root *os.Root, name, suffix string, r io.Reader, size int64, mode
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := root.Chtimes(tmp, mtime, mtime); err != nil {
-		return err
-	}
 	if durable {
-		if err := root.Rename(tmp, name); err != nil {
+		if err := d.Rename(tmp, name); err != nil {
 			return err
 		}
 	}
@@ -310,7 +363,7 @@ func Pack(root *os.Root, p string, w io.Writer, progress func(Result)) (Result, 
 	if err != nil {
 		return res, err
 	}
-	tw := tar.NewWriter(w)
+	var tw *tar.Writer
 	mode := func(fi fs.FileInfo) int64 {
 		m := int64(fi.Mode().Perm())
 		if fi.Mode()&fs.ModeSetuid != 0 {
@@ -324,18 +377,24 @@ func Pack(root *os.Root, p string, w io.Writer, progress func(Result)) (Result, 
 		}
 		return m
 	}
-	var walk func(rel string, fi fs.FileInfo) error
-	walk = func(rel string, fi fs.FileInfo) error {
+	// Each directory is opened once, and its entries relative to it, so a
+	// file costs an openat of its own name rather than a walk of its path.
+	bw := bufio.NewWriterSize(w, 1<<20)
+	tw = tar.NewWriter(bw)
+	buf := make([]byte, 256<<10)
+	// walk packs entry name of directory d (rel is its path in the tree).
+	var walk func(d *os.Root, name, rel string, fi fs.FileInfo) error
+	walk = func(d *os.Root, name, rel string, fi fs.FileInfo) error {
 		if res.Entries++; res.Entries > MaxEntries {
 			return fmt.Errorf("pack %s: more than %d entries", p, MaxEntries)
 		}
 		full := path.Join(p, rel)
-		name := rel
+		entry := rel
 		switch {
 		case rel == "." && !fi.IsDir():
-			name = path.Base(p) // one file: the archive holds it by its name
-		case fi.IsDir() && name != ".":
-			name += "/"
+			entry = path.Base(p) // one file: the archive holds it by its name
+		case fi.IsDir() && entry != ".":
+			entry += "/"
 		}
 		defer func() {
 			if progress != nil {
@@ -344,7 +403,7 @@ func Pack(root *os.Root, p string, w io.Writer, progress func(Result)) (Result, 
 		}()
 		switch {
 		case fi.Mode()&fs.ModeSymlink != 0:
-			target, err := root.Readlink(full)
+			target, err := d.Readlink(name)
 			if err != nil {
 				return err
 			}
@@ -352,22 +411,27 @@ func Pack(root *os.Root, p string, w io.Writer, progress func(Result)) (Result, 
 				return fmt.Errorf("refusing symlink %s → %s: it points out of the tree being copied: %w", full, target, ErrEscape)
 			}
 			res.Symlinks++
-			return tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777, ModTime: fi.ModTime()})
+			return tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeSymlink, Name: entry, Linkname: target, Mode: 0o777, ModTime: fi.ModTime()})
 		case fi.IsDir():
 			// The tree's own directory has no entry: its contents land in
 			// the directory the copy goes to.
 			if rel != "." {
 				res.Dirs++
-				if err := tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeDir, Name: name, Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
+				if err := tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeDir, Name: entry, Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
 					return err
 				}
 			}
-			d, err := root.Open(full)
+			sub, err := d.OpenRoot(name)
 			if err != nil {
 				return err
 			}
-			ents, err := d.ReadDir(-1)
-			d.Close()
+			defer sub.Close()
+			dir, err := sub.Open(".")
+			if err != nil {
+				return err
+			}
+			ents, err := dir.ReadDir(-1)
+			dir.Close()
 			if err != nil {
 				return err
 			}
@@ -377,22 +441,22 @@ func Pack(root *os.Root, p string, w io.Writer, progress func(Result)) (Result, 
 				if err != nil {
 					continue // removed meanwhile
 				}
-				if err := walk(path.Join(rel, e.Name()), efi); err != nil {
+				if err := walk(sub, e.Name(), path.Join(rel, e.Name()), efi); err != nil {
 					return err
 				}
 			}
 			return nil
 		case fi.Mode().IsRegular():
-			f, err := root.Open(full)
+			f, err := d.Open(name)
 			if err != nil {
 				return err
 			}
 			defer f.Close()
-			if err := tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeReg, Name: name, Size: fi.Size(), Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
+			if err := tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeReg, Name: entry, Size: fi.Size(), Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
 				return err
 			}
-			if _, err := io.CopyN(tw, f, fi.Size()); err != nil {
-				return fmt.Errorf("pack %s: %w (changed while copying?)", full, err)
+			if n, err := io.CopyBuffer(tw, io.LimitReader(f, fi.Size()), buf); err != nil || n != fi.Size() {
+				return fmt.Errorf("pack %s: %v (changed while copying?)", full, orShort(err))
 			}
 			res.Files++
 			res.Bytes += fi.Size()
@@ -401,8 +465,27 @@ func Pack(root *os.Root, p string, w io.Writer, progress func(Result)) (Result, 
 		res.Skipped++
 		return nil
 	}
-	if err := walk(".", fi); err != nil {
+	dir, name := parent(p), path.Base(p)
+	if p == "." {
+		dir, name = ".", "."
+	}
+	top, err := root.OpenRoot(dir)
+	if err != nil {
 		return res, err
 	}
-	return res, tw.Close()
+	defer top.Close()
+	if err := walk(top, name, ".", fi); err != nil {
+		return res, err
+	}
+	if err := tw.Close(); err != nil {
+		return res, err
+	}
+	return res, bw.Flush()
+}
+
+func orShort(err error) error {
+	if err == nil {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
