@@ -455,8 +455,12 @@ func Pack(root *os.Root, p string, w io.Writer, progress func(Result)) (Result, 
 			if err := tw.WriteHeader(&tar.Header{Format: tar.FormatPAX, Typeflag: tar.TypeReg, Name: entry, Size: fi.Size(), Mode: mode(fi), ModTime: fi.ModTime()}); err != nil {
 				return err
 			}
-			if n, err := io.CopyBuffer(tw, io.LimitReader(f, fi.Size()), buf); err != nil || n != fi.Size() {
-				return fmt.Errorf("pack %s: %v (changed while copying?)", full, orShort(err))
+			n, err := io.CopyBuffer(tw, io.LimitReader(f, fi.Size()), buf)
+			if err != nil {
+				return fmt.Errorf("pack %s: %w", full, err)
+			}
+			if n != fi.Size() {
+				return fmt.Errorf("pack %s: it shrank from %d to %d bytes while being copied", full, fi.Size(), n)
 			}
 			res.Files++
 			res.Bytes += fi.Size()
@@ -481,11 +485,4 @@ func Pack(root *os.Root, p string, w io.Writer, progress func(Result)) (Result, 
 		return res, err
 	}
 	return res, bw.Flush()
-}
-
-func orShort(err error) error {
-	if err == nil {
-		return io.ErrUnexpectedEOF
-	}
-	return err
 }
