@@ -154,6 +154,9 @@ func (s *Store) DeleteSession(name string) error {
 	s.sessMu.RLock()
 	_, found := s.sessions[name]
 	s.sessMu.RUnlock()
+	if err := s.space.room(0); err != nil {
+		return fmt.Errorf("delete session %q: %w", name, err)
+	}
 	var execIDs []string
 	wb := s.db.NewWriteBatch()
 	defer wb.Cancel()
@@ -185,6 +188,14 @@ func (s *Store) DeleteSession(name string) error {
 		err = wb.Flush()
 	}
 	if err == nil {
+		// The output's index is gone: free its segments. A segment left by
+		// a failure here is removed at the next Open.
+		for _, id := range execIDs {
+			s.execSession.Delete(id)
+			if err := s.seg.remove(id); err != nil {
+				s.log.Warn("remove output segment", "exec", id, "err", err)
+			}
+		}
 		err = s.update(func(txn *badger.Txn) error {
 			return txn.Delete(sessionKey(name))
 		})
@@ -198,9 +209,6 @@ func (s *Store) DeleteSession(name string) error {
 	s.sessMu.Lock()
 	delete(s.sessions, name)
 	s.sessMu.Unlock()
-	for _, id := range execIDs {
-		s.execSession.Delete(id)
-	}
 	if !found {
 		return fmt.Errorf("session %q: %w", name, ErrNotFound)
 	}
