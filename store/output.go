@@ -97,8 +97,9 @@ func putUse(txn *badger.Txn, session string, n int64) error {
 // first; their index records, byte counts, offsets and NextSeq are then
 // committed in one transaction, so after a crash the stored output and the
 // offsets to resume from agree. Offsets may not go backwards. If the
-// session's output then exceeds its retention, its oldest chunks are
-// trimmed before AppendOutput returns. It returns the updated exec.
+// session's output then exceeds its retention, or all sessions' output
+// the budget (SetOutputBudget), the oldest is trimmed before AppendOutput
+// returns. It returns the updated exec.
 //
 // An error means nothing of the call was stored, so the caller may retry
 // it as it was. When the disk is too full (see Store) the error wraps
@@ -144,6 +145,20 @@ func (s *Store) AppendOutput(execID string, chunks []Chunk, stdoutOffset, stderr
 		if err != nil {
 			return Exec{}, fmt.Errorf("append output to exec %q: %w", execID, err)
 		}
+		// The output is stored: from here on, failing would make the caller
+		// store it twice. Trimming that fails is retried by the next append.
+		trimmed, err := s.enforceBudget(execID)
+		if err != nil {
+			s.log.Warn("trim output for the budget", "exec", execID, "err", err)
+		}
+		if trimmed {
+			if err := s.db.View(func(txn *badger.Txn) error {
+				e, _, err = loadExec(txn, execID)
+				return err
+			}); err != nil {
+				s.log.Warn("reload exec after trimming", "exec", execID, "err", err)
+			}
+		}
 		return e, nil
 	}
 }
@@ -163,7 +178,8 @@ func (s *Store) appendLocked(session, execID string, chunks []Chunk, outBytes, e
 	var e Exec
 	var st *outState
 	var t *trimmer
-	var more bool
+	var delta int64
+	var more, indexed bool
 	err := s.updateNeed(data, func(txn *badger.Txn) error {
 		var err error
 		e, st, err = loadExec(txn, execID)
@@ -203,9 +219,11 @@ func (s *Store) appendLocked(session, execID string, chunks []Chunk, outBytes, e
 		st.StdoutBytes += outBytes
 		st.StderrBytes += errBytes
 		st.StdoutOffset, st.StderrOffset = stdoutOffset, stderrOffset
+		indexed = false
 		if len(chunks) > 0 && !st.Indexed {
 			st.Order = orderOf(e.StartedAt)
 			st.Indexed = true
+			indexed = true
 			if err := txn.Set(outOrderKey(session, st.Order, execID), nil); err != nil {
 				return err
 			}
@@ -214,6 +232,7 @@ func (s *Store) appendLocked(session, execID string, chunks []Chunk, outBytes, e
 		if err != nil {
 			return err
 		}
+		was := use
 		use += data
 		t = newTrimmer(txn, session)
 		t.states[execID] = st
@@ -226,18 +245,21 @@ func (s *Store) appendLocked(session, execID string, chunks []Chunk, outBytes, e
 		if err := putUse(txn, session, use); err != nil {
 			return err
 		}
+		delta = use - was
 		st.applyTo(&e)
 		return nil
 	})
 	if err != nil {
 		return Exec{}, err
 	}
+	s.budget.total.Add(delta)
+	if indexed {
+		s.budget.add(execID, orderEntry{session: session, order: st.Order, finished: finished(e.State)})
+	}
 	s.afterTrim(t)
 	if !more {
 		return e, nil
 	}
-	// The output is stored: from here on, failing would make the caller
-	// store it twice. Trimming that fails is retried by the next append.
 	if err := s.trimLocked(session, limit); err != nil {
 		s.log.Warn("trim output", "session", session, "err", err)
 	}
@@ -261,6 +283,7 @@ func (s *Store) afterTrim(t *trimmer) {
 	emptied := make(map[string]bool, len(t.emptied))
 	for _, id := range t.emptied {
 		emptied[id] = true
+		s.budget.remove(id)
 		if err := s.seg.remove(id); err != nil {
 			s.log.Warn("remove output segment", "exec", id, "err", err)
 		}
@@ -297,13 +320,15 @@ func (s *Store) trimLocked(session string, limit int64) error {
 	for {
 		var more bool
 		var t *trimmer
+		var delta int64
 		err := s.update(func(txn *badger.Txn) error {
-			t = nil
+			t, delta = nil, 0
 			use, err := getUse(txn, session)
 			if err != nil || use <= limit {
 				more = false
 				return err
 			}
+			was := use
 			t = newTrimmer(txn, session)
 			if more, err = t.trim(&use, limit); err != nil {
 				return err
@@ -311,11 +336,13 @@ func (s *Store) trimLocked(session string, limit int64) error {
 			if err := t.flush(); err != nil {
 				return err
 			}
+			delta = use - was
 			return putUse(txn, session, use)
 		})
 		if err != nil {
 			return fmt.Errorf("trim output of session %q: %w", session, err)
 		}
+		s.budget.total.Add(delta)
 		s.afterTrim(t)
 		if !more {
 			return nil

@@ -330,18 +330,34 @@ func syncDir(dir string) error {
 	return nil
 }
 
-// loadOutput, at Open, reconciles the segments with the index. A crash
-// between a segment write and its commit leaves an orphan tail, one
-// between a trim's commit and its hole punch (or file removal) space that
-// nothing indexes; both are freed here. A segment shorter than its index
-// (an OS crash lost unsynced output) is extended, so its lost bytes read
-// back as zeros instead of failing every replay.
+// loadOutput, at Open, recomputes the output total and the budget's index
+// from the outuse and outorder keys, and reconciles the segments with the
+// index. A crash between a segment write and its commit leaves an orphan
+// tail, one between a trim's commit and its hole punch (or file removal)
+// space that nothing indexes; both are freed here. A segment shorter than
+// its index (an OS crash lost unsynced output) is extended, so its lost
+// bytes read back as zeros instead of failing every replay.
 func (s *Store) loadOutput() error {
 	type seg struct{ end, first int64 }
 	segs := make(map[string]seg)
 	err := s.db.View(func(txn *badger.Txn) error {
-		p := prefix("outorder")
+		p := prefix("outuse")
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: p})
+		var total int64
+		for it.Rewind(); it.Valid(); it.Next() {
+			session := string(it.Item().Key()[len(p):])
+			n, err := getUse(txn, session)
+			if err != nil {
+				it.Close()
+				return err
+			}
+			total += n
+		}
+		it.Close()
+		s.budget.total.Store(total)
+
+		p = prefix("outorder")
+		it = txn.NewIterator(badger.IteratorOptions{Prefix: p})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			rest := it.Item().Key()[len(p):]
@@ -349,7 +365,14 @@ func (s *Store) loadOutput() error {
 			if i < 0 || len(rest) < i+10 {
 				return fmt.Errorf("output order key %q: malformed", it.Item().Key())
 			}
-			id := string(rest[i+10:])
+			session, order, id := string(rest[:i]), binary.BigEndian.Uint64(rest[i+1:i+9]), string(rest[i+10:])
+			var rec Exec
+			if err := getJSON(txn, execKey(id), &rec); errors.Is(err, badger.ErrKeyNotFound) {
+				continue
+			} else if err != nil {
+				return fmt.Errorf("exec %q: %w", id, err)
+			}
+			s.budget.add(id, orderEntry{session: session, order: order, finished: finished(rec.State)})
 			st, err := getOutState(txn, id)
 			if err != nil {
 				return err

@@ -135,6 +135,9 @@ func TestOldFormatOutput(t *testing.T) {
 		t.Errorf("open rewrote an inline chunk: %d bytes", len(raw))
 	}
 	m.check(t, "s", 1000000)
+	if n := s.OutputTotal(); n != 2*(17+30+70<<10+1+100+5000) {
+		t.Errorf("OutputTotal() = %d after open", n)
+	}
 
 	// New output goes to segments, after the inline chunks.
 	m.append(t, rng, "old", 300, 0, 4000)
@@ -347,6 +350,9 @@ func TestDeleteSessionRemovesSegments(t *testing.T) {
 		if _, err := os.Stat(s.seg.path(fmt.Sprintf("kept-%d", i))); err != nil {
 			t.Errorf("segment kept-%d: %v", i, err)
 		}
+	}
+	if n := s.OutputTotal(); n != 3*3000 {
+		t.Errorf("OutputTotal() = %d after deleting a session, want %d", n, 3*3000)
 	}
 	m.check(t, "kept", DefaultRetention)
 }

@@ -158,9 +158,14 @@ func (s *Store) DeleteSession(name string) error {
 		return fmt.Errorf("delete session %q: %w", name, err)
 	}
 	var execIDs []string
+	var use int64
 	wb := s.db.NewWriteBatch()
 	defer wb.Cancel()
 	err := s.db.View(func(txn *badger.Txn) error {
+		var err error
+		if use, err = getUse(txn, name); err != nil {
+			return err
+		}
 		execIDs = keySuffixes(txn, sessionExecPrefix(name))
 		for _, id := range execIDs {
 			// Chunks before the exec record: a crash mid-way must not leave
@@ -190,8 +195,10 @@ func (s *Store) DeleteSession(name string) error {
 	if err == nil {
 		// The output's index is gone: free its segments. A segment left by
 		// a failure here is removed at the next Open.
+		s.budget.total.Add(-use)
 		for _, id := range execIDs {
 			s.execSession.Delete(id)
+			s.budget.remove(id)
 			if err := s.seg.remove(id); err != nil {
 				s.log.Warn("remove output segment", "exec", id, "err", err)
 			}

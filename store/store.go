@@ -87,8 +87,9 @@ type Store struct {
 	lockFD *os.File
 	dir    string
 
-	space *space
-	seg   *segments
+	space  *space
+	seg    *segments
+	budget *budget
 
 	// closeMu is held shared by every operation and exclusively by Close,
 	// because badger panics (not errors) when iterating a closed DB.
@@ -156,6 +157,7 @@ func Open(dir string, logger *slog.Logger, opts ...Option) (_ *Store, err error)
 		dir:    dir,
 		space:  sp,
 		seg:    newSegments(filepath.Join(dir, "output")),
+		budget: newBudget(),
 		seed:   maphash.MakeSeed(),
 	}
 	// Allocate badger's files now; if the disk is too full, writes are
