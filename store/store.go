@@ -63,24 +63,28 @@ const DefaultRetention int64 = 256 << 20
 // syscall.ENOSPC, as does a segment write that hits a full disk. Reads
 // keep working.
 //
-// Half the reserve, 32 MiB by default, covers what badger allocates by
-// itself, with its options (badgerOptions): a memtable flush writes one
-// table of at most its 24 MiB memtable (in practice about half of it, as
-// the skiplist's nodes are not written), an L0 compaction about that plus
-// the overlapping base level (10 MiB), and a rotation writes one batch
-// (at most 3.6 MB) into a new .mem or .vlog before the next write
-// allocates it (48 MiB and 16 MiB, which must themselves fit above the
-// floor, or writes are refused until a flush frees the old .mem). The
-// store preallocates about 65 MiB of badger files in all.
+// Half the reserve, 32 MiB by default, exceeds the most badger allocates
+// at once by itself with badgerOptions: flushing a full memtable writes
+// one table of at most 24 MiB (about half that in practice, since the
+// skiplist's nodes are not written), and the L0 compaction after it about
+// that plus the overlapping base level (10 MiB), ~22 MiB. A memtable holds
+// tens of thousands of appends, so flushes are minutes apart at full
+// ingest and do not overlap. A rotation writes one batch (at most 3.6 MB)
+// into a new .mem or .vlog before the next write allocates it (48 MiB and
+// 16 MiB, which must themselves fit above the floor, or writes are
+// refused until the old .mem's flush frees it). The store preallocates
+// about 65 MiB of badger files in all.
 //
 // Residual risk: the reserve only holds against the store's own writes.
 // If another process fills the filesystem while badger flushes or
 // compacts in the background (tables are written through fresh maps, as
-// are the first bytes of a new .mem or .vlog), or while ext4 converts a
-// preallocated extent, the fault still kills the daemon; so does a
-// filesystem that cannot fallocate (logged at the first check). Open
-// refuses to start badger below a quarter of the reserve, since opening
-// writes headers through maps and flushes replayed memtables.
+// are the first bytes of a new .mem or .vlog, and a value-log file that a
+// batch overflows grows in place until the next check, at most 100 ms
+// later), or while ext4 converts a preallocated extent, the fault still
+// kills the daemon; so does a filesystem that cannot fallocate (logged at
+// the first check). Open refuses to start badger below a quarter of the
+// reserve, since opening writes headers through maps and flushes
+// replayed memtables.
 type Store struct {
 	db     *badger.DB
 	log    *slog.Logger
@@ -196,12 +200,12 @@ func badgerOptions(dir string, logger *slog.Logger) badger.Options {
 		WithValueThreshold(64).
 		// A transaction may hold 15% of a memtable: 3.6 MB or ~39k entries;
 		// the migration's limit is what keeps the memtable this large. Each
-		// .mem file is mapped at twice this, 48 MiB, all preallocated. A
-		// memtable of segment records fills after ~100,000 chunks. Trimmed
-		// inline output becomes reclaimable only once compaction has seen
-		// the deletes, so L0 is compacted after every flush rather than
-		// after five. One memtable waits for flush at most, which bounds the
-		// .mem files to three.
+		// .mem file is mapped at twice this, 48 MiB, all preallocated. It
+		// fills after tens of thousands of appends. Trimmed inline output
+		// becomes reclaimable only once compaction has seen the deletes, so
+		// L0 is compacted after every flush rather than after five. One
+		// memtable waits for flush at most, which bounds the .mem files to
+		// three.
 		WithMemTableSize(24 << 20).
 		WithNumMemtables(1).
 		WithNumLevelZeroTables(1).
