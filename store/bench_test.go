@@ -14,7 +14,8 @@ import (
 // BenchmarkAppendOutput measures output ingest of 64 KiB chunks: one
 // stream sending one or 16 chunks a call, and four streams (execs) at once.
 // Past 256 MiB of a session's output every append also trims, as in a long
-// running command. BenchmarkBadgerSet is the limit to compare against.
+// running command. BenchmarkBadgerSet is what storing the data in badger
+// itself, as before segments, could reach.
 func BenchmarkAppendOutput(b *testing.B) {
 	data := make([]byte, 64<<10)
 	rng := rand.New(rand.NewPCG(1, 1))
@@ -60,7 +61,7 @@ func BenchmarkAppendOutput(b *testing.B) {
 }
 
 // BenchmarkBadgerSet is what badger itself sustains with the store's
-// options: one 64 KiB value a transaction, nothing else.
+// options: one 64 KiB value a transaction (in the value log), nothing else.
 func BenchmarkBadgerSet(b *testing.B) {
 	db, err := badger.Open(badgerOptions(b.TempDir(), testLogger(b)))
 	if err != nil {

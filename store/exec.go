@@ -50,6 +50,7 @@ func (s *Store) PutExec(e Exec) error {
 		return fmt.Errorf("put exec %q: %w", e.ID, err)
 	}
 	s.execSession.Store(e.ID, e.Session)
+	s.budget.setFinished(e.ID, finished(e.State))
 	return nil
 }
 

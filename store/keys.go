@@ -9,7 +9,7 @@ import "encoding/binary"
 //	session/<name>                        Session, JSON
 //	exec/<id>                             Exec (caller-owned fields), JSON
 //	sexec/<session>/<id>                  empty; lists a session's execs
-//	out/<exec>/<seq:8>                    chunk: stream, time, data (see output.go)
+//	out/<exec>/<seq:8>                    chunk: segment range, or inline data (see segment.go)
 //	outstate/<exec>                       output progress of one exec, JSON
 //	outuse/<session>                      bytes of output stored, 8-byte BE
 //	outorder/<session>/<started:8>/<exec> execs with stored output, oldest first
@@ -17,7 +17,8 @@ import "encoding/binary"
 //	event/<session>/<seq:8>               Event, JSON
 //
 // Numbers are 8-byte big endian so that byte order is numeric order and a
-// prefix scan replays in sequence.
+// prefix scan replays in sequence. Output data itself is not in badger but
+// in output/<exec>.seg beside it.
 
 const (
 	ownerSession = "session"

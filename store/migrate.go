@@ -21,7 +21,7 @@ type migration func(txn *badger.Txn) error
 var migrations = map[string][]migration{
 	ownerSession: {sessionV1ToV2},
 	ownerExec:    {execV1ToV2},
-	ownerOut:     nil,
+	ownerOut:     {outV1ToV2},
 	ownerEvent:   nil,
 }
 
@@ -69,6 +69,10 @@ func (s *Store) migrate() error {
 			from, know := have[owner], knownVersion(owner)
 			if from == know {
 				continue
+			}
+			// Only now does the transaction write anything.
+			if err := s.space.room(0); err != nil {
+				return err
 			}
 			if from == 0 {
 				from = know
@@ -119,6 +123,13 @@ func readSchema(txn *badger.Txn, owner string) (int, error) {
 	})
 	return v, err
 }
+
+// outV1ToV2: v2 stores output data in segment files, so a chunk value
+// may be a segment record (see segment.go); inline v1 values stay as they
+// are and are read, trimmed and deleted as before. Nothing is rewritten:
+// the version is there so that an older berth, which would take segment
+// records for data, refuses the store instead.
+func outV1ToV2(*badger.Txn) error { return nil }
 
 // execV1ToV2: v1 exec records kept the whole environment ("env":
 // ["NAME=value", ...]), which put secrets on disk, and did not record who

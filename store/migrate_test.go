@@ -89,7 +89,7 @@ func TestMigrateFromV1(t *testing.T) {
 	if raw := readRaw(t, s, "exec/e1"); strings.Contains(raw, "hunter2") || strings.Contains(raw, `"env"`) {
 		t.Errorf("migrated record still holds environment values: %s", raw)
 	}
-	for owner, want := range map[string]string{"session": "2", "exec": "2", "out": "1", "event": "1"} {
+	for owner, want := range map[string]string{"session": "2", "exec": "2", "out": "2", "event": "1"} {
 		if got := readRaw(t, s, "meta/"+owner+"/schema"); got != want {
 			t.Errorf("schema of %s = %q, want %q", owner, got, want)
 		}
@@ -235,7 +235,7 @@ func TestNewerSchemaRefused(t *testing.T) {
 	}{
 		{"exec", "3", SchemaError{"exec", 3, 2}, "store schema for exec is v3, this berth knows v2: upgrade berth"},
 		{"session", "3", SchemaError{"session", 3, 2}, "store schema for session is v3, this berth knows v2: upgrade berth"},
-		{"out", "9", SchemaError{"out", 9, 1}, "store schema for out is v9, this berth knows v1: upgrade berth"},
+		{"out", "9", SchemaError{"out", 9, 2}, "store schema for out is v9, this berth knows v2: upgrade berth"},
 	}
 	for _, c := range cases {
 		t.Run(c.owner, func(t *testing.T) {

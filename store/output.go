@@ -5,20 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
 )
 
-// A chunk's value is its stream (1 byte), its time (Unix nanoseconds, 8
-// bytes big endian) and its data. Not JSON: that would base64 the data,
-// a third more space and an encoding pass on every write and read.
+// chunkHeader is the stream and time before an inline chunk's data (the
+// format before segments; see segment.go).
 const chunkHeader = 9
 
 // maxAppendChunks keeps one AppendOutput within a badger transaction (see
-// badgerOptions) with room left for trimming: even with 128-byte ids and
-// chunks just under the value threshold, the two together stay under 1.5 MB.
+// badgerOptions) with room left for trimming: even with 128-byte ids, 4096
+// segment records and as many deletions stay under 1.5 MB.
 const maxAppendChunks = 4096
 
 // trimBudget bounds the chunks one transaction deletes; trimming beyond it
@@ -37,6 +35,9 @@ type outState struct {
 	TrimmedBytes int64  `json:"trimmed_bytes,omitempty"`
 	// TrimLogStart is the first seq whose size the trim log still holds.
 	TrimLogStart uint64 `json:"trim_log_start,omitempty"`
+	// SegEnd is where the exec's segment file ends: the next append writes
+	// there, over anything a failed append left behind.
+	SegEnd int64 `json:"seg_end,omitempty"`
 	// Order is the exec's position in outorder, fixed when it was indexed;
 	// Indexed is true while it has stored chunks.
 	Order   uint64 `json:"order,omitempty"`
@@ -92,15 +93,22 @@ func putUse(txn *badger.Txn, session string, n int64) error {
 
 // AppendOutput stores chunks (their Exec and Seq are ignored) as the exec's
 // next sequence numbers and records the agent offsets that the stored
-// output now reaches. Chunks, byte counts, offsets and NextSeq are committed
-// in one transaction, so after a crash the stored output and the offsets to
-// resume from agree. Offsets may not go backwards. If the session's output
-// then exceeds its retention, its oldest chunks are trimmed before
-// AppendOutput returns. It returns the updated exec.
+// output now reaches. The chunks' data goes to the exec's segment file
+// first; their index records, byte counts, offsets and NextSeq are then
+// committed in one transaction, so after a crash the stored output and the
+// offsets to resume from agree. Offsets may not go backwards. If the
+// session's output then exceeds its retention, or all sessions' output
+// the budget (SetOutputBudget), the oldest is trimmed before AppendOutput
+// returns. It returns the updated exec.
 //
-// Each call is one badger commit with a fixed cost, so a caller that passes
-// all chunks that arrived while its previous call ran gets more throughput
-// than one chunk a call (see BenchmarkAppendOutput).
+// An error means nothing of the call was stored, so the caller may retry
+// it as it was. When the disk is too full (see Store) the error wraps
+// syscall.ENOSPC: the caller should stop acknowledging output to the agent
+// and retry later.
+//
+// Each call is one pwritev and one badger commit with a fixed cost, so a
+// caller that passes all chunks that arrived while its previous call ran
+// gets more throughput than one chunk a call (see BenchmarkAppendOutput).
 func (s *Store) AppendOutput(execID string, chunks []Chunk, stdoutOffset, stderrOffset int64) (Exec, error) {
 	if err := checkName("exec", execID); err != nil {
 		return Exec{}, err
@@ -109,48 +117,17 @@ func (s *Store) AppendOutput(execID string, chunks []Chunk, stdoutOffset, stderr
 		return Exec{}, fmt.Errorf("append output to exec %q: %d chunks, at most %d per call: %w",
 			execID, len(chunks), maxAppendChunks, ErrInvalid)
 	}
-	// Encode once into one buffer; transaction retries reuse it.
-	var total int
+	var outBytes, errBytes int64
 	for _, c := range chunks {
-		if c.Stream != Stdout && c.Stream != Stderr {
+		switch c.Stream {
+		case Stdout:
+			outBytes += int64(len(c.Data))
+		case Stderr:
+			errBytes += int64(len(c.Data))
+		default:
 			return Exec{}, fmt.Errorf("append output to exec %q: stream %d: %w", execID, c.Stream, ErrInvalid)
 		}
-		total += chunkHeader + len(c.Data)
 	}
-	// Badger copies values into its log before Commit returns, so the
-	// buffer can be reused; at 64 KiB a call, allocating and zeroing a fresh
-	// one is a measurable part of ingest.
-	var buf []byte
-	if total <= maxPooledBuf {
-		bp := encodeBufs.Get().(*[]byte)
-		defer encodeBufs.Put(bp)
-		if cap(*bp) < total {
-			*bp = make([]byte, 0, maxPooledBuf)
-		}
-		buf = (*bp)[:0]
-	} else {
-		buf = make([]byte, 0, total)
-	}
-	vals := make([][]byte, len(chunks))
-	var outBytes, errBytes int64
-	now := time.Now()
-	for i, c := range chunks {
-		start := len(buf)
-		t := c.Time
-		if t.IsZero() {
-			t = now
-		}
-		buf = append(buf, c.Stream)
-		buf = binary.BigEndian.AppendUint64(buf, uint64(t.UnixNano()))
-		buf = append(buf, c.Data...)
-		vals[i] = buf[start:len(buf):len(buf)]
-		if c.Stream == Stdout {
-			outBytes += int64(len(c.Data))
-		} else {
-			errBytes += int64(len(c.Data))
-		}
-	}
-
 	if err := s.enter(); err != nil {
 		return Exec{}, err
 	}
@@ -160,7 +137,7 @@ func (s *Store) AppendOutput(execID string, chunks []Chunk, stdoutOffset, stderr
 		if err != nil {
 			return Exec{}, fmt.Errorf("append output: %w", err)
 		}
-		e, err := s.appendLocked(session, execID, vals, outBytes, errBytes, stdoutOffset, stderrOffset)
+		e, err := s.appendLocked(session, execID, chunks, outBytes, errBytes, stdoutOffset, stderrOffset)
 		if errors.Is(err, errWrongSession) {
 			s.execSession.Delete(execID)
 			continue
@@ -168,29 +145,42 @@ func (s *Store) AppendOutput(execID string, chunks []Chunk, stdoutOffset, stderr
 		if err != nil {
 			return Exec{}, fmt.Errorf("append output to exec %q: %w", execID, err)
 		}
+		// The output is stored: from here on, failing would make the caller
+		// store it twice. Trimming that fails is retried by the next append.
+		trimmed, err := s.enforceBudget(execID)
+		if err != nil {
+			s.log.Warn("trim output for the budget", "exec", execID, "err", err)
+		}
+		if trimmed {
+			if err := s.db.View(func(txn *badger.Txn) error {
+				e, _, err = loadExec(txn, execID)
+				return err
+			}); err != nil {
+				s.log.Warn("reload exec after trimming", "exec", execID, "err", err)
+			}
+		}
 		return e, nil
 	}
 }
-
-// encodeBufs holds AppendOutput's encoding buffers; larger calls allocate,
-// so a rare huge append does not pin its buffer.
-var encodeBufs = sync.Pool{New: func() any { return new([]byte) }}
-
-const maxPooledBuf = 1 << 20
 
 // errWrongSession means the cached session of an exec is stale (its id was
 // deleted and reused); AppendOutput looks it up again.
 var errWrongSession = errors.New("exec moved to another session")
 
-func (s *Store) appendLocked(session, execID string, vals [][]byte, outBytes, errBytes, stdoutOffset, stderrOffset int64) (Exec, error) {
+func (s *Store) appendLocked(session, execID string, chunks []Chunk, outBytes, errBytes, stdoutOffset, stderrOffset int64) (Exec, error) {
 	mu := s.stripe(session)
 	mu.Lock()
 	defer mu.Unlock()
 	limit := s.retention(session)
+	now := time.Now()
+	data := outBytes + errBytes
+	recs := make([]byte, 0, len(chunks)*segRecordLen)
 	var e Exec
-	var more bool
-	err := s.update(func(txn *badger.Txn) error {
-		var st *outState
+	var st *outState
+	var t *trimmer
+	var delta int64
+	var more, indexed bool
+	err := s.updateNeed(data, func(txn *badger.Txn) error {
 		var err error
 		e, st, err = loadExec(txn, execID)
 		if err != nil {
@@ -203,20 +193,37 @@ func (s *Store) appendLocked(session, execID string, vals [][]byte, outBytes, er
 			return fmt.Errorf("offsets stdout %d stderr %d go back from %d %d: %w",
 				stdoutOffset, stderrOffset, st.StdoutOffset, st.StderrOffset, ErrInvalid)
 		}
-		var added int64
-		for _, v := range vals {
-			if err := txn.Set(chunkKey(execID, st.NextSeq), v); err != nil {
+		// Write where the index ends; a retried transaction writes the
+		// same bytes again.
+		if data > 0 {
+			if err := s.seg.write(execID, st.SegEnd, chunks); err != nil {
+				return err
+			}
+		}
+		recs = recs[:0]
+		off := st.SegEnd
+		for _, c := range chunks {
+			tm := c.Time
+			if tm.IsZero() {
+				tm = now
+			}
+			start := len(recs)
+			recs = appendSegRecord(recs, c.Stream, tm, off, int64(len(c.Data)))
+			if err := txn.Set(chunkKey(execID, st.NextSeq), recs[start:len(recs):len(recs)]); err != nil {
 				return err
 			}
 			st.NextSeq++
-			added += int64(len(v) - chunkHeader)
+			off += int64(len(c.Data))
 		}
+		st.SegEnd = off
 		st.StdoutBytes += outBytes
 		st.StderrBytes += errBytes
 		st.StdoutOffset, st.StderrOffset = stdoutOffset, stderrOffset
-		if len(vals) > 0 && !st.Indexed {
+		indexed = false
+		if len(chunks) > 0 && !st.Indexed {
 			st.Order = orderOf(e.StartedAt)
 			st.Indexed = true
+			indexed = true
 			if err := txn.Set(outOrderKey(session, st.Order, execID), nil); err != nil {
 				return err
 			}
@@ -225,8 +232,9 @@ func (s *Store) appendLocked(session, execID string, vals [][]byte, outBytes, er
 		if err != nil {
 			return err
 		}
-		use += added
-		t := newTrimmer(txn, session)
+		was := use
+		use += data
+		t = newTrimmer(txn, session)
 		t.states[execID] = st
 		if more, err = t.trim(&use, limit); err != nil {
 			return err
@@ -237,20 +245,57 @@ func (s *Store) appendLocked(session, execID string, vals [][]byte, outBytes, er
 		if err := putUse(txn, session, use); err != nil {
 			return err
 		}
+		delta = use - was
 		st.applyTo(&e)
 		return nil
 	})
-	if err != nil || !more {
-		return e, err
-	}
-	if err := s.trimLocked(session, limit); err != nil {
+	if err != nil {
 		return Exec{}, err
 	}
-	err = s.db.View(func(txn *badger.Txn) error {
+	s.budget.total.Add(delta)
+	if indexed {
+		s.budget.add(execID, orderEntry{session: session, order: st.Order, finished: finished(e.State)})
+	}
+	s.afterTrim(t)
+	if !more {
+		return e, nil
+	}
+	if err := s.trimLocked(session, limit); err != nil {
+		s.log.Warn("trim output", "session", session, "err", err)
+	}
+	if err := s.db.View(func(txn *badger.Txn) error {
 		e, _, err = loadExec(txn, execID)
 		return err
-	})
-	return e, err
+	}); err != nil {
+		s.log.Warn("reload exec after trimming", "exec", execID, "err", err)
+	}
+	return e, nil
+}
+
+// afterTrim frees what a committed trim deleted: it punches the segment
+// ranges whose index is gone and removes the segments of emptied execs.
+// The caller holds the session's stripe, so no append races with it. A
+// failure leaks space until the next Open (see reconcile), so it is logged.
+func (s *Store) afterTrim(t *trimmer) {
+	if t == nil {
+		return
+	}
+	emptied := make(map[string]bool, len(t.emptied))
+	for _, id := range t.emptied {
+		emptied[id] = true
+		s.budget.remove(id)
+		if err := s.seg.remove(id); err != nil {
+			s.log.Warn("remove output segment", "exec", id, "err", err)
+		}
+	}
+	for id, sp := range t.freed {
+		if emptied[id] {
+			continue
+		}
+		if err := s.seg.punch(id, sp.off, sp.end-sp.off); err != nil {
+			s.log.Warn("free trimmed output", "exec", id, "err", err)
+		}
+	}
 }
 
 // orderOf places execs in outorder by start time, so retention trims the
@@ -265,26 +310,40 @@ func orderOf(started time.Time) uint64 {
 // trimLocked trims the session's output down to limit, in as many
 // transactions as it takes; the caller holds the session's stripe.
 func (s *Store) trimLocked(session string, limit int64) error {
+	var use int64
+	if err := s.db.View(func(txn *badger.Txn) (err error) {
+		use, err = getUse(txn, session)
+		return err
+	}); err != nil || use <= limit {
+		return err
+	}
 	for {
 		var more bool
+		var t *trimmer
+		var delta int64
 		err := s.update(func(txn *badger.Txn) error {
+			t, delta = nil, 0
 			use, err := getUse(txn, session)
 			if err != nil || use <= limit {
 				more = false
 				return err
 			}
-			t := newTrimmer(txn, session)
+			was := use
+			t = newTrimmer(txn, session)
 			if more, err = t.trim(&use, limit); err != nil {
 				return err
 			}
 			if err := t.flush(); err != nil {
 				return err
 			}
+			delta = use - was
 			return putUse(txn, session, use)
 		})
 		if err != nil {
 			return fmt.Errorf("trim output of session %q: %w", session, err)
 		}
+		s.budget.total.Add(delta)
+		s.afterTrim(t)
 		if !more {
 			return nil
 		}
@@ -308,6 +367,12 @@ func (s *Store) ReadOutput(execID string, from uint64, limit int) (chunks []Chun
 		return nil, 0, 0, err
 	}
 	defer s.closeMu.RUnlock()
+	// Held from before the transaction until the data is read: a trim that
+	// commits meanwhile punches its ranges only after we are done.
+	l := s.seg.lock(execID)
+	l.RLock()
+	defer l.RUnlock()
+	var reads []segRead
 	err = s.db.View(func(txn *badger.Txn) error {
 		if _, err := txn.Get(execKey(execID)); errors.Is(err, badger.ErrKeyNotFound) {
 			return fmt.Errorf("exec %q: %w", execID, ErrNotFound)
@@ -336,12 +401,17 @@ func (s *Store) ReadOutput(execID string, from uint64, limit int) (chunks []Chun
 			item := it.Item()
 			c := Chunk{Exec: execID, Seq: binary.BigEndian.Uint64(item.Key()[len(opts.Prefix):])}
 			if err := item.Value(func(v []byte) error {
-				if len(v) < chunkHeader {
-					return fmt.Errorf("chunk %d of exec %q: %d bytes, shorter than its header", c.Seq, execID, len(v))
+				r, err := decodeChunk(v)
+				if err != nil {
+					return fmt.Errorf("chunk %d of exec %q: %w", c.Seq, execID, err)
 				}
-				c.Stream = v[0]
-				c.Time = time.Unix(0, int64(binary.BigEndian.Uint64(v[1:9])))
-				c.Data = append([]byte(nil), v[chunkHeader:]...)
+				c.Stream = r.stream
+				c.Time = time.Unix(0, r.time)
+				if r.seg {
+					reads = append(reads, segRead{i: len(chunks), off: r.off, n: r.n})
+				} else {
+					c.Data = append([]byte(nil), r.data...)
+				}
 				return nil
 			}); err != nil {
 				return err
@@ -351,6 +421,9 @@ func (s *Store) ReadOutput(execID string, from uint64, limit int) (chunks []Chun
 		}
 		return nil
 	})
+	if err == nil {
+		err = s.seg.read(execID, chunks, reads)
+	}
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("read output: %w", err)
 	}

@@ -154,10 +154,18 @@ func (s *Store) DeleteSession(name string) error {
 	s.sessMu.RLock()
 	_, found := s.sessions[name]
 	s.sessMu.RUnlock()
+	if err := s.space.room(0); err != nil {
+		return fmt.Errorf("delete session %q: %w", name, err)
+	}
 	var execIDs []string
+	var use int64
 	wb := s.db.NewWriteBatch()
 	defer wb.Cancel()
 	err := s.db.View(func(txn *badger.Txn) error {
+		var err error
+		if use, err = getUse(txn, name); err != nil {
+			return err
+		}
 		execIDs = keySuffixes(txn, sessionExecPrefix(name))
 		for _, id := range execIDs {
 			// Chunks before the exec record: a crash mid-way must not leave
@@ -185,6 +193,16 @@ func (s *Store) DeleteSession(name string) error {
 		err = wb.Flush()
 	}
 	if err == nil {
+		// The output's index is gone: free its segments. A segment left by
+		// a failure here is removed at the next Open.
+		s.budget.total.Add(-use)
+		for _, id := range execIDs {
+			s.execSession.Delete(id)
+			s.budget.remove(id)
+			if err := s.seg.remove(id); err != nil {
+				s.log.Warn("remove output segment", "exec", id, "err", err)
+			}
+		}
 		err = s.update(func(txn *badger.Txn) error {
 			return txn.Delete(sessionKey(name))
 		})
@@ -198,9 +216,6 @@ func (s *Store) DeleteSession(name string) error {
 	s.sessMu.Lock()
 	delete(s.sessions, name)
 	s.sessMu.Unlock()
-	for _, id := range execIDs {
-		s.execSession.Delete(id)
-	}
 	if !found {
 		return fmt.Errorf("session %q: %w", name, ErrNotFound)
 	}

@@ -22,14 +22,22 @@ const trimBlockSeqs = 256
 var trimLogBlocks uint64 = 256
 
 // trimmer deletes a session's oldest chunks within one transaction, keeping
-// the output states and trim-log blocks it touches until flush.
+// the output states and trim-log blocks it touches until flush, and the
+// segment ranges it frees until the commit (see Store.afterTrim).
 type trimmer struct {
 	txn     *badger.Txn
 	session string
 	states  map[string]*outState
 	blocks  map[string][]byte
 	budget  int
+	// freed is, per exec, the segment range of the chunks deleted;
+	// emptied are the execs left without stored chunks.
+	freed   map[string]span
+	emptied []string
 }
+
+// span is a byte range [off, end) of a segment.
+type span struct{ off, end int64 }
 
 func newTrimmer(txn *badger.Txn, session string) *trimmer {
 	return &trimmer{
@@ -38,6 +46,7 @@ func newTrimmer(txn *badger.Txn, session string) *trimmer {
 		states:  make(map[string]*outState),
 		blocks:  make(map[string][]byte),
 		budget:  trimBudget,
+		freed:   make(map[string]span),
 	}
 }
 
@@ -104,7 +113,19 @@ func (t *trimmer) trimExec(id string, st *outState, use *int64, limit int64) err
 		seq := binary.BigEndian.Uint64(k[len(k)-8:])
 		var n int64
 		if err := item.Value(func(v []byte) error {
-			n = int64(len(v) - chunkHeader)
+			r, err := decodeChunk(v)
+			if err != nil {
+				return fmt.Errorf("chunk %d of exec %q: %w", seq, id, err)
+			}
+			n = r.n
+			if r.seg {
+				sp, ok := t.freed[id]
+				if !ok {
+					sp.off = r.off
+				}
+				sp.end = max(sp.end, r.off+r.n)
+				t.freed[id] = sp
+			}
 			return nil
 		}); err != nil {
 			return err
@@ -133,6 +154,7 @@ func (t *trimmer) trimExec(id string, st *outState, use *int64, limit int64) err
 	// Nothing stored any more: leave the trim order until new output.
 	st.TrimmedSeq = st.NextSeq
 	st.Indexed = false
+	t.emptied = append(t.emptied, id)
 	return t.txn.Delete(outOrderKey(t.session, st.Order, id))
 }
 
