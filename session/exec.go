@@ -32,6 +32,16 @@ type run struct {
 	reason  ExecState     // cancelled or timed-out when berth ended it
 	why     string
 	timer   *time.Timer
+	held    string // why output is not being stored now, or ""
+}
+
+// execution is the run's record as the Service shows it.
+func (r *run) execution() Execution {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	x := toExecution(r.rec)
+	x.Held = r.held
+	return x
 }
 
 func newExecID() string {
@@ -94,13 +104,13 @@ func (m *Manager) Exec(ctx context.Context, name string, req ExecRequest) (Proce
 	if err != nil {
 		return nil, err
 	}
-	if err := CheckTransition(name, ActionExec, s.state()); err != nil {
+	if err := s.check(ActionExec); err != nil {
 		return nil, err
 	}
 	if err := m.ensureAwake(ctx, s); err != nil {
 		return nil, err
 	}
-	if err := CheckTransition(name, ActionExec, s.state()); err != nil {
+	if err := s.check(ActionExec); err != nil {
 		return nil, err // changed while waiting
 	}
 	c, err := s.connectedAgent()
@@ -231,12 +241,53 @@ func (r *run) drain(gx *guest.Exec) (*guest.ExecInfo, error) {
 				break more
 			}
 		}
-		if err := r.store(gx, batch); err != nil {
+		err := r.store(gx, batch)
+		if errors.Is(err, syscall.ENOSPC) {
+			err = r.hold(gx, batch, err)
+		}
+		if err != nil {
 			r.m.log.Error("store output", "exec", r.id, "err", err)
 			gx.Close()
 			return nil, err
 		}
 	}
+}
+
+// hold retries storing a batch the host disk had no room for. Until it
+// is stored it is not acknowledged, so the agent keeps it (and what
+// follows) in its buffer and the command blocks on its pipe: nothing is
+// lost, nothing stored twice. The execution shows why meanwhile.
+func (r *run) hold(gx *guest.Exec, batch []guest.Output, cause error) error {
+	start := time.Now()
+	r.setHeld(fmt.Sprintf("output held: host disk full (%s free under %s)", FormatBytes(r.m.freeSpace()), r.m.cfg.DataDir))
+	r.m.log.Warn("output held: the host disk is full", "exec", r.id, "err", cause)
+	wait := 50 * time.Millisecond
+	for {
+		select {
+		case <-r.m.ctx.Done():
+			return r.m.ctx.Err() // the next daemon resumes from what is stored
+		case <-time.After(wait):
+		}
+		err := r.store(gx, batch)
+		if err == nil {
+			r.setHeld("")
+			r.m.event(Event{Kind: EventNote, Name: r.s.name, Message: fmt.Sprintf("output of %s stored again after %s held (the host disk had no room)", r.id, time.Since(start).Round(time.Millisecond))})
+			return nil
+		}
+		if !errors.Is(err, syscall.ENOSPC) {
+			return err
+		}
+		wait = min(wait*2, 500*time.Millisecond)
+	}
+}
+
+func (r *run) setHeld(why string) {
+	r.mu.Lock()
+	r.held = why
+	r.notifyLocked()
+	r.mu.Unlock()
+	x := r.execution()
+	r.m.hub.publish(Event{Time: time.Now(), Kind: EventExec, Name: r.s.name, Exec: &x, Message: why})
 }
 
 func (r *run) store(gx *guest.Exec, batch []guest.Output) error {
@@ -501,14 +552,16 @@ func (m *Manager) Executions(ctx context.Context, name string, all bool) ([]Exec
 	for i := len(recs) - 1; i >= 0; i-- { // the store lists newest first
 		e := recs[i]
 		m.mu.Lock()
-		if r, ok := m.runs[e.ID]; ok {
-			e, _ = r.snapshot()
-		}
+		r, live := m.runs[e.ID]
 		m.mu.Unlock()
-		if !all && ExecState(e.State).Done() {
+		x := toExecution(e)
+		if live {
+			x = r.execution()
+		}
+		if !all && x.State.Done() {
 			continue
 		}
-		out = append(out, toExecution(e))
+		out = append(out, x)
 	}
 	return out, nil
 }
@@ -519,8 +572,7 @@ func (m *Manager) Execution(ctx context.Context, execID string) (Execution, erro
 	r, ok := m.runs[execID]
 	m.mu.Unlock()
 	if ok {
-		rec, _ := r.snapshot()
-		return toExecution(rec), nil
+		return r.execution(), nil
 	}
 	rec, err := m.st.GetExec(execID)
 	if err != nil {

@@ -14,7 +14,7 @@ func (m *Manager) agentFor(name string) (*guest.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := CheckTransition(name, ActionFiles, s.state()); err != nil {
+	if err := s.check(ActionFiles); err != nil {
 		return nil, err
 	}
 	if err := m.ensureAwake(context.Background(), s); err != nil {

@@ -204,6 +204,9 @@ func (m *Manager) BuildImage(ctx context.Context, req BuildRequest, progress fun
 	if progress == nil {
 		progress = func(BuildProgress) {}
 	}
+	if err := m.checkFloor("build an image"); err != nil {
+		return ImageInfo{}, err
+	}
 	o := image.Options{Steps: stepRunner{m}, Report: func(p image.Progress) {
 		progress(BuildProgress{Phase: p.Phase, Done: p.Done, Total: p.Total, Bytes: p.Bytes, TotalBytes: p.TotalBytes, Line: p.Line})
 	}}

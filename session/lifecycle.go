@@ -87,6 +87,9 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (Session, erro
 	if err := m.checkResources(opts); err != nil {
 		return Session{}, err
 	}
+	if err := m.checkFloor("create session " + opts.Name); err != nil {
+		return Session{}, err
+	}
 	now := time.Now()
 	rec := store.Session{
 		Name: opts.Name, State: string(StateCreating), Cause: "created", Image: opts.Image, VMM: opts.VMM,
@@ -167,7 +170,7 @@ func (m *Manager) lifecycle(ctx context.Context, name string, action Action, fn 
 	}
 	s.op.Lock()
 	defer s.op.Unlock()
-	if err := CheckTransition(name, action, s.state()); err != nil {
+	if err := s.check(action); err != nil {
 		return Session{}, err
 	}
 	s.touch()

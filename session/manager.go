@@ -36,6 +36,11 @@ const (
 	// DefaultIdleTimeout is how long an idle session runs before it is
 	// put to sleep, unless the config file says otherwise.
 	DefaultIdleTimeout = 15 * time.Minute
+	// DefaultFloor is the free space on the data directory below which
+	// what needs space is refused.
+	DefaultFloor = 1 << 30
+	// DefaultOutputBudget bounds all sessions' recorded output together.
+	DefaultOutputBudget = 8 << 30
 )
 
 // Defaults are the settings of new sessions when Create leaves them zero.
@@ -99,6 +104,10 @@ type Config struct {
 	// IdleTimeout puts a session with no running command and no action
 	// for this long to sleep; 0 disables.
 	IdleTimeout time.Duration
+	// Floor is the free space on the data directory below which what
+	// needs space (create, cold start, sleep, image build) is refused; 0
+	// disables the check.
+	Floor int64
 	// NoTemplates makes every create boot cold.
 	NoTemplates bool
 	// CrashAt names a step at which the daemon kills itself (tests only).
@@ -121,6 +130,7 @@ type Manager struct {
 
 	tmplMu sync.Mutex // serialises template builds
 	builds imageBuilds
+	space  space
 
 	mu       sync.Mutex
 	sessions map[string]*sess
@@ -162,6 +172,7 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 	}
 	wg.Wait()
 	m.wg.Go(m.idleLoop)
+	m.wg.Go(m.spaceLoop)
 	return m, nil
 }
 

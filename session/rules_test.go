@@ -216,6 +216,8 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		Accel       string `toml:"accel"`
 		Retention   string `toml:"retention"`
 		IdleTimeout string `toml:"idle_timeout"`
+		Floor       string `toml:"free_space_floor"`
+		Budget      string `toml:"output_budget"`
 	}
 	md, err := toml.Decode(assets.DefaultConfig(), &f)
 	if err != nil {
@@ -244,6 +246,14 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	floor, err := ParseSize(f.Floor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget, err := ParseSize(f.Budget)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		key       string
 		doc, code any
@@ -257,6 +267,8 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		{"accel", f.Accel, string(DefaultAccel)},
 		{"retention", ret, DefaultRetention},
 		{"idle_timeout", idle, DefaultIdleTimeout},
+		{"free_space_floor", floor, int64(DefaultFloor)},
+		{"output_budget", budget, int64(DefaultOutputBudget)},
 	} {
 		if c.doc != c.code {
 			t.Errorf("config.toml documents %s = %v (%T), session defaults to %v (%T)", c.key, c.doc, c.doc, c.code, c.code)

@@ -127,6 +127,10 @@ type Execution struct {
 
 	StdoutBytes int64 `json:"stdout_bytes"`
 	StderrBytes int64 `json:"stderr_bytes"`
+	// Held says why the command's output is not being stored now ("output
+	// held: host disk full"): it waits in the guest, and the command
+	// blocks on its pipe, until it can be.
+	Held string `json:"held,omitempty"`
 }
 
 // Stream names an output stream.
@@ -164,6 +168,7 @@ const (
 	EventExec    EventKind = "exec"    // Exec set: an execution started or changed state
 	EventFlush   EventKind = "flush"   // Message says how many bytes
 	EventNote    EventKind = "note"    // anything else for the timeline
+	EventHost    EventKind = "host"    // Host set: the data directory's space crossed the floor
 )
 
 // Event is one change, as published to watchers and kept in a session's
@@ -175,8 +180,9 @@ type Event struct {
 	Name    string     `json:"session"`
 	Message string     `json:"message,omitempty"`
 	By      string     `json:"by,omitempty"`
-	Session *Session   `json:"info,omitempty"`
-	Exec    *Execution `json:"exec,omitempty"`
+	Session *Session    `json:"info,omitempty"`
+	Exec    *Execution  `json:"exec,omitempty"`
+	Host    *HostStatus `json:"host,omitempty"`
 }
 
 // CreateOptions are the settings of a new session. Zero values take the
@@ -258,6 +264,9 @@ type OutputPage struct {
 type Lister interface {
 	List(ctx context.Context) ([]Session, error)
 	Get(ctx context.Context, name string) (Session, error)
+	// Host reports the data directory's free space against the floor
+	// below which what needs space is refused.
+	Host(ctx context.Context) (HostStatus, error)
 }
 
 // Watcher streams changes. The channel starts with one EventState per

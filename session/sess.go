@@ -97,17 +97,23 @@ func (s *sess) setState(st State, cause, by string) error {
 	if st != StateRunning && st != StatePaused {
 		s.rec.Pid = 0
 	}
+	if st != StatePaused {
+		s.rec.PauseReason = ""
+	}
 	rec := s.rec
 	snap := s.snapshotLocked()
 	s.mu.Unlock()
-	if err := s.m.st.PutSession(rec); err != nil {
-		return fmt.Errorf("record state of %q: %w", s.name, err)
-	}
+	// Watchers see the change even when the store cannot keep it (a full
+	// disk): the state is true in memory either way.
 	msg := string(st)
 	if cause != "" {
 		msg += ": " + cause
 	}
+	perr := s.m.st.PutSession(rec)
 	s.m.event(Event{Kind: EventState, Name: s.name, Message: msg, By: by, Session: &snap})
+	if perr != nil {
+		return fmt.Errorf("record state of %q: %w", s.name, perr)
+	}
 	return nil
 }
 
@@ -165,6 +171,11 @@ func (s *sess) checkHello(h guest.Hello, im Image) error {
 
 // boot starts a VM on the session's disks and waits for its agent.
 func (s *sess) boot(ctx context.Context) error {
+	// A cold boot writes (the journal's replay, a fresh system's first
+	// files); a template restore does not, and is not refused.
+	if err := s.m.checkFloor("start session " + s.name + " from cold"); err != nil {
+		return err
+	}
 	_, d, im, cfg, err := s.vmSetup(ctx)
 	if err != nil {
 		return err
@@ -225,6 +236,9 @@ func (s *sess) supervise(vm vmm.VM) {
 	}
 	s.supStop = cancel
 	s.mu.Unlock()
+	if st, ok := vm.(vmm.Stopper); ok {
+		s.m.wg.Go(func() { s.watchStops(ctx, st) })
+	}
 	s.m.wg.Go(func() {
 		t := time.NewTicker(s.m.cfg.StatsInterval)
 		defer t.Stop()
@@ -415,6 +429,15 @@ func (s *sess) recover(ctx context.Context) {
 	s.mu.Unlock()
 	s.supervise(vm)
 	if st == StateRunning {
+		// A VM its VMM stopped on a full disk while no daemon watched: it
+		// is paused, and its commands are caught up when it resumes.
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		vst, err := vm.Status(sctx)
+		cancel()
+		if err == nil && vst == vmm.StateIOError {
+			s.diskFull(vmm.Stop{NoSpace: true, Reason: "found stopped on a disk error after a daemon restart"}, false)
+			return
+		}
 		s.recoverSleep(ctx, st, vm) // settle a sleep or wake the daemon died in
 		s.m.resumeRuns(s)
 	}

@@ -54,6 +54,9 @@ func (m *Manager) Sleep(ctx context.Context, name string) (Session, error) {
 
 func (s *sess) sleep(ctx context.Context, by string) error {
 	m := s.m
+	if err := m.checkFloor("put session " + s.name + " to sleep (its memory snapshot needs room)"); err != nil {
+		return err
+	}
 	if n := m.runningCount(s.name); n > 0 {
 		return fmt.Errorf("cannot sleep session %q: %d command(s) still running: %w", s.name, n, ErrInvalidState)
 	}

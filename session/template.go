@@ -89,6 +89,9 @@ func (m *Manager) template(ctx context.Context, s *sess) (string, error) {
 	if _, err := os.Stat(snap); err == nil {
 		return snap, nil
 	}
+	if err := m.checkFloor("build a template of image " + rec.Image); err != nil {
+		return "", err
+	}
 	m.log.Info("building template", "key", key, "image", rec.Image, "cpus", rec.CPUs, "memory_mib", rec.MemoryMiB)
 	start := time.Now()
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {

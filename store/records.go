@@ -46,6 +46,10 @@ type Session struct {
 	SystemBytes int64  `json:"system_bytes,omitempty"`
 	// MachineID is the VM's /etc/machine-id (32 hex digits).
 	MachineID string `json:"machine_id,omitempty"`
+	// PauseReason says who paused a paused session when it was not a
+	// person: "host-disk-full" when its VMM stopped it on a write the host
+	// could not store.
+	PauseReason string `json:"pause_reason,omitempty"`
 }
 
 // clone returns a copy of sess that shares no memory with it, so a record

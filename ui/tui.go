@@ -144,6 +144,7 @@ type Model struct {
 	retry         time.Duration
 
 	daemon string
+	host   session.HostStatus // the data directory's space, when known
 
 	footer, footerKey string // the rendered footer and what it was rendered for
 }

@@ -622,3 +622,17 @@ func (whiteBG) RGBA() (r, g, b, a uint32) { return 0xffff, 0xffff, 0xffff, 0xfff
 
 // col returns the screen column where sub starts in a plain line.
 func col(line, sub string) int { return lipglossWidth(line[:strings.Index(line, sub)]) }
+
+// A host disk below the floor shows in the header until it recovers.
+func TestHostDiskBanner(t *testing.T) {
+	t.Parallel()
+	f := fixture()
+	h := newHarness(t, f, Options{})
+	if strings.Contains(h.screen(), "host disk") {
+		t.Fatalf("banner with room to spare:\n%s", h.screen())
+	}
+	f.SetHost(session.HostStatus{DataDir: "/data", Free: 300 << 20, Floor: 1 << 30, Below: true})
+	h.waitFor("banner", func() bool { return strings.Contains(h.screen(), "host disk low: 300M free, floor 1.0G") })
+	f.SetHost(session.HostStatus{DataDir: "/data", Free: 5 << 30, Floor: 1 << 30})
+	h.waitFor("banner gone", func() bool { return !strings.Contains(h.screen(), "host disk") })
+}

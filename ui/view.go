@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -81,6 +82,13 @@ func (m *Model) headerView() string {
 		left += sep + st.Bold.Render("sessions") + "  " + m.countsView()
 	}
 	var right []string
+	if h := m.host; h.Below || len(h.DiskFullPaused) > 0 {
+		banner := "host disk low: " + session.FormatBytesShort(h.Free) + " free, floor " + session.FormatBytesShort(h.Floor)
+		if n := len(h.DiskFullPaused); n > 0 {
+			banner = fmt.Sprintf("host disk full: %d session(s) paused, %s free", n, session.FormatBytesShort(h.Free))
+		}
+		right = append(right, st.FlashErr.Render("⚠ "+banner))
+	}
 	if m.c.ReadOnly {
 		right = append(right, st.DialogWarn.Render("read-only"))
 	}

@@ -20,6 +20,7 @@ type watchStartedMsg struct {
 	ch    <-chan session.Event
 	names map[string]bool // sessions that exist, for reconciling after a reconnect
 	err   error
+	host  *session.HostStatus
 }
 
 type eventsMsg struct {
@@ -50,6 +51,11 @@ func (m *Model) connect() tea.Cmd {
 			return watchStartedMsg{gen: gen, err: err}
 		}
 		msg := watchStartedMsg{gen: gen, ch: ch}
+		hctx, hcancel := context.WithTimeout(ctx, call)
+		if h, err := svc.Host(hctx); err == nil {
+			msg.host = &h
+		}
+		hcancel()
 		if reconcile {
 			// Sessions deleted while the stream was down sent no event.
 			lctx, lcancel := context.WithTimeout(ctx, call)
@@ -109,6 +115,9 @@ func (m *Model) handleWatchStarted(msg watchStartedMsg) tea.Cmd {
 		return m.scheduleReconnect()
 	}
 	m.connected, m.watchErr, m.retry = true, "", 0
+	if msg.host != nil {
+		m.host = *msg.host
+	}
 	if msg.names != nil {
 		m.sessions.Retain(msg.names)
 	}
@@ -146,6 +155,12 @@ func (m *Model) handleEvents(msg eventsMsg) tea.Cmd {
 
 // applyEvents folds a batch into the table and the open detail view.
 func (m *Model) applyEvents(evs []session.Event) tea.Cmd {
+	for i := range evs {
+		if evs[i].Kind == session.EventHost && evs[i].Host != nil {
+			m.host = *evs[i].Host
+			m.footerKey = ""
+		}
+	}
 	resort := m.sessions.Apply(evs)
 	if m.page != pageDetail {
 		return resort

@@ -77,6 +77,9 @@ const (
 	StateRunning State = "running"
 	StatePaused  State = "paused"
 	StateStopped State = "stopped" // process gone
+	// StateIOError: the VMM stopped the VM itself because a disk request
+	// failed on the host (QEMU's werror=enospc); Resume retries it.
+	StateIOError State = "io-error"
 )
 
 // Driver starts and re-attaches VMs of one hypervisor.
@@ -139,6 +142,23 @@ func (e Exit) String() string {
 	default:
 		return "exited"
 	}
+}
+
+// A Stop is the VMM pausing a VM by itself: a write to one of its disks
+// failed on the host, for lack of space when NoSpace. Resume retries the
+// failed request.
+type Stop struct {
+	Disk    string // the drive or disk id ("ws", "sys", "workspace"…)
+	NoSpace bool
+	Reason  string // the host's error text
+}
+
+// Stopper is implemented by VMs whose VMM stops them on a host-side disk
+// error instead of handing the error to the guest. Stops delivers one Stop
+// per event until the VM is closed; a listener that falls behind misses
+// repeats, never the first.
+type Stopper interface {
+	Stops() <-chan Stop
 }
 
 // Snapshotter is implemented by VMs that can save their memory and device

@@ -228,6 +228,12 @@ func (c *Client) List(ctx context.Context) ([]session.Session, error) {
 }
 
 // Get returns one session.
+// Host reports the data directory's free space against the floor.
+func (c *Client) Host(ctx context.Context) (session.HostStatus, error) {
+	var h session.HostStatus
+	return h, c.call(ctx, http.MethodGet, "/v1/host", nil, nil, &h)
+}
+
 func (c *Client) Get(ctx context.Context, name string) (session.Session, error) {
 	return c.sessionCall(ctx, http.MethodGet, name, "")
 }

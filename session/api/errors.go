@@ -25,6 +25,7 @@ var classes = []errorClass{
 	{"conflict", session.ErrConflict, http.StatusConflict},
 	{"permission", session.ErrPermission, http.StatusForbidden},
 	{"unavailable", session.ErrUnavailable, http.StatusServiceUnavailable},
+	{"no_space", session.ErrNoSpace, http.StatusInsufficientStorage},
 	{"canceled", context.Canceled, 499}, // nginx's "client closed request"
 	{"timeout", context.DeadlineExceeded, http.StatusGatewayTimeout},
 }

@@ -50,6 +50,7 @@ func NewServer(svc session.Service, logger *slog.Logger, opts ...ServerOption) h
 	m := http.NewServeMux()
 	m.HandleFunc("GET /v1/version", s.getVersion)
 	m.HandleFunc("GET /v1/watch", s.watch)
+	m.HandleFunc("GET /v1/host", s.host)
 
 	m.HandleFunc("GET /v1/sessions", s.list)
 	m.HandleFunc("POST /v1/sessions", s.create)
@@ -215,6 +216,15 @@ func queryBool(r *http.Request, key string) (bool, error) {
 
 func (s *server) getVersion(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, http.StatusOK, versionInfo{API: Version, Version: s.version})
+}
+
+func (s *server) host(w http.ResponseWriter, r *http.Request) {
+	h, err := s.svc.Host(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, http.StatusOK, h)
 }
 
 func (s *server) list(w http.ResponseWriter, r *http.Request) {

@@ -27,6 +27,8 @@ type File struct {
 	Accel       string `toml:"accel"`
 	Retention   string `toml:"retention"`
 	IdleTimeout string `toml:"idle_timeout"`
+	Floor       string `toml:"free_space_floor"`
+	Budget      string `toml:"output_budget"`
 }
 
 // Config is the parsed configuration. Sizes are read by session.ParseSize
@@ -34,6 +36,11 @@ type File struct {
 type Config struct {
 	Defaults    session.Defaults
 	IdleTimeout time.Duration
+	// Floor is the free space on the data directory below which what
+	// needs space is refused; OutputBudget bounds all sessions' recorded
+	// output together (0: no bound).
+	Floor        int64
+	OutputBudget int64
 }
 
 // LoadConfig reads <data>/config.toml, writing the documented defaults
@@ -97,6 +104,21 @@ func ParseConfig(path string, b []byte) (Config, error) {
 	case "", "qemu", "cloud-hypervisor":
 	default:
 		return c, fmt.Errorf("%s: vmm = %q: use qemu or cloud-hypervisor", path, f.VMM)
+	}
+	c.Floor, c.OutputBudget = session.DefaultFloor, session.DefaultOutputBudget
+	if f.Floor != "" {
+		if f.Floor == "0" {
+			c.Floor = 0
+		} else if c.Floor, err = size("free_space_floor", f.Floor); err != nil {
+			return c, err
+		}
+	}
+	if f.Budget != "" {
+		if f.Budget == "0" {
+			c.OutputBudget = 0
+		} else if c.OutputBudget, err = size("output_budget", f.Budget); err != nil {
+			return c, err
+		}
 	}
 	if f.IdleTimeout != "" {
 		if c.IdleTimeout, err = time.ParseDuration(f.IdleTimeout); err != nil {

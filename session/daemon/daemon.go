@@ -182,10 +182,11 @@ func Run(ctx context.Context, o Options) (err error) {
 			err = errors.Join(err, fmt.Errorf("close the store: %w", cerr))
 		}
 	}()
+	st.SetOutputBudget(cfg.OutputBudget)
 	images := Images(o)
 	mgr, err := session.NewManager(ctx, st, session.Config{
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
-		IdleTimeout: cfg.IdleTimeout, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,
+		IdleTimeout: cfg.IdleTimeout, Floor: cfg.Floor, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,
 		Logger: log,
 	})
 	if err != nil {

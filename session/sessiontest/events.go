@@ -133,3 +133,32 @@ func (f *Fake) CloseWatchers() {
 		delete(f.watchers, w)
 	}
 }
+
+// Host returns the host status SetHost last set (by default a data
+// directory with room to spare).
+func (f *Fake) Host(ctx context.Context) (session.HostStatus, error) {
+	if err := f.enter(ctx, "Host"); err != nil {
+		return session.HostStatus{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.host.DataDir == "" {
+		return session.HostStatus{DataDir: "/var/lib/berth", Free: 100 << 30, Floor: 1 << 30}, nil
+	}
+	h := f.host
+	h.DiskFullPaused = append([]string(nil), h.DiskFullPaused...)
+	return h, nil
+}
+
+// SetHost changes the host status and publishes it as the daemon does
+// when the data directory crosses its floor.
+func (f *Fake) SetHost(h session.HostStatus) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.host = h
+	f.eventSeq++
+	ev := session.Event{Seq: f.eventSeq, Time: f.now(), Kind: session.EventHost, Message: h.Message(), Host: &h}
+	for w := range f.watchers {
+		w.push(cloneEvent(ev))
+	}
+}

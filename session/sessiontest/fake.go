@@ -65,6 +65,7 @@ type Fake struct {
 	eventSeq uint64
 	execSeq  int
 	pidSeq   int
+	host     session.HostStatus
 
 	// Faults and the call record (faults.go).
 	fail  map[string]error

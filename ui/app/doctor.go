@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/berthvm/berth/session"
+	"golang.org/x/sys/unix"
 	"io"
 	"os"
 	"os/exec"
@@ -76,5 +78,26 @@ func doctor(ctx context.Context, g cli.Globals, out io.Writer) error {
 	} else {
 		ok("berth-agent", nil, daemon.DefaultAgent())
 	}
+	spaceErr, space := dataDirSpace(g.Data)
+	ok("data directory", spaceErr, space)
 	return w.Flush()
+}
+
+// dataDirSpace reports the data directory's free space against the floor
+// in its config.toml.
+func dataDirSpace(dir string) (error, string) {
+	floor := int64(session.DefaultFloor)
+	if cfg, err := daemon.LoadConfig(dir); err == nil {
+		floor = cfg.Floor
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("%s: %v", dir, err), ""
+	}
+	free, size := int64(st.Bavail)*st.Bsize, int64(st.Blocks)*st.Bsize
+	if floor > 0 && free < floor {
+		return fmt.Errorf("%s: %s free of %s, below the %s floor (free_space_floor): creates, cold starts, sleeps and image builds are refused",
+			dir, session.FormatBytes(free), session.FormatBytes(size), session.FormatBytes(floor)), ""
+	}
+	return nil, fmt.Sprintf("%s: %s free of %s (floor %s)", dir, session.FormatBytes(free), session.FormatBytes(size), session.FormatBytes(floor))
 }

@@ -155,7 +155,11 @@ func psCmd() *Command {
 					if x.Outside {
 						cmd += "  (outside berth)"
 					}
-					t.row(x.ID, string(x.State), exitColumn(x), session.FormatDuration(end.Sub(x.StartedAt)),
+					state := string(x.State)
+					if x.Held != "" {
+						state += " (" + x.Held + ")"
+					}
+					t.row(x.ID, state, exitColumn(x), session.FormatDuration(end.Sub(x.StartedAt)),
 						session.FormatBytes(x.StdoutBytes+x.StderrBytes), dash(x.By), cmd)
 				}
 				return t.flush()

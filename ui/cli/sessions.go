@@ -93,6 +93,9 @@ func lsCmd() *Command {
 					}
 					return writeJSON(c.env.Stdout, list)
 				}
+				if h, err := svc.Host(ctx); err == nil && h.Message() != "" {
+					fmt.Fprintln(c.env.Stderr, "berth: "+h.Message())
+				}
 				if len(list) == 0 {
 					fmt.Fprintln(c.env.Stderr, "no sessions; create one with 'berth create NAME'")
 					return nil

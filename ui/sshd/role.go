@@ -179,6 +179,14 @@ func (g *guard) List(ctx context.Context) ([]session.Session, error) {
 	return g.svc.List(ctx)
 }
 
+func (g *guard) Host(ctx context.Context) (session.HostStatus, error) {
+	ctx, err := g.enter(ctx, opRead)
+	if err != nil {
+		return session.HostStatus{}, err
+	}
+	return g.svc.Host(ctx)
+}
+
 func (g *guard) Get(ctx context.Context, name string) (session.Session, error) {
 	ctx, err := g.enter(ctx, opRead)
 	if err != nil {

@@ -38,6 +38,7 @@ func (v *VM) AddDisk(ctx context.Context, d vmm.Disk, path string) error {
 	}
 	if err := v.exec(ctx, "device_add", map[string]any{
 		"driver": "virtio-blk-pci", "drive": drive, "id": dev, "addr": slot,
+		"werror": "enospc", "rerror": "report",
 	}, nil); err != nil {
 		return fmt.Errorf("plug %s: %w", d, err)
 	}

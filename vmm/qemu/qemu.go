@@ -4,6 +4,7 @@ package qemu
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -157,7 +158,10 @@ func Args(cfg vmm.Config, accel vmm.Accel) []string {
 		slot, drive, dev := diskSlot(d.disk)
 		args = append(args,
 			"-drive", "file="+d.path+",if=none,id="+drive+",format=raw,cache=writeback,file.locking=on,discard=unmap",
-			"-device", "virtio-blk-pci,drive="+drive+",id="+dev+",addr="+slot)
+			// werror=enospc: a write the host cannot store pauses the VM
+			// (berth shows why and resumes it when space returns) instead
+			// of failing in the guest; other errors reach the guest.
+			"-device", "virtio-blk-pci,drive="+drive+",id="+dev+",addr="+slot+",werror=enospc,rerror=report")
 	}
 	for i, l := range cfg.Layers {
 		id := fmt.Sprintf("layer%d", i)
@@ -249,7 +253,9 @@ func (d *Driver) connect(ctx context.Context, dir string, proc *vmm.Process, acc
 	if err != nil {
 		return nil, err
 	}
-	return &VM{dir: dir, proc: proc, mon: mon, accel: accel}, nil
+	vm := &VM{dir: dir, proc: proc, mon: mon, accel: accel, stops: make(chan vmm.Stop, 8)}
+	go vm.watch(mon)
+	return vm, nil
 }
 
 // Attach re-connects to a QEMU started earlier in dir.
@@ -271,6 +277,7 @@ type VM struct {
 	dir   string
 	proc  *vmm.Process
 	accel vmm.Accel
+	stops chan vmm.Stop // closed when the monitor's events end
 
 	mu  sync.Mutex
 	mon *Monitor
@@ -279,7 +286,40 @@ type VM struct {
 var (
 	_ vmm.VM          = (*VM)(nil)
 	_ vmm.Snapshotter = (*VM)(nil)
+	_ vmm.Stopper     = (*VM)(nil)
 )
+
+// Stops reports QEMU stopping the VM on a failed disk write.
+func (v *VM) Stops() <-chan vmm.Stop { return v.stops }
+
+// watch turns the monitor's BLOCK_IO_ERROR events that stopped the VM
+// into Stops. It ends with the monitor (Close, or QEMU's exit).
+func (v *VM) watch(mon *Monitor) {
+	defer close(v.stops)
+	for ev := range mon.Events() {
+		if ev.Event != "BLOCK_IO_ERROR" {
+			continue
+		}
+		var d struct {
+			Device   string `json:"device"`
+			NodeName string `json:"node-name"`
+			Action   string `json:"action"`
+			NoSpace  bool   `json:"nospace"`
+			Reason   string `json:"reason"`
+		}
+		if json.Unmarshal(ev.Data, &d) != nil || d.Action != "stop" {
+			continue
+		}
+		disk := d.Device
+		if disk == "" {
+			disk = d.NodeName
+		}
+		select {
+		case v.stops <- vmm.Stop{Disk: disk, NoSpace: d.NoSpace, Reason: d.Reason}:
+		default: // the first of a burst is what matters
+		}
+	}
+}
 
 func (v *VM) Pid() int              { return v.proc.Pid }
 func (v *VM) Accel() vmm.Accel      { return v.accel }
@@ -332,6 +372,8 @@ func (v *VM) Status(ctx context.Context) (vmm.State, error) {
 		return vmm.StateRunning, nil
 	case st.Status == "shutdown" || st.Status == "guest-panicked" || st.Status == "internal-error":
 		return vmm.StateStopped, nil
+	case st.Status == "io-error":
+		return vmm.StateIOError, nil
 	}
 	return vmm.StatePaused, nil
 }

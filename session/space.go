@@ -1,0 +1,272 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berthvm/berth/vmm"
+)
+
+// A full host disk is an event, not a crash. Three things guard it:
+//
+//   - Below a free-space floor on the data directory, berth refuses what
+//     would need space (create, a cold start, sleep, an image build), with
+//     the figures; running sessions keep running.
+//   - A session whose VMM stops it because a write to one of its disks
+//     failed for lack of space (QEMU's werror=enospc) is recorded paused,
+//     saying so, and resumed by itself once the data directory is back
+//     above the floor; its commands are not lost.
+//   - Output that cannot be stored is not acknowledged to the agent, so it
+//     stays in the guest and the command blocks on its pipe until space
+//     returns (see run.store).
+
+// pauseDiskFull marks a session paused by its VMM for a full host disk.
+const pauseDiskFull = "host-disk-full"
+
+// HostStatus is the daemon's host as far as sessions care: the data
+// directory's free space against the floor.
+type HostStatus struct {
+	DataDir string `json:"data_dir"`
+	Free    int64  `json:"free"`
+	Floor   int64  `json:"floor"`
+	// Below is true while Free < Floor: what needs space is refused.
+	Below bool `json:"below"`
+	// DiskFullPaused are the sessions paused because a disk write found
+	// the host disk full.
+	DiskFullPaused []string `json:"disk_full_paused,omitempty"`
+}
+
+// Message says the condition in one line, or "" when there is none.
+func (h HostStatus) Message() string {
+	if !h.Below && len(h.DiskFullPaused) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("host disk low: %s free under %s, below the %s floor (free_space_floor)", FormatBytes(h.Free), h.DataDir, FormatBytes(h.Floor))
+}
+
+// ErrNoSpace is the class of refusals for lack of space on the host.
+var ErrNoSpace = errors.New("no space left on the host")
+
+// space watches the data directory's free space.
+type space struct {
+	mu     sync.Mutex
+	free   int64
+	at     time.Time
+	below  bool
+	status HostStatus // last published
+}
+
+// freeSpace returns the data directory's free bytes, measured at most
+// 200 ms ago.
+func (m *Manager) freeSpace() int64 {
+	sp := &m.space
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if time.Since(sp.at) < 200*time.Millisecond {
+		return sp.free
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(m.cfg.DataDir, &st); err != nil {
+		return sp.free
+	}
+	sp.free, sp.at = int64(st.Bavail)*st.Bsize, time.Now()
+	return sp.free
+}
+
+// checkFloor refuses what needs space while the data directory is below
+// the floor.
+func (m *Manager) checkFloor(what string) error {
+	if m.cfg.Floor <= 0 {
+		return nil
+	}
+	if free := m.freeSpace(); free < m.cfg.Floor {
+		return fmt.Errorf("cannot %s: the data directory %s has %s free, below the %s floor (free_space_floor in config.toml); free some space first: %w: %w",
+			what, m.cfg.DataDir, FormatBytes(free), FormatBytes(m.cfg.Floor), ErrNoSpace, syscall.ENOSPC)
+	}
+	return nil
+}
+
+// Host reports the data directory's free space against the floor.
+func (m *Manager) Host(ctx context.Context) (HostStatus, error) {
+	free := m.freeSpace()
+	h := HostStatus{DataDir: m.cfg.DataDir, Free: free, Floor: m.cfg.Floor, Below: m.cfg.Floor > 0 && free < m.cfg.Floor}
+	m.mu.Lock()
+	for name, s := range m.sessions {
+		s.mu.Lock()
+		if s.rec.State == string(StatePaused) && s.rec.PauseReason == pauseDiskFull {
+			h.DiskFullPaused = append(h.DiskFullPaused, name)
+		}
+		s.mu.Unlock()
+	}
+	m.mu.Unlock()
+	sort.Strings(h.DiskFullPaused)
+	return h, nil
+}
+
+// spaceLoop watches free space: it publishes the host's status when it
+// changes and resumes sessions a full disk paused once space is back. For
+// VMMs that do not stop a VM on a full disk themselves (Cloud Hypervisor
+// hands the guest an I/O error), it pauses their VMs while the disk is
+// all but full.
+func (m *Manager) spaceLoop() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		h, _ := m.Host(m.ctx)
+		m.space.mu.Lock()
+		changed := h.Below != m.space.status.Below || len(h.DiskFullPaused) != len(m.space.status.DiskFullPaused)
+		m.space.status = h
+		m.space.mu.Unlock()
+		if changed {
+			msg := h.Message()
+			if msg == "" {
+				msg = fmt.Sprintf("host disk: %s free under %s, above the %s floor again", FormatBytes(h.Free), h.DataDir, FormatBytes(h.Floor))
+			}
+			m.log.Warn("host disk", "free", h.Free, "floor", h.Floor, "below", h.Below)
+			m.hub.publish(Event{Time: time.Now(), Kind: EventHost, Message: msg, Host: &h})
+		}
+		if !h.Below {
+			for _, name := range h.DiskFullPaused {
+				if s, err := m.get(name); err == nil {
+					s.resumeAfterDiskFull(m.ctx, h)
+				}
+			}
+		}
+		if h.Free < diskFullMargin {
+			m.pauseUnguarded(h)
+		}
+	}
+}
+
+// diskFullMargin is the free space under which VMs whose VMM does not
+// stop them on a full disk are paused by berth.
+const diskFullMargin = 32 << 20
+
+// pauseUnguarded pauses running VMs that do not implement vmm.Stopper.
+func (m *Manager) pauseUnguarded(h HostStatus) {
+	m.mu.Lock()
+	ss := make([]*sess, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		ss = append(ss, s)
+	}
+	m.mu.Unlock()
+	for _, s := range ss {
+		s.mu.Lock()
+		vm := s.vm
+		running := s.rec.State == string(StateRunning)
+		s.mu.Unlock()
+		if vm == nil || !running {
+			continue
+		}
+		if _, ok := vm.(vmm.Stopper); ok {
+			continue
+		}
+		s.diskFull(vmm.Stop{NoSpace: true, Reason: "the host disk is all but full"}, true)
+	}
+}
+
+// watchStops turns the VMM's own stops into the session's state; it runs
+// with the supervisor and ends with ctx or the stops channel.
+func (s *sess) watchStops(ctx context.Context, st vmm.Stopper) {
+	stops := st.Stops()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case stop, ok := <-stops:
+			if !ok {
+				return
+			}
+			s.diskFull(stop, false)
+		}
+	}
+}
+
+// diskFull records a session stopped by a failed disk write. When
+// pauseIt, berth pauses the VM itself (a VMM that would not).
+func (s *sess) diskFull(stop vmm.Stop, pauseIt bool) {
+	s.op.Lock()
+	defer s.op.Unlock()
+	if s.state() != StateRunning {
+		return
+	}
+	if pauseIt {
+		vm, err := s.currentVM()
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(s.m.ctx, 10*time.Second)
+		err = vm.Pause(ctx)
+		cancel()
+		if err != nil {
+			return
+		}
+	}
+	free := s.m.freeSpace()
+	what := "a disk write failed on the host"
+	if stop.NoSpace {
+		what = "host disk full"
+	}
+	cause := fmt.Sprintf("%s: %s free under %s; the VM waits (free space, then it resumes by itself, or berth resume %s)", what, FormatBytes(free), s.m.cfg.DataDir, s.name)
+	if stop.Reason != "" && !stop.NoSpace {
+		cause += " (" + stop.Reason + ")"
+	}
+	s.mu.Lock()
+	s.rec.PauseReason = pauseDiskFull
+	s.mu.Unlock()
+	s.m.log.Warn("VM stopped on a disk write", "session", s.name, "disk", stop.Disk, "nospace", stop.NoSpace, "reason", stop.Reason)
+	s.setState(StatePaused, cause, "host")
+}
+
+// check refuses action when the session's state does not allow it. A
+// session its VMM paused on a full host disk says so: what to free, and
+// that it resumes by itself.
+func (s *sess) check(action Action) error {
+	s.mu.Lock()
+	st, reason, cause := State(s.rec.State), s.rec.PauseReason, s.rec.Cause
+	s.mu.Unlock()
+	if st == StatePaused && reason == pauseDiskFull {
+		return checkTransition(s.name, action, st, cause)
+	}
+	return CheckTransition(s.name, action, st)
+}
+
+// resumeAfterDiskFull continues a session a full disk paused.
+func (s *sess) resumeAfterDiskFull(ctx context.Context, h HostStatus) {
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	paused := s.rec.State == string(StatePaused) && s.rec.PauseReason == pauseDiskFull
+	s.mu.Unlock()
+	if !paused {
+		return
+	}
+	vm, err := s.currentVM()
+	if err != nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = vm.Resume(rctx)
+	cancel()
+	if err != nil {
+		s.m.log.Warn("resume after the disk filled", "session", s.name, "err", err)
+		return
+	}
+	s.mu.Lock()
+	s.rec.PauseReason = ""
+	s.mu.Unlock()
+	s.setState(StateRunning, fmt.Sprintf("resumed: the host disk has %s free again", FormatBytes(h.Free)), "host")
+	s.m.resumeRuns(s)
+}
