@@ -277,7 +277,7 @@ func (r *run) hold(gx *guest.Exec, batch []guest.Output, cause error) error {
 		if !errors.Is(err, syscall.ENOSPC) {
 			return err
 		}
-		wait = min(wait*2, 500*time.Millisecond)
+		wait = min(wait*2, 200*time.Millisecond)
 	}
 }
 

@@ -350,8 +350,13 @@ func (s *Store) trimLocked(session string, limit int64) error {
 	}
 }
 
-// ReadOutput returns up to limit chunks (all if limit <= 0) of the exec's
-// output, starting at seq from. gap is the size of chunks at or after from
+// MaxReadBytes bounds the data one ReadOutput returns (at least one chunk
+// is returned whatever its size): a page of output is read into memory and
+// sent as one answer.
+const MaxReadBytes = 16 << 20
+
+// ReadOutput returns up to limit chunks (all if limit <= 0, within
+// MaxReadBytes) of the exec's output, starting at seq from. gap is the size of chunks at or after from
 // that retention trimmed, which lie before the first chunk returned; next is
 // the seq to read from next time.
 //
@@ -394,8 +399,9 @@ func (s *Store) ReadOutput(execID string, from uint64, limit int) (chunks []Chun
 		}
 		it := txn.NewIterator(opts)
 		defer it.Close()
+		var bytes int64
 		for it.Seek(chunkKey(execID, next)); it.Valid(); it.Next() {
-			if limit > 0 && len(chunks) >= limit {
+			if limit > 0 && len(chunks) >= limit || bytes >= MaxReadBytes {
 				break
 			}
 			item := it.Item()
@@ -409,8 +415,10 @@ func (s *Store) ReadOutput(execID string, from uint64, limit int) (chunks []Chun
 				c.Time = time.Unix(0, r.time)
 				if r.seg {
 					reads = append(reads, segRead{i: len(chunks), off: r.off, n: r.n})
+					bytes += int64(r.n)
 				} else {
 					c.Data = append([]byte(nil), r.data...)
+					bytes += int64(len(r.data))
 				}
 				return nil
 			}); err != nil {

@@ -413,3 +413,54 @@ func TestAppendOutputRejects(t *testing.T) {
 		t.Errorf("after rejects: %+v", e)
 	}
 }
+
+// A read returns at most MaxReadBytes of data, and at least one chunk;
+// reading on from next gets the rest.
+func TestReadOutputBounded(t *testing.T) {
+	s := openTest(t, t.TempDir())
+	if err := s.PutSession(Session{Name: "s", Retention: 1 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutExec(Exec{ID: "e", Session: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	const n, size = 40, 1 << 20
+	var off int64
+	for i := 0; i < n; i++ {
+		off += size
+		if _, err := s.AppendOutput("e", []Chunk{{Stream: Stdout, Data: bytes.Repeat([]byte{byte(i)}, size)}}, off, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got int
+	for from := uint64(0); got < n; {
+		chunks, _, next, err := s.ReadOutput("e", from, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b int
+		for _, c := range chunks {
+			if c.Data[0] != byte(got) || len(c.Data) != size {
+				t.Fatalf("chunk %d holds %d×%d", got, c.Data[0], len(c.Data))
+			}
+			got++
+			b += len(c.Data)
+		}
+		if len(chunks) == 0 || b > MaxReadBytes+size {
+			t.Fatalf("a read returned %d chunks, %d bytes", len(chunks), b)
+		}
+		from = next
+	}
+	big := bytes.Repeat([]byte{'x'}, MaxReadBytes+1)
+	if err := s.PutExec(Exec{ID: "f", Session: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := s.AppendOutput("f", []Chunk{{Stream: Stdout, Data: big}}, int64(i+1)*int64(len(big)), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if chunks, _, _, err := s.ReadOutput("f", 0, 0); err != nil || len(chunks) != 1 {
+		t.Fatalf("a chunk over the bound: %d chunks, %v", len(chunks), err)
+	}
+}

@@ -224,8 +224,15 @@ func DebianDataDir(t testing.TB) string {
 // test image, so daemons under test do not rebuild it.
 func DataDir(t testing.TB) string {
 	t.Helper()
+	return DataDirIn(t, t.TempDir())
+}
+
+// DataDirIn makes dir (which must not hold a data directory yet) a data
+// directory like DataDir's: for a data directory on a filesystem of the
+// test's own, such as a small tmpfs.
+func DataDirIn(t testing.TB, dir string) string {
+	t.Helper()
 	im := Image(t)
-	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "images"), 0o755); err != nil {
 		t.Fatal(err)
 	}

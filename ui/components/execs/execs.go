@@ -248,6 +248,9 @@ func (m *Model) View() string {
 		if e.Outside {
 			state = "outside"
 		}
+		if e.Held != "" {
+			state = "held" // output waits in the guest for host disk space
+		}
 		stateCell := common.Fit(state, wState)
 		exitCell := common.FitLeft(exit, wExit)
 		if !sel {
@@ -265,6 +268,9 @@ func (m *Model) View() string {
 			common.Fit(started, wStart) + "  " + common.FitLeft(took, wDur) + "  " +
 			common.FitLeft(session.FormatBytesShort(e.StdoutBytes)+"/"+session.FormatBytesShort(e.StderrBytes), wOut) + "  " +
 			common.Fit(by, wBy) + "  " + common.ExecLabel(*e)
+		if e.Held != "" {
+			row += "  (" + common.SanitizeLine(e.Held) + ")"
+		}
 		row = common.Fit(row, m.w)
 		if sel {
 			row = st.Selected.Render(row)
