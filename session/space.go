@@ -57,26 +57,22 @@ var ErrNoSpace = errors.New("no space left on the host")
 // space watches the data directory's free space.
 type space struct {
 	mu     sync.Mutex
-	free   int64
-	at     time.Time
-	below  bool
+	free   int64      // last measured, kept when a statfs fails
 	status HostStatus // last published
 }
 
-// freeSpace returns the data directory's free bytes, measured at most
-// 200 ms ago.
+// freeSpace returns the data directory's free bytes, measured now (a
+// statfs costs microseconds; a cached figure would refuse a create just
+// after space was freed).
 func (m *Manager) freeSpace() int64 {
 	sp := &m.space
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	if time.Since(sp.at) < 200*time.Millisecond {
-		return sp.free
-	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(m.cfg.DataDir, &st); err != nil {
 		return sp.free
 	}
-	sp.free, sp.at = int64(st.Bavail)*st.Bsize, time.Now()
+	sp.free = int64(st.Bavail) * st.Bsize
 	return sp.free
 }
 
