@@ -174,12 +174,12 @@ const (
 // Event is one change, as published to watchers and kept in a session's
 // timeline.
 type Event struct {
-	Seq     uint64     `json:"seq"`
-	Time    time.Time  `json:"time"`
-	Kind    EventKind  `json:"kind"`
-	Name    string     `json:"session"`
-	Message string     `json:"message,omitempty"`
-	By      string     `json:"by,omitempty"`
+	Seq     uint64      `json:"seq"`
+	Time    time.Time   `json:"time"`
+	Kind    EventKind   `json:"kind"`
+	Name    string      `json:"session"`
+	Message string      `json:"message,omitempty"`
+	By      string      `json:"by,omitempty"`
 	Session *Session    `json:"info,omitempty"`
 	Exec    *Execution  `json:"exec,omitempty"`
 	Host    *HostStatus `json:"host,omitempty"`
