@@ -15,11 +15,18 @@ import (
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
+// ReservedName is no session's name: over SSH, berth@HOST is the
+// workbench while NAME@HOST is session NAME.
+const ReservedName = "berth"
+
 // A NameError is a refused session name. It wraps ErrInvalid; its message
 // says what a name may contain.
 type NameError struct{ Name string }
 
 func (e *NameError) Error() string {
+	if e.Name == ReservedName {
+		return fmt.Sprintf("the session name %q is reserved: over SSH, berth@HOST is the workbench and NAME@HOST a session", e.Name)
+	}
 	return fmt.Sprintf("invalid session name %q: use 1-63 lowercase letters, digits and dashes, starting with a letter or digit", e.Name)
 }
 
@@ -29,7 +36,7 @@ func (e *NameError) Unwrap() error { return ErrInvalid }
 // dashes, starting with a letter or digit, at most 63 characters (it is
 // used in paths and as an SSH user name). It returns a *NameError.
 func ValidateName(name string) error {
-	if !nameRE.MatchString(name) {
+	if !nameRE.MatchString(name) || name == ReservedName {
 		return &NameError{Name: name}
 	}
 	return nil

@@ -81,21 +81,7 @@ const (
 func Run(ctx context.Context, env Env, args []string, extra ...*Command) int {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if env.Who != "" {
-		ctx = session.WithActor(ctx, env.Who)
-	}
-	if env.Now == nil {
-		env.Now = time.Now
-	}
-	if env.Stdin == nil {
-		env.Stdin = strings.NewReader("")
-	}
-	if env.Size.Rows <= 0 || env.Size.Cols <= 0 {
-		env.Size = TermSize{Rows: 24, Cols: 80}
-	}
-	if env.Term == "" {
-		env.Term = "xterm-256color"
-	}
+	ctx, env = env.defaults(ctx)
 	c := &Call{env: env, table: append(commands(), extra...)}
 
 	if env.Globals != nil {
@@ -125,6 +111,39 @@ func Run(ctx context.Context, env Env, args []string, extra ...*Command) int {
 		return ExitUsage
 	}
 	return c.finish(ctx, cmd, c.run(ctx, cmd, args[n:]))
+}
+
+// defaults fills env's zero fields and puts its caller on ctx.
+func (env Env) defaults(ctx context.Context) (context.Context, Env) {
+	if env.Who != "" {
+		ctx = session.WithActor(ctx, env.Who)
+	}
+	if env.Now == nil {
+		env.Now = time.Now
+	}
+	if env.Stdin == nil {
+		env.Stdin = strings.NewReader("")
+	}
+	if env.Size.Rows <= 0 || env.Size.Cols <= 0 {
+		env.Size = TermSize{Rows: 24, Cols: 80}
+	}
+	if env.Term == "" {
+		env.Term = "xterm-256color"
+	}
+	return ctx, env
+}
+
+// Execute runs req in session name with env's streams as berth exec does
+// (stdin forwarded, stdout and stderr kept apart, the terminal resized,
+// the command cancelled when ctx ends) and returns the exit code: the
+// command's own, 128+N for signal N, or Run's codes, with Run's one-line
+// error on Stderr. The SSH server runs commands in sessions with it.
+func Execute(ctx context.Context, env Env, name string, req session.ExecRequest) int {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ctx, env = env.defaults(ctx)
+	c := &Call{env: env}
+	return c.finish(ctx, nil, c.execute(ctx, name, req))
 }
 
 // A Call is one Run of a command: what its RunFunc may use.
@@ -214,9 +233,12 @@ func (c *Call) finish(ctx context.Context, cmd *Command, err error) int {
 			fmt.Fprintf(c.env.Stderr, "berth: %s\n", exit.msg)
 		}
 		return exit.code
-	case errors.As(err, &usage):
+	case errors.As(err, &usage) && cmd != nil:
 		fmt.Fprintf(c.env.Stderr, "berth: %s: %s (usage: %s; see 'berth %s --help')\n",
 			cmd.Name, usage.msg, cmd.synopsis(), cmd.Name)
+		return ExitUsage
+	case errors.As(err, &usage):
+		fmt.Fprintf(c.env.Stderr, "berth: %s\n", usage.msg)
 		return ExitUsage
 	case ctx.Err() != nil && errors.Is(err, context.Canceled):
 		fmt.Fprintln(c.env.Stderr, "berth: interrupted")

@@ -41,6 +41,21 @@ func (s *Server) handleSession(sess ssh.Session) {
 		sess.Exit(1)
 		return
 	}
+	if sn, ok := s.sessionFor(sess.Context(), sess.User()); ok {
+		// NAME@HOST: the session is the host.
+		c.busy.Add(1)
+		defer func() {
+			c.lastRead.Store(time.Now().UnixNano())
+			c.busy.Add(-1)
+		}()
+		log := s.log.With("remote", sess.RemoteAddr().String(), "key", ak.Fingerprint, "name", ak.Name(), "role", ak.Role.String(), "session", sn.Name)
+		start := time.Now()
+		log.Info("ssh: in session", "shell", strings.TrimSpace(sess.RawCommand()) == "", "pty", isPty)
+		code := s.runInSession(sess, ak, sn, pty, sizes, isPty)
+		log.Info("ssh: session ended", "exit", code, "took", time.Since(start).Round(time.Millisecond))
+		sess.Exit(code)
+		return
+	}
 	args := sess.Command()
 	if len(args) == 0 && strings.TrimSpace(sess.RawCommand()) != "" {
 		fmt.Fprintf(sess.Stderr(), "berth: cannot split the command line %q into words (unbalanced quotes?)\n", sess.RawCommand())
@@ -120,28 +135,7 @@ func (s *Server) runCommand(sess ssh.Session, ak AuthorizedKey, args []string, p
 	if isPty {
 		env.Size = cli.TermSize{Rows: pty.Window.Height, Cols: pty.Window.Width}
 		env.Term = pty.Term
-		env.SizeChanges = func(ctx context.Context) <-chan cli.TermSize {
-			ch := make(chan cli.TermSize, 1)
-			go func() { // ends when ctx (Run's) ends or the sizes end
-				defer close(ch)
-				for {
-					select {
-					case <-ctx.Done():
-						return
-					case w, ok := <-sizes:
-						if !ok {
-							return
-						}
-						select {
-						case ch <- cli.TermSize{Rows: w.Height, Cols: w.Width}:
-						case <-ctx.Done():
-							return
-						}
-					}
-				}
-			}()
-			return ch
-		}
+		env.SizeChanges = sizeChanges(sizes)
 	}
 	return cli.Run(sess.Context(), env, args)
 }
