@@ -70,9 +70,9 @@ func (e *env) cmd(args ...string) *exec.Cmd {
 }
 
 // startDaemon runs `berth serve` and waits for its socket.
-func (e *env) startDaemon() {
+func (e *env) startDaemon(args ...string) {
 	e.t.Helper()
-	c := e.cmd("serve")
+	c := e.cmd(append([]string{"serve"}, args...)...)
 	logf, err := os.OpenFile(filepath.Join(e.data, "test-daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		e.t.Fatal(err)
