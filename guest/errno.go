@@ -33,6 +33,11 @@ var errnoByName = map[string]syscall.Errno{
 	"ETXTBSY":      syscall.ETXTBSY,
 	"ESRCH":        syscall.ESRCH,
 	"ENOMEM":       syscall.ENOMEM,
+	"EBADF":        syscall.EBADF,
+	"EMFILE":       syscall.EMFILE,
+	"EMLINK":       syscall.EMLINK,
+	"ENXIO":        syscall.ENXIO,
+	"EOPNOTSUPP":   syscall.EOPNOTSUPP, // ENOTSUP too, on Linux
 }
 
 // ErrorFrom converts a Go error into an agent Error, keeping the errno.

@@ -45,7 +45,7 @@ type FrameType uint8
 const (
 	FrameRequest  FrameType = iota + 1 // JSON Request; first frame of every stream
 	FrameResult                        // JSON reply; ends a unary call
-	FrameError                         // JSON *Error; ends any call
+	FrameError                         // JSON *Error; ends any call (on an open stream, answers one request)
 	FrameStarted                       // JSON ExecInfo; an exec has started or been attached
 	FrameStdout                        // 8-byte offset + bytes
 	FrameStderr                        // 8-byte offset + bytes
@@ -56,6 +56,11 @@ const (
 	FrameAck                           // JSON Ack: output up to these offsets is stored by the host
 	FrameData                          // file bytes
 	FrameEnd                           // end of file bytes
+	// On an open stream (OpOpen), after the open's FrameResult, each of
+	// these is one request, answered by one frame in the order sent.
+	FrameReadAt  // 8-byte offset + 4-byte length; FrameData (short only at end of file) or FrameError
+	FrameWriteAt // 8-byte offset + bytes; FrameResult WriteAtResult or FrameError
+	FrameCall    // JSON HandleCall; FrameResult (FileInfo for stat) or FrameError
 )
 
 // WriteFrame writes one frame. It is not safe for concurrent use on one
@@ -157,6 +162,10 @@ type Request struct {
 	Wait Duration `json:"wait,omitempty"` // shutdown grace
 	// Mount says what to mount after a template restore.
 	Mount *MountSpec `json:"mount,omitempty"`
+
+	Flags  int    `json:"flags,omitempty"`  // open: Open* flags
+	Target string `json:"target,omitempty"` // symlink: the link's content, stored as given
+	Attrs  *Attrs `json:"attrs,omitempty"`  // setstat
 }
 
 // MountSpec is what a VM restored from a template (booted with no disks
@@ -191,7 +200,81 @@ const (
 	OpThaw     = "thaw"
 	OpPack     = "pack"   // stream a tree out of /workspace as tar
 	OpUnpack   = "unpack" // write a tar stream into /workspace, durably
+
+	// OpOpen opens a file and keeps the stream for the handle's life:
+	// FrameReadAt, FrameWriteAt and FrameCall requests follow, each
+	// answered in order, until a HandleClose call (or the stream's end,
+	// which releases the handle as a close would not: a staged file is
+	// dropped).
+	OpOpen       = "open"
+	OpSetstat    = "setstat"    // Attrs on Path, following symlinks
+	OpStatFollow = "statfollow" // Stat following a final symlink
+	OpSymlink    = "symlink"    // Path becomes a symlink to Target
+	OpLink       = "link"       // To becomes a hard link to Path
+	OpStatfs     = "statfs"     // the figures of the filesystem holding Path
+	OpRmdir      = "rmdir"      // remove an empty directory, never a file
 )
+
+// Open flags (Request.Flags), the same values whatever the host's or the
+// guest's O_ constants.
+const (
+	OpenRead      = 0x1  // O_RDONLY when alone
+	OpenWrite     = 0x2  // O_WRONLY, or O_RDWR with OpenRead
+	OpenAppend    = 0x4  // writes go to the end, whatever their offset
+	OpenCreate    = 0x8  // create if missing
+	OpenTruncate  = 0x10 // truncate to zero
+	OpenExclusive = 0x20 // with OpenCreate: fail if it exists (atomic)
+)
+
+// OpenResult is the reply to OpOpen. Staged says the handle writes a
+// temporary file that its close renames into place.
+type OpenResult struct {
+	Staged bool `json:"staged,omitempty"`
+}
+
+// Attrs are what OpSetstat and HandleSetstat change; nil fields stay.
+type Attrs struct {
+	Size  *int64     `json:"size,omitempty"`
+	Mode  *uint32    `json:"mode,omitempty"` // io/fs.FileMode permission, setuid, setgid and sticky bits
+	Atime *time.Time `json:"atime,omitempty"`
+	Mtime *time.Time `json:"mtime,omitempty"`
+	UID   *int       `json:"uid,omitempty"`
+	GID   *int       `json:"gid,omitempty"`
+}
+
+// Calls on an open handle (HandleCall.Op).
+const (
+	HandleStat    = "stat"
+	HandleSetstat = "setstat"
+	HandleSync    = "sync"
+	HandleClose   = "close" // the reply is the stream's last frame
+)
+
+// HandleCall is a FrameCall request.
+type HandleCall struct {
+	Op    string `json:"op"`
+	Attrs *Attrs `json:"attrs,omitempty"`
+}
+
+// WriteAtResult answers a FrameWriteAt.
+type WriteAtResult struct {
+	N int `json:"n"`
+}
+
+// FSStat is a filesystem's figures, as statvfs(3) gives them.
+type FSStat struct {
+	BlockSize    uint64 `json:"bsize"`
+	FragmentSize uint64 `json:"frsize"`
+	Blocks       uint64 `json:"blocks"`
+	BlocksFree   uint64 `json:"bfree"`
+	BlocksAvail  uint64 `json:"bavail"`
+	Files        uint64 `json:"files"`
+	FilesFree    uint64 `json:"ffree"`
+	FilesAvail   uint64 `json:"favail"`
+	FSID         uint64 `json:"fsid"`
+	Flags        uint64 `json:"flag"` // ST_RDONLY (1), ST_NOSUID (2)…
+	NameMax      uint64 `json:"namemax"`
+}
 
 // Duration is a time.Duration that travels as nanoseconds.
 type Duration = time.Duration

@@ -10,18 +10,25 @@ import (
 
 // agentFor returns the agent of a running session, for file calls.
 func (m *Manager) agentFor(name string) (*guest.Client, error) {
+	_, c, err := m.sessAgent(name)
+	return c, err
+}
+
+// sessAgent is agentFor that returns the session too.
+func (m *Manager) sessAgent(name string) (*sess, *guest.Client, error) {
 	s, err := m.get(name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := s.check(ActionFiles); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := m.ensureAwake(context.Background(), s); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s.touch()
-	return s.connectedAgent()
+	c, err := s.connectedAgent()
+	return s, c, err
 }
 
 func fileInfo(fi guest.FileInfo) FileInfo {

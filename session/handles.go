@@ -18,13 +18,16 @@ const (
 )
 
 // Attrs are the attributes SETSTAT-like calls change; nil fields stay as
-// they are.
+// they are (Atime without Mtime changes only the access time, UID without
+// GID only the owner). They are applied in the order that keeps each:
+// size, then ownership (a chown clears setuid and setgid), then mode,
+// then times.
 type Attrs struct {
-	Size  *int64       `json:"size,omitempty"`  // truncate or extend
-	Mode  *fs.FileMode `json:"mode,omitempty"`  // permission bits (and setuid/setgid/sticky)
-	Atime *time.Time   `json:"atime,omitempty"` // with Mtime
+	Size  *int64       `json:"size,omitempty"`  // truncate or extend (with zeros)
+	Mode  *fs.FileMode `json:"mode,omitempty"`  // permission bits and fs.ModeSetuid, ModeSetgid, ModeSticky; other bits are ignored
+	Atime *time.Time   `json:"atime,omitempty"` // usually with Mtime
 	Mtime *time.Time   `json:"mtime,omitempty"`
-	UID   *int         `json:"uid,omitempty"` // ownership, where the guest allows it
+	UID   *int         `json:"uid,omitempty"` // ownership: root in the guest may give any
 	GID   *int         `json:"gid,omitempty"`
 }
 
@@ -38,20 +41,36 @@ type FSStat struct {
 
 // A File is an open file in a session's /workspace: reads and writes at
 // any offset on one handle, as an SFTP client makes them. Its methods are
-// safe for concurrent use. Close releases it; a File whose caller goes
-// away (its context ends) is released too.
+// safe for concurrent use, and concurrent calls are in flight together.
+// ReadAt and WriteAt behave as io.ReaderAt and io.WriterAt: fewer bytes
+// only with an error, io.EOF at the end of the file (returned as is, never
+// classed). On a File opened with OpenAppend every write goes to the end,
+// whatever its offset. Stat's Name is the base of the path opened.
 //
-// Durability: a file opened to create or truncate it, without
-// OpenExclusive, is staged: it is written to a temporary file beside its
-// name, and Close makes it durable (fsync) and renames it into place (and
-// syncs the directory) — until then readers see the old content, and a
-// File never closed (the client went away mid-upload) leaves nothing
-// under the name. Any other open for writing writes in place; Sync, and
-// Close after a write, make the writes durable.
+// The ctx given to Open bounds the File's life: when it ends (the client
+// went away), the File is released without Close. Close releases it too;
+// calls after Close, Close included, fail with an error wrapping
+// fs.ErrClosed (and ErrInvalid).
+//
+// Durability: a file opened for writing to create it (OpenCreate, the name
+// missing) or to truncate it (OpenTruncate on an existing regular file
+// with one link), without OpenExclusive, is staged: it is written to a
+// temporary file beside its name, and Close makes it durable (fsync) and
+// renames it into place (and syncs the directory) — until then readers
+// see the old content (or no file), and a File never closed (the client
+// went away mid-upload, the VM stopped) leaves nothing under the name.
+// A Close that fails put nothing in place. A symlink, or a file with
+// several links, is truncated in place, so links stay links.
+// OpenCreate|OpenExclusive creates the real file in place, atomically (a
+// lockfile). Any other open for writing writes in place, seen by readers
+// at once; Sync, and Close after a write or Setstat, make the writes
+// durable (Close of a file created in place syncs its directory too).
 type File interface {
 	ReadAt(p []byte, off int64) (int, error)
 	WriteAt(p []byte, off int64) (int, error)
 	Stat(ctx context.Context) (FileInfo, error)
+	// Setstat changes the open file's attributes; Sync or Close makes
+	// the change durable.
 	Setstat(ctx context.Context, a Attrs) error
 	Sync(ctx context.Context) error
 	Close() error
@@ -59,17 +78,41 @@ type File interface {
 
 // Handles are the file calls an SFTP server needs beyond Files: open
 // handles, attribute changes, links and the filesystem's figures. Paths
-// are under /workspace as for Files; symlinks that lead out are refused.
+// are under /workspace as for Files; symlinks that lead out (absolute
+// ones included: the guest resolves paths inside its /workspace) are
+// refused with ErrInvalid wherever they would be followed. Path calls are
+// durable when they return.
+//
+// Errors carry a class, as for Files, and where the guest reported an
+// errno, that syscall.Errno too (errors.Is(err, syscall.ENOTEMPTY)), so an
+// SFTP server can answer precisely: ENOENT is ErrNotFound; EEXIST
+// ErrExists; EACCES, EPERM and EROFS ErrPermission; ENOTEMPTY, ENOTDIR,
+// EISDIR, EINVAL, ELOOP, EBADF, EXDEV, EMLINK, ENAMETOOLONG and EBUSY
+// ErrInvalid; ENOSPC and EDQUOT ErrConflict (the workspace is full); a
+// lost VM ErrUnavailable.
 type Handles interface {
+	// Open opens path as flags (Open*) say. perm is a new file's mode
+	// (permission bits and setuid, setgid, sticky; the guest's umask,
+	// 022, applies); 0 means 0644. Without OpenWrite the file is opened
+	// for reading only. See File for what is staged.
 	Open(ctx context.Context, name, path string, flags int, perm fs.FileMode) (File, error)
+	// Setstat changes path's attributes, following symlinks.
 	Setstat(ctx context.Context, name, path string, a Attrs) error
 	// StatFollow describes path following symlinks (inside /workspace);
 	// Files.Stat does not follow a final one.
 	StatFollow(ctx context.Context, name, path string) (FileInfo, error)
+	// Symlink makes path a symlink to target. The target is stored as
+	// given, whatever it names (as OpenSSH's sftp-server does): making a
+	// link reads nothing, and following one that leads out of /workspace
+	// is refused on every later call.
 	Symlink(ctx context.Context, name, target, path string) error
-	Link(ctx context.Context, name, oldpath, newpath string) error // a hard link
+	// Link makes newpath a hard link to oldpath (to the symlink itself
+	// when oldpath is one). A directory cannot be linked (EPERM).
+	Link(ctx context.Context, name, oldpath, newpath string) error
+	// Statfs reports the figures of the filesystem holding path.
 	Statfs(ctx context.Context, name, path string) (FSStat, error)
 	// Rmdir removes an empty directory (Remove removes files and empty
-	// directories too; Rmdir refuses a file).
+	// directories too; Rmdir refuses a file or a symlink with ENOTDIR,
+	// a directory with entries with ENOTEMPTY, both ErrInvalid).
 	Rmdir(ctx context.Context, name, path string) error
 }

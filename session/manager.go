@@ -320,9 +320,9 @@ func agentErr(name string, err error) error {
 			switch ge.Code {
 			case "ENOSPC", "EDQUOT":
 				return classed{ErrConflict, fmt.Errorf("workspace of %q is full (free space in it, or create a session with a larger --disk): %w", name, err)}
-			case "EISDIR", "ENOTDIR", "ENOTEMPTY", "EINVAL", "ENAMETOOLONG", "EBUSY":
+			case "EISDIR", "ENOTDIR", "ENOTEMPTY", "EINVAL", "ENAMETOOLONG", "EBUSY", "ELOOP", "EBADF", "EXDEV", "EMLINK":
 				class = ErrInvalid
-			case "EACCES", "EPERM":
+			case "EACCES", "EPERM", "EROFS":
 				class = ErrPermission
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berthvm/berth/guest"
@@ -33,6 +34,9 @@ type sess struct {
 	stats    guest.Stats
 	statsAt  time.Time
 	agentMu  sync.Mutex // serialises (re)connecting the agent
+	// files counts the Handles files open on the session's agent; the
+	// idle loop does not put a session holding any to sleep.
+	files atomic.Int32
 }
 
 func (m *Manager) newSess(rec store.Session) *sess {

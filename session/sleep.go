@@ -233,8 +233,8 @@ func (m *Manager) ensureAwake(ctx context.Context, s *sess) error {
 	return s.wake(ctx, orAPI(Actor(ctx)))
 }
 
-// idleLoop puts sessions to sleep once they have had no running command
-// and no action for the idle timeout.
+// idleLoop puts sessions to sleep once they have had no running command,
+// no open file and no action for the idle timeout.
 func (m *Manager) idleLoop() {
 	// Checking is cheap (a pass over the sessions in memory), so a short
 	// fixed tick serves both minutes-long and seconds-long timeouts.
@@ -257,7 +257,9 @@ func (m *Manager) idleLoop() {
 			limit := s.idleTimeoutLocked()
 			idle := limit > 0 && s.rec.State == string(StateRunning) && time.Since(s.rec.LastActivity) > limit
 			s.mu.Unlock()
-			if !idle || m.runningCount(s.name) > 0 {
+			// An open file is a client at work (an sftp upload, an
+			// sshfs mount's open file): sleeping would end its handle.
+			if !idle || m.runningCount(s.name) > 0 || s.files.Load() > 0 {
 				continue
 			}
 			s.op.Lock()

@@ -84,6 +84,7 @@ type Agent struct {
 	sysInfo guest.Workspace
 	host    string
 	closing bool
+	handles map[*handle]struct{} // files open for the host
 
 	sessMu  sync.Mutex
 	current *yamux.Session // at most one host session at a time
@@ -318,6 +319,23 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 		return nil, a.read(s, req.Path)
 	case guest.OpWrite:
 		return a.write(s, req.Path, req.Mode)
+	case guest.OpOpen:
+		return nil, a.serveOpen(s, req)
+	case guest.OpSetstat:
+		if req.Attrs == nil {
+			return nil, &guest.Error{Code: guest.CodeBadRequest, Op: req.Op, Message: "setstat without attributes"}
+		}
+		return struct{}{}, a.setstat(req.Path, req.Attrs)
+	case guest.OpStatFollow:
+		return a.statFollow(req.Path)
+	case guest.OpSymlink:
+		return struct{}{}, a.symlink(req.Target, req.Path)
+	case guest.OpLink:
+		return struct{}{}, a.link(req.Path, req.To)
+	case guest.OpStatfs:
+		return a.statfs(req.Path)
+	case guest.OpRmdir:
+		return struct{}{}, a.rmdir(req.Path)
 	case guest.OpPack:
 		return nil, a.pack(s, req.Path)
 	case guest.OpUnpack:

@@ -148,6 +148,9 @@ func (a *Agent) shutdown(ctx context.Context, s *stream, grace time.Duration) (a
 		}
 		e.signal(syscall.SIGKILL)
 	}
+	// Files the host holds open would keep the workspace busy; a staged
+	// file never closed is dropped, as when its host goes away.
+	a.releaseHandles(fmt.Errorf("%w: unmounted for shutdown", guest.ErrNoWorkspace))
 	var res guest.FlushResult
 	if _, err := a.workspace(); err == nil {
 		var err error
