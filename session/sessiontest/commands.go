@@ -2,6 +2,7 @@ package sessiontest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -60,7 +61,7 @@ func (p *Proc) ReadFile(path string) ([]byte, error) {
 	if n.dir {
 		return nil, fmt.Errorf("%s: is a directory", path)
 	}
-	return n.data, nil
+	return bytes.Clone(n.data), nil // open Files write in place
 }
 
 func (p *Proc) command(name string) Command {

@@ -77,7 +77,8 @@ type fakeSession struct {
 	info     session.Session
 	root     *node
 	timeline []session.Event
-	execs    []*fakeExec // in start order
+	execs    []*fakeExec            // in start order
+	open     map[*fakeFile]struct{} // open Files (handles.go)
 }
 
 var _ session.Service = (*Fake)(nil)

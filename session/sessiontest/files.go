@@ -9,8 +9,10 @@ import (
 	"path"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/session"
 )
 
@@ -42,7 +44,7 @@ func cleanPath(p string) (string, error) {
 		return "", nil
 	}
 	if !strings.HasPrefix(full, "/workspace/") {
-		return "", fmt.Errorf("path %q is outside /workspace: %w", p, session.ErrInvalid)
+		return "", withErrno(fmt.Errorf("path %q is outside /workspace: %w", p, session.ErrInvalid), guest.ErrEscape)
 	}
 	return strings.TrimPrefix(full, "/workspace/"), nil
 }
@@ -78,19 +80,19 @@ func (s *fakeSession) resolve(rel string, followLast bool) (*node, string, error
 		part := parts[0]
 		parts = parts[1:]
 		if !n.dir {
-			return nil, "", fmt.Errorf("%s: a parent is not a directory: %w", displayPath(rel), session.ErrInvalid)
+			return nil, "", withErrno(fmt.Errorf("%s: a parent is not a directory: %w", displayPath(rel), session.ErrInvalid), syscall.ENOTDIR)
 		}
 		c, ok := n.children[part]
 		if !ok {
-			return nil, "", fmt.Errorf("%s: %w", displayPath(rel), session.ErrNotFound)
+			return nil, "", withErrno(fmt.Errorf("%s: %w", displayPath(rel), session.ErrNotFound), syscall.ENOENT)
 		}
 		if c.isLink() && (len(parts) > 0 || followLast) {
 			if links++; links > maxLinks {
-				return nil, "", fmt.Errorf("%s: too many levels of symlinks: %w", displayPath(rel), session.ErrInvalid)
+				return nil, "", withErrno(fmt.Errorf("%s: too many levels of symlinks: %w", displayPath(rel), session.ErrInvalid), syscall.ELOOP)
 			}
 			to := path.Join(append(append([]string{"/workspace"}, real...), c.link)...)
 			if path.IsAbs(c.link) || (to != "/workspace" && !strings.HasPrefix(to, "/workspace/")) {
-				return nil, "", fmt.Errorf("%s: symlink %s → %s leads out of /workspace: %w", displayPath(rel), displayPath(path.Join(append(real, part)...)), c.link, session.ErrInvalid)
+				return nil, "", withErrno(fmt.Errorf("%s: symlink %s → %s leads out of /workspace: %w", displayPath(rel), displayPath(path.Join(append(real, part)...)), c.link, session.ErrInvalid), guest.ErrEscape)
 			}
 			parts = append(splitPath(strings.TrimPrefix(strings.TrimPrefix(to, "/workspace"), "/")), parts...)
 			n, real = s.root, real[:0]
@@ -123,7 +125,7 @@ func (s *fakeSession) parent(p string) (*node, string, string, error) {
 		return nil, "", "", fmt.Errorf("%s: parent directory: %w", displayPath(rel), err)
 	}
 	if !d.dir {
-		return nil, "", "", fmt.Errorf("%s: parent is not a directory: %w", displayPath(rel), session.ErrInvalid)
+		return nil, "", "", withErrno(fmt.Errorf("%s: parent is not a directory: %w", displayPath(rel), session.ErrInvalid), syscall.ENOTDIR)
 	}
 	return d, base, rel, nil
 }
@@ -218,7 +220,7 @@ func (f *Fake) ReadFile(ctx context.Context, name, p string) (io.ReadCloser, err
 		if n.dir {
 			return fmt.Errorf("read %s: is a directory: %w", displayPath(rel), session.ErrInvalid)
 		}
-		data = n.data
+		data = bytes.Clone(n.data) // a snapshot: open Files write in place
 		return nil
 	})
 	if err != nil {

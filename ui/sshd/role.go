@@ -70,6 +70,8 @@ const (
 	opMkdir
 	opRemoveFile
 	opRename
+	opSetattr
+	opLink
 )
 
 // describe returns what o does, completing "role viewer may not ...", and
@@ -112,6 +114,10 @@ func (o op) describe() (what string, least Role) {
 		return "remove files", Operator
 	case opRename:
 		return "rename files", Operator
+	case opSetattr:
+		return "change file attributes", Operator
+	case opLink:
+		return "create links", Operator
 	}
 	return fmt.Sprintf("op(%d)", int(o)), Admin
 }
