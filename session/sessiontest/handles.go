@@ -502,3 +502,15 @@ func (f *Fake) Rmdir(ctx context.Context, name, p string) error {
 		return nil
 	})
 }
+
+// OpenFiles is how many Files are open on session name now (0 for a
+// session that does not exist): tests wait on it to see a server release
+// the handles its client left open.
+func (f *Fake) OpenFiles(name string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s, ok := f.sessions[name]; ok {
+		return len(s.open)
+	}
+	return 0
+}

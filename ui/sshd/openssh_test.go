@@ -17,8 +17,6 @@ import (
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
-
-	"github.com/berthvm/berth/session"
 )
 
 // openSSH runs the real OpenSSH client against a world.
@@ -217,15 +215,14 @@ func TestOpenSSHSFTPRoundTrip(t *testing.T) {
 	}
 }
 
+// TestOpenSSHInterruptedUpload: an sftp put killed mid-upload leaves the
+// old content under the name and no handle open in the session.
 func TestOpenSSHInterruptedUpload(t *testing.T) {
 	op := newKey(t, "op@openssh", Operator)
-	var gate *gatedWrites
-	w := newWorld(t, worldOpts{wrap: func(s session.Service) session.Service {
-		gate = newGatedWrites(s, 2<<20)
-		return gate
-	}}, op)
+	w := newWorld(t, worldOpts{}, op)
 	w.create("demo")
 	w.fake.WriteFile(context.Background(), "demo", "target.bin", strings.NewReader("old content"))
+	w.fake.Hang("File.WriteAt") // the upload is stuck in its first write until released
 	o := newOpenSSH(t, w, op)
 	local := filepath.Join(o.dir, "new.bin")
 	f, _ := os.Create(local)
@@ -239,24 +236,27 @@ func TestOpenSSHInterruptedUpload(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-gate.reached:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the upload did not start")
+	waitFor(t, 20*time.Second, "the upload to start", func() bool { return w.fake.Calls("File.WriteAt") > 0 })
+	if n := w.fake.OpenFiles("demo"); n != 1 {
+		t.Fatalf("%d files open mid-upload, want 1", n)
 	}
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	cmd.Wait()
-	close(gate.release)
-	select {
-	case err := <-gate.results:
-		if err == nil {
-			t.Fatal("WriteFile succeeded for an interrupted upload")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("WriteFile did not end after the client was killed")
-	}
+	waitFor(t, 10*time.Second, "the server to release the upload", func() bool { return w.fake.OpenFiles("demo") == 0 })
 	if got := w.readFile("demo", "target.bin"); got != "old content" {
 		t.Errorf("target has %d bytes, want the old content", len(got))
+	}
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
