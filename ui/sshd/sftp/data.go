@@ -92,17 +92,20 @@ func (c *conn) barrier() error {
 	return nil
 }
 
-// run starts op's work on a worker once admitted; the worker sends its
-// reply and reports op done. If the stream's context ends first, the
-// request is not run (the stream is going away).
-func (c *conn) run(op *dataOp, work func()) {
+// run starts op's work on a worker once admitted; the reply work returns
+// goes out in the request's place in the reply order, and op is reported
+// done. If the stream's context ends first, the request is not run (the
+// stream is going away).
+func (c *conn) run(op *dataOp, work func() []byte) {
+	s := c.reserve()
 	if c.admit(op) != nil {
+		c.fill(s, nil)
 		return
 	}
 	c.wg.Add(1)
 	go func() { // ends when work returns: a File call with the handle's context
 		defer c.wg.Done()
-		work()
+		c.fill(s, work())
 		c.done <- op
 	}()
 }
@@ -137,7 +140,7 @@ func (c *conn) read(id uint32, d *decoder) {
 	}
 	n = min(n, MaxData)
 	op := &dataOp{key: h.path, off: off, end: off + uint64(n)}
-	c.run(op, func() {
+	c.run(op, func() []byte {
 		// The DATA reply is built around the buffer read into: no copy.
 		const hdr = 4 + 1 + 4 + 4
 		e := newEncoder(fxpData, 4+4+int(n))
@@ -149,11 +152,11 @@ func (c *conn) read(id uint32, d *decoder) {
 		case got > 0 || (n == 0 && err == nil):
 			e.b = e.b[:hdr+got]
 			e.b[9], e.b[10], e.b[11], e.b[12] = byte(got>>24), byte(got>>16), byte(got>>8), byte(got)
-			c.send(e.finish())
+			return e.finish()
 		case err == nil, errors.Is(err, io.EOF):
-			c.sendStatus(id, "read", io.EOF)
+			return c.statusPacket(id, "read", io.EOF)
 		default:
-			c.sendStatus(id, "read", err)
+			return c.statusPacket(id, "read", err)
 		}
 	})
 }
@@ -181,11 +184,11 @@ func (c *conn) write(id uint32, d *decoder) {
 		return
 	}
 	op := &dataOp{key: h.path, write: true, append: h.append, off: off, end: off + uint64(len(data))}
-	c.run(op, func() {
+	c.run(op, func() []byte {
 		n, err := h.file.WriteAt(data, int64(off))
 		if err == nil && n < len(data) {
 			err = status(fxFailure, "short write: %d of %d bytes", n, len(data))
 		}
-		c.sendStatus(id, "write", err)
+		return c.statusPacket(id, "write", err)
 	})
 }

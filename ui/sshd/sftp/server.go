@@ -141,9 +141,10 @@ type conn struct {
 	log  *slog.Logger
 	now  func() time.Time
 
-	wmu  sync.Mutex
-	w    io.Writer
-	werr error
+	wmu   sync.Mutex
+	w     io.Writer
+	werr  error
+	order []*slot // replies not yet written, in request order
 
 	handles map[string]*handle
 	// staged holds, per path, the latest staged upload open on this
@@ -221,19 +222,48 @@ func versionPacket() []byte {
 	return e.finish()
 }
 
-// send writes one reply; the first failure sticks (the serving loop then
-// ends) and later replies are dropped.
-func (c *conn) send(pkt []byte) error {
+// A slot is one request's place in the order replies go out. OpenSSH's
+// client counts an upload as far as its WRITEs were acknowledged in order
+// (and truncates the file there), so replies leave in request order even
+// when READs and WRITEs run concurrently: a reply waits for the replies
+// of the requests before it.
+type slot struct {
+	pkt   []byte
+	ready bool
+}
+
+// reserve takes the next place in the reply order.
+func (c *conn) reserve() *slot {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if c.werr != nil {
-		return c.werr
-	}
-	if _, err := c.w.Write(pkt); err != nil {
-		c.werr = fmt.Errorf("sftp: writing a reply: %w", err)
+	s := &slot{}
+	c.order = append(c.order, s)
+	return s
+}
+
+// fill gives s its reply (nil: none) and writes every reply now first in
+// line. The first write failure sticks (the serving loop then ends) and
+// later replies are dropped.
+func (c *conn) fill(s *slot, pkt []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	s.pkt, s.ready = pkt, true
+	for len(c.order) > 0 && c.order[0].ready {
+		next := c.order[0]
+		c.order[0] = nil
+		c.order = c.order[1:]
+		if next.pkt == nil || c.werr != nil {
+			continue
+		}
+		if _, err := c.w.Write(next.pkt); err != nil {
+			c.werr = fmt.Errorf("sftp: writing a reply: %w", err)
+		}
 	}
 	return c.werr
 }
+
+// send queues one reply behind those of earlier requests.
+func (c *conn) send(pkt []byte) error { return c.fill(c.reserve(), pkt) }
 
 func (c *conn) writeErr() error {
 	c.wmu.Lock()
@@ -241,8 +271,8 @@ func (c *conn) writeErr() error {
 	return c.werr
 }
 
-// sendStatus replies with err's status (OK for nil).
-func (c *conn) sendStatus(id uint32, op string, err error) {
+// statusPacket is the STATUS reply for err (OK for nil).
+func (c *conn) statusPacket(id uint32, op string, err error) []byte {
 	code, msg := statusOf(err)
 	if code != fxOK && code != fxEOF {
 		c.log.Debug("sftp: request failed", "op", op, "status", code, "err", msg)
@@ -255,7 +285,12 @@ func (c *conn) sendStatus(id uint32, op string, err error) {
 	e.u32(code)
 	e.str(msg)
 	e.str("en")
-	c.send(e.finish())
+	return e.finish()
+}
+
+// sendStatus replies with err's status.
+func (c *conn) sendStatus(id uint32, op string, err error) {
+	c.send(c.statusPacket(id, op, err))
 }
 
 // dispatch serves one request. READ and WRITE may run concurrently
