@@ -52,18 +52,18 @@ type FSStat struct {
 // calls after Close, Close included, fail with an error wrapping
 // fs.ErrClosed (and ErrInvalid).
 //
-// Durability: a file opened for writing to create it (OpenCreate, the name
-// missing) or to truncate it (OpenTruncate on an existing regular file
-// with one link), without OpenExclusive, is staged: it is written to a
-// temporary file beside its name, and Close makes it durable (fsync) and
-// renames it into place (and syncs the directory) — until then readers
-// see the old content (or no file), and a File never closed (the client
-// went away mid-upload, the VM stopped) leaves nothing under the name.
-// A Close that fails put nothing in place. A symlink, or a file with
-// several links, is truncated in place, so links stay links.
-// OpenCreate|OpenExclusive creates the real file in place, atomically (a
-// lockfile). Any other open for writing writes in place, seen by readers
-// at once; Sync, and Close after a write or Setstat, make the writes
+// Durability: a file opened as an upload is (Staged: for writing, with
+// OpenCreate and OpenTruncate, without OpenExclusive — what put, scp and
+// a shell's > do) is staged: it is written to a temporary file beside its
+// name, and Close makes it durable (fsync) and renames it into place (and
+// syncs the directory) — until then readers see the old content (or no
+// file), and a File never closed (the client went away mid-upload, the
+// VM stopped) leaves nothing under the name. A Close that fails put
+// nothing in place. A symlink, or a file with several links, is
+// truncated in place instead, so links stay links. Any other open for
+// writing works in place, seen by readers at once (OpenCreate alone makes
+// the file at once, as open(2) does; OpenCreate|OpenExclusive atomically,
+// a lockfile); Sync, and Close after a write or Setstat, make the writes
 // durable (Close of a file created in place syncs its directory too).
 type File interface {
 	ReadAt(p []byte, off int64) (int, error)
@@ -115,4 +115,12 @@ type Handles interface {
 	// directories too; Rmdir refuses a file or a symlink with ENOTDIR,
 	// a directory with entries with ENOTEMPTY, both ErrInvalid).
 	Rmdir(ctx context.Context, name, path string) error
+}
+
+// Staged reports whether an Open with flags stages the file it writes
+// (see File): the one rule for the guest, the fake and the SFTP server.
+func Staged(flags int) bool {
+	return flags&OpenWrite != 0 &&
+		flags&(OpenCreate|OpenTruncate) == OpenCreate|OpenTruncate &&
+		flags&OpenExclusive == 0
 }

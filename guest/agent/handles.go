@@ -29,9 +29,9 @@ import (
 // descriptor and drops a staged file, so nothing half written appears
 // under a final name.
 //
-// A handle opened for writing with OpenTruncate on an existing regular
-// file (with one link), or with OpenCreate on a missing one, and without
-// OpenExclusive, is staged: it writes a temporary file beside the name,
+// A handle opened for writing with OpenCreate and OpenTruncate, without
+// OpenExclusive (an upload), on a missing name or a regular file with one
+// link, is staged: it writes a temporary file beside the name,
 // and the close call fsyncs it, renames it over the name and fsyncs the
 // directory. Readers see the old content (or no file) until then. A
 // symlink or a file with several links is written in place, so links stay
@@ -122,8 +122,8 @@ func (a *Agent) openHandle(p string, flags int, mode uint32) (*handle, guest.Ope
 		return nil, guest.OpenResult{}, escapeErr(lerr)
 	}
 	missing := lerr != nil
-	staged := write && !excl && r != "." &&
-		(missing && create || !missing && trunc && old.Mode().IsRegular() && nlink(old) == 1)
+	staged := write && create && trunc && !excl && r != "." &&
+		(missing || old.Mode().IsRegular() && nlink(old) == 1)
 	if staged {
 		dir, base := path.Split(r)
 		if dir == "" {

@@ -84,10 +84,10 @@ func TestOpenModes(t *testing.T) {
 		after   string // and after Close
 		perm    fs.FileMode
 	}{
-		{name: "create new", path: "new", flags: wr | crt, staged: true, write: "data", before: "<missing>", after: "data"},
+		{name: "create new, in place", path: "new", flags: wr | crt, write: "data", before: "data", after: "data"},
 		{name: "create truncate new", path: "new", flags: wr | crt | trc, staged: true, write: "data", before: "<missing>", after: "data", perm: 0o640},
 		{name: "create truncate existing", path: "f", flags: wr | crt | trc, staged: true, write: "new", before: old, after: "new", perm: 0o600},
-		{name: "truncate existing", path: "f", flags: rd | wr | trc, staged: true, write: "new", before: old, after: "new", perm: 0o600},
+		{name: "truncate existing, in place", path: "f", flags: rd | wr | trc, write: "new", before: "new", after: "new", perm: 0o600},
 		{name: "truncate missing", path: "new", flags: wr | trc, wantErr: syscall.ENOENT},
 		{name: "write in place", path: "f", flags: wr, off: 4, write: "CONT", before: "old CONTent", after: "old CONTent"},
 		{name: "create existing in place", path: "f", flags: rd | wr | crt, off: 11, write: "!", before: old + "!", after: old + "!"},
@@ -95,7 +95,8 @@ func TestOpenModes(t *testing.T) {
 		{name: "exclusive truncate new", path: "new", flags: wr | crt | trc | excl, write: "lock", before: "lock", after: "lock"},
 		{name: "exclusive existing", path: "f", flags: wr | crt | excl, wantErr: syscall.EEXIST},
 		{name: "append ignores offset", path: "f", flags: wr | app, off: 0, write: "+", before: old + "+", after: old + "+"},
-		{name: "append create new", path: "new", flags: wr | app | crt, staged: true, write: "a", before: "<missing>", after: "a"},
+		{name: "append create new, in place", path: "new", flags: wr | app | crt, write: "a", before: "a", after: "a"},
+		{name: "append create truncate new", path: "new", flags: wr | app | crt | trc, staged: true, write: "a", before: "<missing>", after: "a"},
 		{name: "through a symlink, in place", path: "ln", flags: wr | crt | trc, write: "via", before: "via", after: "via"},
 		{name: "hard linked, in place", path: "hard", flags: wr | trc, write: "both", before: "both", after: "both"},
 		{name: "directory for writing", path: "d", flags: wr, wantErr: syscall.EISDIR},

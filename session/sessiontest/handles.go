@@ -165,7 +165,7 @@ func (f *Fake) openLocked(ctx context.Context, s *fakeSession, name, p string, f
 	now := f.now()
 	mode := perm & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky) &^ 0o022
 	switch {
-	case ff.write && create && flags&session.OpenTruncate != 0 && !excl:
+	case session.Staged(flags):
 		// Staged: written aside; the name keeps what it has until Close.
 		if n != nil {
 			mode = n.mode // replacing a file keeps its mode, as truncating it would

@@ -114,14 +114,6 @@ func openFlags(pflags uint32) int {
 	return f
 }
 
-// staged reports whether session.File stages a file opened with flags:
-// created and truncated, not exclusively, for writing.
-func staged(flags int) bool {
-	return flags&session.OpenWrite != 0 &&
-		flags&(session.OpenCreate|session.OpenTruncate) == session.OpenCreate|session.OpenTruncate &&
-		flags&session.OpenExclusive == 0
-}
-
 // open serves OPEN.
 func (c *conn) open(id uint32, d *decoder) ([]byte, error) {
 	p, err := pathArg(d)
@@ -152,7 +144,7 @@ func (c *conn) open(id uint32, d *decoder) ([]byte, error) {
 		read:   flags&session.OpenRead != 0,
 		write:  pflags&fxfWrite != 0, // APPEND alone opens read-only, as open(2) would
 		append: flags&session.OpenAppend != 0,
-		staged: staged(flags),
+		staged: session.Staged(flags),
 	}
 	hid := c.addHandle(h)
 	if h.staged {
