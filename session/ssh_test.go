@@ -173,6 +173,15 @@ func TestSSHClients(t *testing.T) {
 		})
 	}
 	e.subtest(t, "sshfs", func(t *testing.T) { sshfsWorkload(t, se, "demo") })
+	e.subtest(t, "a sleeping session wakes", func(t *testing.T) {
+		e.ok("sleep", "demo")
+		if out, errs, code := se.ssh("admin", "demo", nil, "cat /workspace/scp-sftp.bin | wc -c"); code != 0 || strings.TrimSpace(out) != "5242880" {
+			t.Fatalf("ssh to a sleeping session: %d %q %q", code, out, errs)
+		}
+		if out := e.ok("info", "demo"); !strings.Contains(out, "running") {
+			t.Errorf("after ssh the session is not running:\n%s", out)
+		}
+	})
 	e.subtest(t, "a viewer", func(t *testing.T) {
 		if _, errs, code := se.ssh("viewer", "demo", nil, "true"); code == 0 || !strings.Contains(errs, "viewer") {
 			t.Errorf("a viewer ran a command: %d %q", code, errs)
