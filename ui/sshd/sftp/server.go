@@ -391,13 +391,24 @@ func (c *conn) release() {
 			dropped++
 		}
 	}
-	if c.ctx.Err() != nil {
-		// Serve's context ended: nothing may wait on a call now.
-		for _, h := range c.handles {
-			if h.cancel != nil {
-				h.cancel()
-			}
+	// Once Serve's context ends, nothing may wait on a call: not the
+	// workers, not the closes below, even if it ends while they run.
+	cancels := make([]context.CancelFunc, 0, len(c.handles))
+	for _, h := range c.handles {
+		if h.cancel != nil {
+			cancels = append(cancels, h.cancel)
 		}
+	}
+	cancelAll := func() {
+		for _, cancel := range cancels {
+			cancel()
+		}
+	}
+	if c.ctx.Err() != nil {
+		cancelAll()
+	} else {
+		stop := context.AfterFunc(c.ctx, cancelAll)
+		defer stop()
 	}
 	c.wg.Wait()
 	for _, h := range c.handles {
