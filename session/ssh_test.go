@@ -336,7 +336,6 @@ func TestSSHRsyncGit(t *testing.T) {
 	e.ok("delete", "dev", "--yes")
 }
 
-
 // TestBenchSSH prints issue 14's figures against berth's own file API and
 // exec, measured in the same run.
 func TestBenchSSH(t *testing.T) {
