@@ -37,9 +37,9 @@ func (s *Server) sessionFor(ctx context.Context, user string) (session.Session, 
 	return got, true
 }
 
-// loginShell runs the session's login shell: bash where the image has it
+// loginScript runs the session's login shell: bash where the image has it
 // (debian), else sh.
-var loginShell = []string{"/bin/sh", "-c", `if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l`}
+const loginScript = `if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l`
 
 // runInSession serves a shell or command in session sn.
 func (s *Server) runInSession(sess ssh.Session, ak AuthorizedKey, sn session.Session, pty ssh.Pty, sizes <-chan ssh.Window, isPty bool) int {
@@ -69,7 +69,7 @@ func (s *Server) runInSession(sess ssh.Session, ak AuthorizedKey, sn session.Ses
 	if isSCP(sess.Command()) {
 		return s.runSCP(sess, svc, sn, sess.Command())
 	}
-	req := session.ExecRequest{Argv: loginShell, Stdin: true, Outside: true, TTY: isPty}
+	req := session.ExecRequest{Argv: []string{"/bin/sh", "-c", loginScript}, Stdin: true, Outside: true, TTY: isPty}
 	if strings.TrimSpace(raw) != "" {
 		// As sshd does: the command line goes to the shell as one string.
 		req.Argv = []string{"/bin/sh", "-c", raw}
