@@ -70,6 +70,8 @@ const (
 	opMkdir
 	opRemoveFile
 	opRename
+	opRun      // start and end agent runs
+	opSchedule // add and remove schedules
 )
 
 // describe returns what o does, completing "role viewer may not ...", and
@@ -112,6 +114,10 @@ func (o op) describe() (what string, least Role) {
 		return "remove files", Operator
 	case opRename:
 		return "rename files", Operator
+	case opRun:
+		return "start or end agent runs", Operator
+	case opSchedule:
+		return "add or remove schedules", Operator
 	}
 	return fmt.Sprintf("op(%d)", int(o)), Admin
 }
