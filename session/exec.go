@@ -117,6 +117,10 @@ func (m *Manager) Exec(ctx context.Context, name string, req ExecRequest) (Proce
 	if err != nil {
 		return nil, err
 	}
+	runID, err := m.useRun(ctx, name)
+	if err != nil {
+		return nil, err
+	}
 	s.touch()
 	cwd := req.Cwd
 	if cwd == "" {
@@ -142,6 +146,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req ExecRequest) (Proce
 	m.mu.Lock()
 	m.runs[r.id] = r
 	m.mu.Unlock()
+	m.addRunExec(name, runID, rec.ID)
 
 	gx, err := c.Exec(m.ctx, guest.ExecRequest{
 		ID: rec.ID, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, Stdin: req.Stdin,
@@ -411,6 +416,7 @@ func (r *run) finish(state ExecState, code *int, signal, why string) {
 		msg += ": " + why
 	}
 	r.m.event(Event{Kind: EventExec, Name: r.s.name, Exec: &ex, Message: quoteArgv(rec.Argv) + " " + msg})
+	r.m.execEnded(rec)
 }
 
 // cancel kills the command's process group and records why.

@@ -85,7 +85,14 @@ func (m *Manager) WriteFile(ctx context.Context, name, path string, r io.Reader)
 	if err != nil {
 		return 0, err
 	}
+	runID, err := m.useRun(ctx, name)
+	if err != nil {
+		return 0, err
+	}
 	n, err := c.WriteFile(ctx, path, r, 0)
+	if err == nil {
+		m.addRunBytes(runID, n)
+	}
 	return n, agentErr(name, err)
 }
 

@@ -159,6 +159,7 @@ func (m *Manager) removeSession(s *sess, why string) {
 		delete(m.sessions, s.name)
 	}
 	m.mu.Unlock()
+	m.dropHarness(s.name)
 	m.hub.publish(Event{Time: time.Now(), Kind: EventDeleted, Name: s.name, Message: why})
 }
 

@@ -108,6 +108,9 @@ type Config struct {
 	// needs space (create, cold start, sleep, image build) is refused; 0
 	// disables the check.
 	Floor int64
+	// RunTimeout ends an open agent run as abandoned once it has had
+	// nothing running and no use for this long; default DefaultRunTimeout.
+	RunTimeout time.Duration
 	// NoTemplates makes every create boot cold.
 	NoTemplates bool
 	// CrashAt names a step at which the daemon kills itself (tests only).
@@ -135,6 +138,8 @@ type Manager struct {
 	mu       sync.Mutex
 	sessions map[string]*sess
 	runs     map[string]*run // executions being recorded, by id
+
+	hx *harness // agent runs and schedules (runs.go, schedule.go)
 }
 
 var _ Service = (*Manager)(nil)
@@ -153,6 +158,9 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.RunTimeout == 0 {
+		cfg.RunTimeout = DefaultRunTimeout
+	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("session manager: no data directory")
 	}
@@ -166,6 +174,9 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 		s := m.newSess(rec)
 		m.sessions[rec.Name] = s
 	}
+	if err := m.loadHarness(); err != nil {
+		return nil, fmt.Errorf("load runs and schedules: %w", err)
+	}
 	var wg sync.WaitGroup
 	for _, s := range m.sessions {
 		wg.Go(func() { s.recover(ctx) })
@@ -173,6 +184,8 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 	wg.Wait()
 	m.wg.Go(m.idleLoop)
 	m.wg.Go(m.spaceLoop)
+	m.wg.Go(m.runLoop)
+	m.wg.Go(m.scheduleLoop)
 	return m, nil
 }
 

@@ -218,6 +218,7 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		IdleTimeout string `toml:"idle_timeout"`
 		Floor       string `toml:"free_space_floor"`
 		Budget      string `toml:"output_budget"`
+		RunTimeout  string `toml:"run_timeout"`
 	}
 	md, err := toml.Decode(assets.DefaultConfig(), &f)
 	if err != nil {
@@ -246,6 +247,10 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	runTimeout, err := time.ParseDuration(f.RunTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
 	floor, err := ParseSize(f.Floor)
 	if err != nil {
 		t.Fatal(err)
@@ -267,6 +272,7 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		{"accel", f.Accel, string(DefaultAccel)},
 		{"retention", ret, DefaultRetention},
 		{"idle_timeout", idle, DefaultIdleTimeout},
+		{"run_timeout", runTimeout, DefaultRunTimeout},
 		{"free_space_floor", floor, int64(DefaultFloor)},
 		{"output_budget", budget, int64(DefaultOutputBudget)},
 	} {

@@ -157,11 +157,16 @@ func (m *Manager) CopyIn(ctx context.Context, name, dst string, r io.Reader) (Co
 	if err != nil {
 		return CopyResult{}, err
 	}
+	runID, err := m.useRun(ctx, name)
+	if err != nil {
+		return CopyResult{}, err
+	}
 	start := time.Now()
 	res, err := c.Unpack(ctx, dst, r)
 	if err != nil {
 		return copyResult(res, start), agentErr(name, err)
 	}
+	m.addRunBytes(runID, res.Bytes)
 	m.event(Event{Kind: EventNote, Name: name, By: Actor(ctx), Message: fmt.Sprintf("copied in %d files, %d directories, %d symlinks (%s) to %s", res.Files, res.Dirs, res.Symlinks, FormatBytes(res.Bytes), dst)})
 	return copyResult(res, start), nil
 }

@@ -23,10 +23,13 @@ var migrations = map[string][]migration{
 	ownerExec:    {execV1ToV2},
 	ownerOut:     {outV1ToV2},
 	ownerEvent:   nil,
+	// Runs and schedules start at v1.
+	ownerRun:      nil,
+	ownerSchedule: nil,
 }
 
 // owners fixes the order in which owners are checked and migrated.
-var owners = []string{ownerSession, ownerExec, ownerOut, ownerEvent}
+var owners = []string{ownerSession, ownerExec, ownerOut, ownerEvent, ownerRun, ownerSchedule}
 
 func knownVersion(owner string) int { return len(migrations[owner]) + 1 }
 

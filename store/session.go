@@ -182,7 +182,7 @@ func (s *Store) DeleteSession(name string) error {
 				}
 			}
 		}
-		for _, p := range [][]byte{outOrderPrefix(name), eventPrefix(name)} {
+		for _, p := range [][]byte{outOrderPrefix(name), eventPrefix(name), runPrefix(name), schedulePrefix(name)} {
 			if err := deleteUnder(txn, wb, p); err != nil {
 				return err
 			}

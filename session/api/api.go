@@ -50,6 +50,17 @@
 //	GET    /v1/images                         []ImageInfo
 //	POST   /v1/images                         BuildRequest → NDJSON build stream (see buildFrame)
 //	DELETE /v1/images/{name}                  204
+//	POST   /v1/sessions/{name}/runs           RunOptions → 201 Run
+//	GET    /v1/sessions/{name}/runs           []Run
+//	GET    /v1/runs/{id}                      Run with its executions' ids
+//	POST   /v1/runs/{id}/end                  {"status":S} → Run
+//	POST   /v1/sessions/{name}/schedules      ScheduleRequest → 201 Schedule
+//	GET    /v1/sessions/{name}/schedules      []Schedule
+//	DELETE /v1/sessions/{name}/schedules/{id} 204
+//
+// The run routes need a Service that is also a session.Harness (the
+// Manager is). A call made in an agent run names it in the X-Berth-Run
+// header; the server passes it on with session.WithRun.
 package api
 
 import (
@@ -66,6 +77,9 @@ import (
 
 // HeaderBy carries who makes a call ("cli", "tui").
 const HeaderBy = "X-Berth-By"
+
+// HeaderRun carries the agent run a call counts in.
+const HeaderRun = "X-Berth-Run"
 
 // Version is the API version, the first element of every path.
 const Version = "v1"

@@ -496,3 +496,9 @@ func TestRefusedStreamKeepsConnection(t *testing.T) {
 		})
 	}
 }
+
+// TestHarnessSuite runs the Harness conformance suite through the socket.
+func TestHarnessSuite(t *testing.T) {
+	h := start(t, nil)
+	sessiontest.HarnessSuite(t, h.client)
+}

@@ -128,6 +128,9 @@ func (c *Client) newRequest(ctx context.Context, method, path string, query url.
 	if who != "" {
 		req.Header.Set(HeaderBy, who)
 	}
+	if run := session.RunOf(ctx); run != "" {
+		req.Header.Set(HeaderRun, run)
+	}
 	return req, nil
 }
 

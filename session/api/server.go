@@ -86,6 +86,8 @@ func NewServer(svc session.Service, logger *slog.Logger, opts ...ServerOption) h
 	m.HandleFunc("POST /v1/images", s.buildImage)
 	m.HandleFunc("DELETE /v1/images/{name}", s.removeImage)
 
+	s.harnessRoutes(m)
+
 	m.HandleFunc("/", s.noRoute)
 	s.mux = m
 	return s
@@ -109,6 +111,9 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		by = "api"
 	}
 	r = r.WithContext(session.WithActor(r.Context(), by))
+	if run := r.Header.Get(HeaderRun); run != "" {
+		r = r.WithContext(session.WithRun(r.Context(), run))
+	}
 	sw := &statusWriter{ResponseWriter: w}
 	defer func() {
 		s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "by", by, "status", sw.status, "took", time.Since(start))

@@ -29,6 +29,7 @@ type File struct {
 	IdleTimeout string `toml:"idle_timeout"`
 	Floor       string `toml:"free_space_floor"`
 	Budget      string `toml:"output_budget"`
+	RunTimeout  string `toml:"run_timeout"`
 }
 
 // Config is the parsed configuration. Sizes are read by session.ParseSize
@@ -41,6 +42,8 @@ type Config struct {
 	// output together (0: no bound).
 	Floor        int64
 	OutputBudget int64
+	// RunTimeout ends agent runs left open and unused as abandoned.
+	RunTimeout time.Duration
 }
 
 // LoadConfig reads <data>/config.toml, writing the documented defaults
@@ -126,6 +129,12 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		}
 	} else {
 		c.IdleTimeout = session.DefaultIdleTimeout
+	}
+	c.RunTimeout = session.DefaultRunTimeout
+	if f.RunTimeout != "" {
+		if c.RunTimeout, err = time.ParseDuration(f.RunTimeout); err != nil || c.RunTimeout < time.Second {
+			return c, fmt.Errorf("%s: run_timeout = %q: want a duration of at least 1s, such as 30m", path, f.RunTimeout)
+		}
 	}
 	return c, nil
 }

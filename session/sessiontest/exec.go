@@ -75,6 +75,10 @@ func (f *Fake) Exec(ctx context.Context, name string, req session.ExecRequest) (
 	if err != nil {
 		return nil, err
 	}
+	run, err := f.useRunLocked(ctx, name)
+	if err != nil {
+		return nil, err
+	}
 	f.execSeq++
 	e := &fakeExec{
 		f:        f,
@@ -121,6 +125,10 @@ func (f *Fake) Exec(ctx context.Context, name string, req session.ExecRequest) (
 	}
 	s.execs = append(s.execs, e)
 	f.execs[e.rec.ID] = e
+	if run != nil {
+		run.Executions++
+		run.ExecIDs = append(run.ExecIDs, e.rec.ID)
+	}
 	s.info.Running++
 	f.publishExecLocked(e, "started: "+strings.Join(e.rec.Argv, " "))
 

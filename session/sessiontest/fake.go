@@ -71,6 +71,8 @@ type Fake struct {
 	fail  map[string]error
 	hang  map[string]bool
 	calls map[string]int
+
+	hx *fakeHarness // runs and schedules (harness.go), made on first use
 }
 
 type fakeSession struct {

@@ -156,3 +156,9 @@ func TestWatchEndsWithContext(t *testing.T) {
 	for range ch {
 	}
 }
+
+func TestHarnessSuite(t *testing.T) {
+	f := New(Options{})
+	defer f.Close()
+	HarnessSuite(t, f)
+}

@@ -253,6 +253,10 @@ func (f *Fake) WriteFile(ctx context.Context, name, p string, r io.Reader) (int6
 		if err := check(s); err != nil {
 			return err
 		}
+		run, err := f.useRunLocked(ctx, name)
+		if err != nil {
+			return err
+		}
 		d, base, rel, _ := s.parent(p)
 		old := int64(0)
 		if c, ok := d.children[base]; ok {
@@ -264,6 +268,9 @@ func (f *Fake) WriteFile(ctx context.Context, name, p string, r io.Reader) (int6
 		d.children[base] = &node{data: buf.Bytes(), mode: 0o644, mtime: f.now()}
 		d.mtime = f.now()
 		s.updateUsed()
+		if run != nil {
+			run.BytesWritten += int64(buf.Len())
+		}
 		return nil
 	})
 	if err != nil {

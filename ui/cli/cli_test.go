@@ -254,7 +254,8 @@ func TestHelp(t *testing.T) {
 	}
 	for _, name := range []string{"create", "ls", "info", "pause", "resume", "stop", "start", "flush", "delete", "events",
 		"exec", "shell", "logs", "ps", "files", "cat", "put", "get", "rm", "mkdir",
-		"serve", "image build", "doctor", "ssh add-key", "version"} {
+		"serve", "image build", "doctor", "ssh add-key", "version",
+		"run start", "run end", "runs", "schedule add", "schedule ls", "schedule rm", "mcp"} {
 		t.Run(name, func(t *testing.T) {
 			args := strings.Fields(name)
 			r := local(append(args, "--help")...)

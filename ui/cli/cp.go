@@ -19,7 +19,7 @@ import (
 
 func cpCmd() *Command {
 	return &Command{
-		Name: "cp", Group: "Files", Usage: "SRC DST", Args: []string{"SRC", "DST"},
+		Name: "cp", Group: "Files", Usage: "SRC DST [--run ID]", Args: []string{"SRC", "DST"},
 		Summary: "copy files or directory trees in or out of a session, durably",
 		Help: `One of SRC and DST is NAME:PATH, a path in session NAME's /workspace (relative to it or
 absolute under it); the other is a local path, or '-' for a tar stream on stdin or stdout.
@@ -32,7 +32,12 @@ batches, with one filesystem sync each), and only then renamed into place. An in
 under a final name. Progress goes to stderr for copies over 8 MB.`,
 		Example: "berth cp ./src demo:src\nberth cp demo:out ./results\ntar c src | berth cp - demo:.",
 		Setup: func(fs *flag.FlagSet) RunFunc {
+			run := runFlag(fs)
 			return func(ctx context.Context, c *Call, args []string) error {
+				ctx, err := inRun(ctx, *run)
+				if err != nil {
+					return err
+				}
 				srcName, srcPath, srcRemote := splitRemote(args[0])
 				dstName, dstPath, dstRemote := splitRemote(args[1])
 				switch {

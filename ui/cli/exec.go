@@ -17,7 +17,7 @@ import (
 func execCmd() *Command {
 	return &Command{
 		Name: "exec", Group: "Commands",
-		Usage:   "NAME [--detach] [--timeout D] [--env K=V]... [--cwd DIR] [-t] [--] CMD [ARGS...]",
+		Usage:   "NAME [--detach] [--timeout D] [--env K=V]... [--cwd DIR] [-t] [--run ID] [--] CMD [ARGS...]",
 		Args:    []string{"NAME", "CMD..."},
 		Summary: "run a recorded command in a session",
 		Help: `Runs CMD in /workspace (or --cwd) and streams its stdout and stderr here; stdin is
@@ -33,7 +33,12 @@ Output is recorded: 'berth logs' replays it, also after --detach.`,
 			fs.Var(env, "env", "set environment variable `K=V` (repeatable)")
 			cwd := fs.String("cwd", "", "working `DIR` (default /workspace)")
 			tty := fs.Bool("t", false, "run the command on a terminal (needs one here)")
+			run := runFlag(fs)
 			return func(ctx context.Context, c *Call, args []string) error {
+				ctx, err := inRun(ctx, *run)
+				if err != nil {
+					return err
+				}
 				if *timeout < 0 {
 					return usageErrorf("--timeout %s: want a positive duration", *timeout)
 				}

@@ -103,14 +103,19 @@ const progressThreshold = 8 << 20
 
 func putCmd() *Command {
 	return &Command{
-		Name: "put", Group: "Files", Usage: "NAME LOCAL [REMOTE]", Args: []string{"NAME", "LOCAL", "[REMOTE]"},
+		Name: "put", Group: "Files", Usage: "NAME LOCAL [REMOTE] [--run ID]", Args: []string{"NAME", "LOCAL", "[REMOTE]"},
 		Summary: "copy a local file into a session's /workspace, durably",
 		Help: `Writes LOCAL ('-' for stdin) to REMOTE (default: LOCAL's base name; into it when it is a
 directory). When put succeeds the file is durable: written to a temporary file, synced
 and renamed into place. Progress goes to stderr for transfers over 8 MB.`,
 		Example: "berth put demo ./data.csv input/data.csv\ntar c src | berth put demo - src.tar",
 		Setup: func(fs *flag.FlagSet) RunFunc {
+			run := runFlag(fs)
 			return func(ctx context.Context, c *Call, args []string) error {
+				ctx, err := inRun(ctx, *run)
+				if err != nil {
+					return err
+				}
 				name, local := args[0], args[1]
 				var remote string
 				if len(args) > 2 {

@@ -72,6 +72,8 @@ const (
 	opRename
 	opSetattr
 	opLink
+	opRun      // start and end agent runs
+	opSchedule // add and remove schedules
 )
 
 // describe returns what o does, completing "role viewer may not ...", and
@@ -118,6 +120,10 @@ func (o op) describe() (what string, least Role) {
 		return "change file attributes", Operator
 	case opLink:
 		return "create links", Operator
+	case opRun:
+		return "start or end agent runs", Operator
+	case opSchedule:
+		return "add or remove schedules", Operator
 	}
 	return fmt.Sprintf("op(%d)", int(o)), Admin
 }

@@ -1,0 +1,169 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/berthvm/berth/session"
+)
+
+var _ session.Harness = (*Client)(nil)
+
+var errNoHarness = fmt.Errorf("this daemon keeps no agent runs or schedules (is it older than this client?): %w", session.ErrUnavailable)
+
+// endRunBody is the body of POST /v1/runs/{id}/end.
+type endRunBody struct {
+	Status session.RunStatus `json:"status"`
+}
+
+func (s *server) harnessRoutes(m *http.ServeMux) {
+	h, ok := s.svc.(session.Harness)
+	if !ok {
+		for _, p := range []string{"/v1/sessions/{name}/runs", "/v1/runs/", "/v1/sessions/{name}/schedules", "/v1/sessions/{name}/schedules/{id}"} {
+			m.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) { s.writeError(w, r, errNoHarness) })
+		}
+		return
+	}
+	m.HandleFunc("POST /v1/sessions/{name}/runs", func(w http.ResponseWriter, r *http.Request) {
+		var opts session.RunOptions
+		if err := readOptionalJSON(w, r, &opts); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		run, err := h.StartRun(r.Context(), r.PathValue("name"), opts)
+		s.answer(w, r, http.StatusCreated, run, err)
+	})
+	m.HandleFunc("GET /v1/sessions/{name}/runs", func(w http.ResponseWriter, r *http.Request) {
+		runs, err := h.Runs(r.Context(), r.PathValue("name"))
+		if runs == nil {
+			runs = []session.Run{}
+		}
+		s.answer(w, r, http.StatusOK, runs, err)
+	})
+	m.HandleFunc("GET /v1/runs/{id}", func(w http.ResponseWriter, r *http.Request) {
+		run, err := h.GetRun(r.Context(), r.PathValue("id"))
+		s.answer(w, r, http.StatusOK, run, err)
+	})
+	m.HandleFunc("POST /v1/runs/{id}/end", func(w http.ResponseWriter, r *http.Request) {
+		var body endRunBody
+		if err := readJSON(w, r, &body); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		run, err := h.EndRun(r.Context(), r.PathValue("id"), body.Status)
+		s.answer(w, r, http.StatusOK, run, err)
+	})
+	m.HandleFunc("POST /v1/sessions/{name}/schedules", func(w http.ResponseWriter, r *http.Request) {
+		var req session.ScheduleRequest
+		if err := readJSON(w, r, &req); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		sc, err := h.AddSchedule(r.Context(), r.PathValue("name"), req)
+		s.answer(w, r, http.StatusCreated, sc, err)
+	})
+	m.HandleFunc("GET /v1/sessions/{name}/schedules", func(w http.ResponseWriter, r *http.Request) {
+		list, err := h.Schedules(r.Context(), r.PathValue("name"))
+		if list == nil {
+			list = []session.Schedule{}
+		}
+		s.answer(w, r, http.StatusOK, list, err)
+	})
+	m.HandleFunc("DELETE /v1/sessions/{name}/schedules/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if err := h.RemoveSchedule(r.Context(), r.PathValue("name"), r.PathValue("id")); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+}
+
+// answer writes v with status, or err.
+func (s *server) answer(w http.ResponseWriter, r *http.Request, status int, v any, err error) {
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, status, v)
+}
+
+func runPath(id, suffix string) (string, error) {
+	if err := session.ValidateRunID(id); err != nil {
+		return "", err
+	}
+	return "/v1/runs/" + id + suffix, nil
+}
+
+// StartRun opens an agent run on a session.
+func (c *Client) StartRun(ctx context.Context, name string, opts session.RunOptions) (session.Run, error) {
+	var out session.Run
+	p, err := sessionPath(name, "/runs")
+	if err != nil {
+		return out, err
+	}
+	return out, c.call(ctx, http.MethodPost, p, nil, opts, &out)
+}
+
+// EndRun ends an open run.
+func (c *Client) EndRun(ctx context.Context, runID string, status session.RunStatus) (session.Run, error) {
+	var out session.Run
+	p, err := runPath(runID, "/end")
+	if err != nil {
+		return out, err
+	}
+	return out, c.call(ctx, http.MethodPost, p, nil, endRunBody{Status: status}, &out)
+}
+
+// Runs lists a session's runs.
+func (c *Client) Runs(ctx context.Context, name string) ([]session.Run, error) {
+	var out []session.Run
+	p, err := sessionPath(name, "/runs")
+	if err != nil {
+		return nil, err
+	}
+	return out, c.call(ctx, http.MethodGet, p, nil, nil, &out)
+}
+
+// GetRun returns one run with its executions' ids.
+func (c *Client) GetRun(ctx context.Context, runID string) (session.Run, error) {
+	var out session.Run
+	p, err := runPath(runID, "")
+	if err != nil {
+		return out, err
+	}
+	return out, c.call(ctx, http.MethodGet, p, nil, nil, &out)
+}
+
+// AddSchedule adds a schedule to a session.
+func (c *Client) AddSchedule(ctx context.Context, name string, req session.ScheduleRequest) (session.Schedule, error) {
+	var out session.Schedule
+	p, err := sessionPath(name, "/schedules")
+	if err != nil {
+		return out, err
+	}
+	return out, c.call(ctx, http.MethodPost, p, nil, req, &out)
+}
+
+// Schedules lists a session's schedules.
+func (c *Client) Schedules(ctx context.Context, name string) ([]session.Schedule, error) {
+	var out []session.Schedule
+	p, err := sessionPath(name, "/schedules")
+	if err != nil {
+		return nil, err
+	}
+	return out, c.call(ctx, http.MethodGet, p, nil, nil, &out)
+}
+
+// RemoveSchedule deletes a schedule.
+func (c *Client) RemoveSchedule(ctx context.Context, name, id string) error {
+	sid, err := seg("schedule id", id)
+	if err != nil {
+		return err
+	}
+	p, err := sessionPath(name, "/schedules/"+sid)
+	if err != nil {
+		return err
+	}
+	return c.call(ctx, http.MethodDelete, p, nil, nil, nil)
+}

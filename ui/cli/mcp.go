@@ -1,0 +1,67 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/ui/mcpserver"
+)
+
+func mcpCmd() *Command {
+	return &Command{
+		Name: "mcp", Group: "Agent runs and schedules", Usage: "[--session NAME] [--run ID]",
+		Summary: "give a coding agent berth's tools over MCP on stdin and stdout",
+		Help: `Speaks the Model Context Protocol (newline-delimited JSON-RPC) on stdin and stdout, for
+an agent to reach berth sessions: list_sessions, create_session, session_info, exec,
+read_output, read_file, write_file, edit_file, list_files and flush. Over SSH
+('ssh -p 2222 HOST mcp') the key's role applies: a viewer gets the read tools only.
+With --session the tools work on that session only and refuse any other. The connection
+is one agent run, titled from the client's name (--run ID uses an existing one); it ends
+when the client disconnects with nothing running in it, else it is ended as abandoned
+after the daemon's run_timeout. Failures are tool errors with berth's one-line messages.`,
+		Example: "berth mcp --session demo\nssh -p 2222 berth-host mcp --session demo",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			name := fs.String("session", "", "confine the tools to session `NAME`")
+			run := runFlag(fs)
+			return func(ctx context.Context, c *Call, args []string) error {
+				if *name != "" {
+					if err := checkName(*name); err != nil {
+						return err
+					}
+				}
+				if _, err := inRun(ctx, *run); err != nil {
+					return err
+				}
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				if *name != "" {
+					if _, err := svc.Get(ctx, *name); err != nil {
+						return err
+					}
+				}
+				if *run != "" {
+					h, ok := svc.(session.Harness)
+					if !ok {
+						return fmt.Errorf("--run: this berth service keeps no agent runs: %w", session.ErrUnavailable)
+					}
+					r, err := h.GetRun(ctx, *run)
+					if err != nil {
+						return err
+					}
+					if *name != "" && r.Session != *name {
+						return usageErrorf("--run %s is a run of session %q, not %q", *run, r.Session, *name)
+					}
+				}
+				srv := mcpserver.New(ctx, svc, mcpserver.Options{Session: *name, Run: *run})
+				if err := srv.ServeStdio(ctx, c.env.Stdin, c.env.Stdout); err != nil {
+					return fmt.Errorf("mcp: %w", err)
+				}
+				return nil
+			}
+		},
+	}
+}
