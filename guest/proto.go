@@ -191,6 +191,7 @@ const (
 	OpThaw     = "thaw"
 	OpPack     = "pack"   // stream a tree out of /workspace as tar
 	OpUnpack   = "unpack" // write a tar stream into /workspace, durably
+	OpFork     = "fork"   // a VM restored from another session's snapshot takes its own identity
 )
 
 // Duration is a time.Duration that travels as nanoseconds.
@@ -364,3 +365,14 @@ var (
 	ErrGap          = errors.New("output was dropped before it could be read")
 	ErrDisconnected = errors.New("agent channel disconnected")
 )
+
+// ForkResult reports what a forked VM's agent changed. A filesystem whose
+// UUID could not be changed online (an ext4 without metadata_csum_seed)
+// keeps the source's; Errors says why.
+type ForkResult struct {
+	WorkspaceUUID bool     `json:"workspace_uuid"`
+	SystemUUID    bool     `json:"system_uuid"`
+	BootID        string   `json:"boot_id,omitempty"`
+	Inherited     int      `json:"inherited"` // executions forgotten, still running
+	Errors        []string `json:"errors,omitempty"`
+}

@@ -108,6 +108,11 @@ type Config struct {
 	// needs space (create, cold start, sleep, image build) is refused; 0
 	// disables the check.
 	Floor int64
+	// CheckpointLimit bounds each session's checkpoints (default
+	// DefaultCheckpointLimit); CheckpointBytes their size on disk together
+	// (default DefaultCheckpointBytes).
+	CheckpointLimit int
+	CheckpointBytes int64
 	// NoTemplates makes every create boot cold.
 	NoTemplates bool
 	// CrashAt names a step at which the daemon kills itself (tests only).

@@ -218,6 +218,8 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		IdleTimeout string `toml:"idle_timeout"`
 		Floor       string `toml:"free_space_floor"`
 		Budget      string `toml:"output_budget"`
+		CkptLimit   int    `toml:"checkpoint_limit"`
+		CkptBytes   string `toml:"checkpoint_bytes"`
 	}
 	md, err := toml.Decode(assets.DefaultConfig(), &f)
 	if err != nil {
@@ -254,10 +256,16 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ckptBytes, err := ParseSize(f.CkptBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		key       string
 		doc, code any
 	}{
+		{"checkpoint_limit", f.CkptLimit, DefaultCheckpointLimit},
+		{"checkpoint_bytes", ckptBytes, int64(DefaultCheckpointBytes)},
 		{"image", f.Image, DefaultImage},
 		{"cpus", f.CPUs, DefaultCPUs},
 		{"memory", mem, DefaultMemoryMiB},

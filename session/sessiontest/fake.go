@@ -78,6 +78,8 @@ type fakeSession struct {
 	root     *node
 	timeline []session.Event
 	execs    []*fakeExec // in start order
+	ckpts    []fakeCkpt  // oldest first (checkpoints.go)
+	ckptSeq  int
 }
 
 var _ session.Service = (*Fake)(nil)

@@ -91,7 +91,7 @@ func (cmd *Command) synopsis() string {
 
 // commands returns the built-in commands, in help order.
 func commands() []*Command {
-	return []*Command{
+	return append([]*Command{
 		createCmd(), lsCmd(), infoCmd(),
 		lifecycleCmd("pause", "pause a session's VM (keeps memory; does not flush)",
 			"Stops the session's vCPUs. Everything stays attached and in memory; nothing is flushed,\nso writes not yet flushed are still at risk. 'berth resume' continues."),
@@ -106,7 +106,7 @@ func commands() []*Command {
 		flushCmd(), replaceCmd(), deleteCmd(), eventsCmd(),
 		execCmd(), shellCmd(), logsCmd(), psCmd(),
 		filesCmd(), catCmd(), putCmd(), getCmd(), cpCmd(), rmCmd(), mkdirCmd(),
-	}
+	}, checkpointCmds()...)
 }
 
 // cmdTable is the commands one Run knows: the built-in ones, then the

@@ -70,6 +70,10 @@ const (
 	opMkdir
 	opRemoveFile
 	opRename
+	opCheckpoint
+	opDeleteCheckpoint
+	opRestore
+	opFork
 )
 
 // describe returns what o does, completing "role viewer may not ...", and
@@ -112,6 +116,14 @@ func (o op) describe() (what string, least Role) {
 		return "remove files", Operator
 	case opRename:
 		return "rename files", Operator
+	case opCheckpoint:
+		return "checkpoint sessions", Operator
+	case opDeleteCheckpoint:
+		return "remove checkpoints", Admin
+	case opRestore:
+		return "restore sessions to checkpoints", Admin
+	case opFork:
+		return "fork sessions", Operator
 	}
 	return fmt.Sprintf("op(%d)", int(o)), Admin
 }
