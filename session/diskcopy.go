@@ -240,7 +240,7 @@ func (dc *diskCopier) copyAll(ctx context.Context, what string, pairs [][2]strin
 func (m *Manager) checkRoom(what string, need int64) error {
 	free := m.freeSpace()
 	if free-need < m.cfg.Floor || need > free {
-		return fmt.Errorf("cannot %s: it needs %s and the data directory %s has %s free, %s floor (free_space_floor in config.toml); free some space first: %w: %w",
+		return fmt.Errorf("cannot %s: it needs %s and the data directory %s has %s free, to stay above the %s floor (free_space_floor in config.toml); free some space first: %w: %w",
 			what, FormatBytes(need), m.cfg.DataDir, FormatBytes(free), FormatBytes(m.cfg.Floor), ErrNoSpace, syscall.ENOSPC)
 	}
 	return nil
