@@ -210,8 +210,8 @@ func TestCheckpointRestoreFork(t *testing.T) {
 		}
 		// The source's disk stays its VM's alone: nothing else may open it
 		// for writing while it runs.
-		if out, err := exec.Command("qemu-img", "info", filepath.Join(sdir, "workspace.img")).CombinedOutput(); err == nil || !strings.Contains(string(out), "lock") {
-			t.Errorf("qemu-img opened the running source's workspace: %v %s", err, out)
+		if out, err := exec.Command("qemu-io", "-f", "raw", "-c", "quit", filepath.Join(sdir, "workspace.img")).CombinedOutput(); err == nil || !strings.Contains(string(out), "lock") {
+			t.Errorf("qemu-io opened the running source's workspace for writing: %v %s", err, out)
 		}
 		// A cold start of the fork mounts its own workspace by its UUID.
 		e.ok("stop", "fork1")
