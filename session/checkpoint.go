@@ -387,6 +387,15 @@ func (s *sess) frozenCopy(ctx context.Context, by, step string, dc *diskCopier, 
 			return 0, fmt.Errorf("the %s driver cannot snapshot VMs: %w", s.rec.VMM, ErrInvalid)
 		}
 	}
+	if snap != nil {
+		// The memory snapshot is written by the VMM, never reflinked.
+		s.mu.Lock()
+		mem := int64(s.rec.MemoryMiB) << 20
+		s.mu.Unlock()
+		if err := m.checkRoom(what+" (its memory snapshot)", mem); err != nil {
+			return 0, err
+		}
+	}
 	c, err := s.connectedAgent()
 	if err != nil {
 		return 0, err
@@ -662,6 +671,10 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (ForkResult, e
 	frec.CreatedAt, frec.LastActivity, frec.StartedAt = now, now, time.Time{}
 	frec.Pid, frec.SnapshotPath, frec.SnapshotBytes, frec.LastWake, frec.PauseReason = 0, "", 0, 0, ""
 	frec.MachineID = randomMachineID()
+	if rec.IdleTimeout != nil {
+		t := *rec.IdleTimeout
+		frec.IdleTimeout = &t
+	}
 	f := m.newSess(frec)
 	f.op.Lock()
 	defer f.op.Unlock()

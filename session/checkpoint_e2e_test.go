@@ -142,6 +142,10 @@ func TestCheckpointRestoreFork(t *testing.T) {
 		e.fails("not found", "fork", "ghost", "x")
 		ident := "hostname; cat /etc/machine-id; cat /proc/sys/kernel/random/boot_id; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
 		before := e.out("src", ident)
+		// A recorded command running at the fork goes on in the fork as a
+		// process; its record stays the source's.
+		ticker := strings.TrimSpace(e.ok("exec", "src", "--detach", "--", "sh", "-c", "while true; do echo tick >> /tmp/ticks; sleep 0.1; done"))
+		time.Sleep(300 * time.Millisecond)
 		start := time.Now()
 		out := e.ok("fork", "src", "fork1")
 		took := time.Since(start)
@@ -158,6 +162,27 @@ func TestCheckpointRestoreFork(t *testing.T) {
 		if again := e.counter("fork1"); again <= n {
 			t.Errorf("the source's process does not run in the fork: %d then %d", n, again)
 		}
+		ticks := func(name string) string { return e.out(name, "wc -l < /tmp/ticks") }
+		t1 := ticks("fork1")
+		time.Sleep(400 * time.Millisecond)
+		if t2 := ticks("fork1"); t2 == t1 {
+			t.Errorf("the command running at the fork does not go on in the fork: %s then %s ticks", t1, t2)
+		}
+		for _, x := range e.execs("fork1") {
+			if x.ID == ticker {
+				t.Errorf("the fork has the source's execution record %s", ticker)
+			}
+		}
+		var srcRunning bool
+		for _, x := range e.execs("src") {
+			if x.ID == ticker {
+				srcRunning = x.State == session.ExecRunning
+			}
+		}
+		if !srcRunning {
+			t.Errorf("the source's command is no longer running and recorded after the fork")
+		}
+		e.ok("exec", "src", "--", "pkill", "-f", "ticks")
 		src, fork := strings.Fields(before), strings.Fields(e.out("fork1", ident))
 		srcNow := strings.Fields(e.out("src", ident))
 		if len(src) != 4 || len(fork) != 4 || len(srcNow) != 4 {

@@ -456,6 +456,9 @@ func deletePrompt(m *Model, c call) (string, []string) {
 	if s.Running > 0 {
 		body = append(body, fmt.Sprintf("%d command(s) are running in it.", s.Running))
 	}
+	if s.Checkpoints > 0 {
+		body = append(body, fmt.Sprintf("Its %d checkpoint(s) (%s) are deleted with it.", s.Checkpoints, session.FormatBytesShort(s.CheckpointBytes)))
+	}
 	return "Delete " + s.Name + " permanently?", body
 }
 
