@@ -723,6 +723,10 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (ForkResult, e
 		return fail(err)
 	}
 	res.Copy = dc.how.String()
+	var steps []any
+	step := func(name string) { steps = append(steps, name, time.Since(start).Round(time.Millisecond)) }
+	defer func() { m.log.Info("fork", append([]any{"session", name, "into", newName}, steps...)...) }()
+	step("copied")
 	m.crash("fork:copied")
 	f.mu.Lock()
 	f.rec.SnapshotPath = memPath
@@ -730,11 +734,13 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (ForkResult, e
 	if err := f.restore(ctx); err != nil {
 		return fail(fmt.Errorf("fork %s: restore the snapshot into a new VM: %w", name, err))
 	}
+	step("restored")
 	m.crash("fork:restored")
 	fr, err := f.afterFork(ctx)
 	if err != nil {
 		return fail(fmt.Errorf("fork %s: %w", name, err))
 	}
+	step("identity")
 	res.Inherited, res.Warnings = fr.Inherited, fr.Errors
 	os.RemoveAll(f.snapshotDir())
 	f.mu.Lock()

@@ -182,7 +182,6 @@ func TestCheckpointRestoreFork(t *testing.T) {
 		if !srcRunning {
 			t.Errorf("the source's command is no longer running and recorded after the fork")
 		}
-		e.ok("exec", "src", "--", "pkill", "-f", "ticks")
 		src, fork := strings.Fields(before), strings.Fields(e.out("fork1", ident))
 		srcNow := strings.Fields(e.out("src", ident))
 		if len(src) != 4 || len(fork) != 4 || len(srcNow) != 4 {
