@@ -87,7 +87,10 @@ func TestRestrict(t *testing.T) {
 			_, err := s.Checkpoint(ctx, "demo", session.CheckpointOptions{})
 			return err
 		}},
-		{"Fork", Operator, func(ctx context.Context, s session.Service) error { _, err := s.Fork(ctx, "demo", "demo-fork"); return err }},
+		{"Fork", Operator, func(ctx context.Context, s session.Service) error {
+			_, err := s.Fork(ctx, "demo", "demo-fork")
+			return err
+		}},
 		{"Restore", Admin, func(ctx context.Context, s session.Service) error { _, err := s.Restore(ctx, "demo", "c1"); return err }},
 		{"DeleteCheckpoint", Admin, func(ctx context.Context, s session.Service) error { return s.DeleteCheckpoint(ctx, "demo", "c1") }},
 		{"Replace", Admin, func(ctx context.Context, s session.Service) error {
