@@ -765,3 +765,14 @@ const (
 	handshakeWait    = time.Second
 	handshakeWaitMax = 8 * time.Second
 )
+
+// Fork tells the agent of a VM restored from another session's memory
+// snapshot that it is a new machine: it thaws the disks, sets the clock,
+// reseeds the RNG, and takes spec's hostname, machine id and filesystem
+// UUIDs, a new boot id, and forgets the executions it inherited (they keep
+// running, their output drained).
+func (c *Client) Fork(ctx context.Context, spec MountSpec, now time.Time, seed []byte) (ForkResult, error) {
+	var r ForkResult
+	err := c.do(ctx, &Request{Op: OpFork, Mount: &spec, Time: now.UnixNano(), Data: seed}, &r)
+	return r, err
+}

@@ -213,6 +213,7 @@ const (
 	OpLink       = "link"       // To becomes a hard link to Path
 	OpStatfs     = "statfs"     // the figures of the filesystem holding Path
 	OpRmdir      = "rmdir"      // remove an empty directory, never a file
+	OpFork       = "fork"       // a VM restored from another session's snapshot takes its own identity
 )
 
 // Open flags (Request.Flags), the same values whatever the host's or the
@@ -447,3 +448,14 @@ var (
 	ErrGap          = errors.New("output was dropped before it could be read")
 	ErrDisconnected = errors.New("agent channel disconnected")
 )
+
+// ForkResult reports what a forked VM's agent changed. A filesystem whose
+// UUID could not be changed online (an ext4 without metadata_csum_seed)
+// keeps the source's; Errors says why.
+type ForkResult struct {
+	WorkspaceUUID bool     `json:"workspace_uuid"`
+	SystemUUID    bool     `json:"system_uuid"`
+	BootID        string   `json:"boot_id,omitempty"`
+	Inherited     int      `json:"inherited"` // executions forgotten, still running
+	Errors        []string `json:"errors,omitempty"`
+}

@@ -111,6 +111,11 @@ type Config struct {
 	// RunTimeout ends an open agent run as abandoned once it has had
 	// nothing running and no use for this long; default DefaultRunTimeout.
 	RunTimeout time.Duration
+	// CheckpointLimit bounds each session's checkpoints (default
+	// DefaultCheckpointLimit); CheckpointBytes their size on disk together
+	// (default DefaultCheckpointBytes).
+	CheckpointLimit int
+	CheckpointBytes int64
 	// NoTemplates makes every create boot cold.
 	NoTemplates bool
 	// CrashAt names a step at which the daemon kills itself (tests only).

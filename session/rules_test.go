@@ -219,6 +219,8 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		Floor       string `toml:"free_space_floor"`
 		Budget      string `toml:"output_budget"`
 		RunTimeout  string `toml:"run_timeout"`
+		CkptLimit   int    `toml:"checkpoint_limit"`
+		CkptBytes   string `toml:"checkpoint_bytes"`
 	}
 	md, err := toml.Decode(assets.DefaultConfig(), &f)
 	if err != nil {
@@ -259,10 +261,16 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ckptBytes, err := ParseSize(f.CkptBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		key       string
 		doc, code any
 	}{
+		{"checkpoint_limit", f.CkptLimit, DefaultCheckpointLimit},
+		{"checkpoint_bytes", ckptBytes, int64(DefaultCheckpointBytes)},
 		{"image", f.Image, DefaultImage},
 		{"cpus", f.CPUs, DefaultCPUs},
 		{"memory", mem, DefaultMemoryMiB},

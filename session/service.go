@@ -82,6 +82,10 @@ type Session struct {
 	// IdleTimeout is how long the session may idle before it sleeps by
 	// itself; 0 means never.
 	IdleTimeout time.Duration `json:"idle_timeout"`
+	// Checkpoints counts the session's checkpoints; CheckpointBytes is
+	// their size on disk.
+	Checkpoints     int   `json:"checkpoints,omitempty"`
+	CheckpointBytes int64 `json:"checkpoint_bytes,omitempty"`
 }
 
 // ExecState is an execution's state.
@@ -341,4 +345,5 @@ type Service interface {
 	Lifecycle
 	Execer
 	Files
+	Checkpointer
 }

@@ -37,6 +37,7 @@ type sess struct {
 	// files counts the Handles files open on the session's agent; the
 	// idle loop does not put a session holding any to sleep.
 	files atomic.Int32
+	ckpt  ckptTotals // guarded by mu; see refreshCheckpoints
 }
 
 func (m *Manager) newSess(rec store.Session) *sess {
@@ -91,6 +92,7 @@ func (s *sess) snapshotLocked() Session {
 	}
 	out.LastWake = r.LastWake
 	out.Running = s.m.runningCount(s.name)
+	out.Checkpoints, out.CheckpointBytes = s.ckpt.n, s.ckpt.bytes
 	return out
 }
 
@@ -378,6 +380,8 @@ func (s *sess) detach() {
 // recover brings a session recorded by an earlier daemon back under
 // supervision.
 func (s *sess) recover(ctx context.Context) {
+	s.cleanCheckpoints()
+	defer s.refreshCheckpoints()
 	st := s.state()
 	d, derr := s.m.driver(s.rec.VMM)
 	var vm vmm.VM
@@ -413,6 +417,7 @@ func (s *sess) recover(ctx context.Context) {
 		}
 		s.m.loseRuns(s.name, "the daemon restarted while the session was stopping")
 		s.setState(StateStopped, "stop finished after a daemon restart", "")
+		s.recoverRestore(ctx)
 		return
 	case StateSleeping:
 		s.recoverSleep(ctx, st, vm)
@@ -420,6 +425,7 @@ func (s *sess) recover(ctx context.Context) {
 	case StateRunning, StatePaused:
 	default:
 		s.m.loseRuns(s.name, "the VM is not running")
+		s.recoverRestore(ctx) // stopped by a restore the daemon died in
 		return
 	}
 	if vm == nil {

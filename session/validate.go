@@ -57,6 +57,10 @@ const (
 	ActionFiles   Action = "files"
 	ActionSleep   Action = "sleep"
 	ActionReplace Action = "replace" // a new VM with a fresh system disk
+	// Checkpoints (checkpoint.go).
+	ActionCheckpoint Action = "checkpoint"
+	ActionRestore    Action = "restore"
+	ActionFork       Action = "fork"
 )
 
 // transitions lists, per action, the states it is allowed from.
@@ -73,6 +77,11 @@ var transitions = map[Action][]State{
 	// replace works from any settled state: a VM that cannot start is
 	// what it is for.
 	ActionReplace: {StateRunning, StatePaused, StateStopped, StateCrashed, StateSleeping},
+	// a paused VM cannot flush and freeze its disks; a stopped or crashed
+	// one has disks nothing writes to.
+	ActionCheckpoint: {StateRunning, StateStopped, StateCrashed, StateSleeping},
+	ActionRestore:    {StateRunning, StateStopped, StateCrashed, StateSleeping},
+	ActionFork:       {StateRunning, StateSleeping},
 }
 
 // phrases are how a refusal names an action when its bare name does not

@@ -170,6 +170,10 @@ func actionTable() []action {
 		{verbs: []string{"start"}, mutates: true, target: onSession, run: (*Model).start},
 		{key: bind("R", "replace VM (keeps /workspace)"), verbs: []string{"replace"}, mutates: true, target: onSession,
 			confirm: confirmName, prompt: replacePrompt, run: (*Model).replace},
+		{key: bind("c", "checkpoint (disks, or memory too)"), verbs: []string{"checkpoint"}, args: "[--memory] [LABEL]", mutates: true, target: onSession, run: (*Model).checkpoint},
+		{key: bind("u", "restore latest checkpoint"), verbs: []string{"restore"}, args: "[ID]", mutates: true, target: onSession,
+			confirm: confirmName, prompt: restorePrompt, run: (*Model).restore},
+		{key: bind("F", "fork into a new session"), verbs: []string{"fork"}, args: "NEW", mutates: true, target: onSession, run: (*Model).fork},
 		{key: bind("d", "delete session"), verbs: []string{"delete"}, mutates: true, target: onSession,
 			confirm: confirmName, prompt: deletePrompt, run: (*Model).delete},
 		{key: bind("n", "new session"), verbs: []string{"create", "new"}, args: "NAME [cpus=N] [mem=SIZE] [disk=SIZE] [image=NAME]",
@@ -451,6 +455,9 @@ func deletePrompt(m *Model, c call) (string, []string) {
 	}
 	if s.Running > 0 {
 		body = append(body, fmt.Sprintf("%d command(s) are running in it.", s.Running))
+	}
+	if s.Checkpoints > 0 {
+		body = append(body, fmt.Sprintf("Its %d checkpoint(s) (%s) are deleted with it.", s.Checkpoints, session.FormatBytesShort(s.CheckpointBytes)))
 	}
 	return "Delete " + s.Name + " permanently?", body
 }

@@ -37,7 +37,9 @@ func CreateWorkspace(ctx context.Context, path string, size int64, uuid string) 
 		return fmt.Errorf("size workspace image: %w", err)
 	}
 	f.Close()
-	cmd := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-L", "workspace", "-U", uuid,
+	// metadata_csum_seed: the UUID can be changed while mounted (a fork
+	// takes one of its own) without rewriting every checksum.
+	cmd := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-L", "workspace", "-U", uuid, "-O", "metadata_csum_seed",
 		"-E", "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0", "-m", "0", path)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 5 * time.Second

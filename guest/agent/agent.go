@@ -363,6 +363,8 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 		return a.mount(spec)
 	case guest.OpFreeze:
 		return a.freeze()
+	case guest.OpFork:
+		return a.fork(req)
 	case guest.OpThaw:
 		if err := a.setTime(req.Time, req.Data); err != nil {
 			return nil, err

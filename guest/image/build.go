@@ -724,7 +724,7 @@ func CreateSystemDisk(ctx context.Context, path string, size int64, uuid string)
 		os.Remove(path)
 		return fmt.Errorf("size system disk: %w", err)
 	}
-	out, err := helper(ctx, "mkfs.ext4", "-q", "-F", "-L", "berth-system", "-U", uuid, "-O", "^resize_inode",
+	out, err := helper(ctx, "mkfs.ext4", "-q", "-F", "-L", "berth-system", "-U", uuid, "-O", "^resize_inode,metadata_csum_seed",
 		"-E", "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0", "-m", "0", path)
 	if err != nil {
 		os.Remove(path)

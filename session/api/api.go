@@ -35,6 +35,10 @@
 //	POST   /v1/sessions/{name}/flush          FlushResult
 //	POST   /v1/sessions/{name}/replace        ReplaceOptions (body optional) → ReplaceResult
 //	GET    /v1/sessions/{name}/timeline?limit=N          []Event
+//	POST   /v1/sessions/{name}/checkpoints    CheckpointOptions → 201 Checkpoint; GET []Checkpoint
+//	DELETE /v1/sessions/{name}/checkpoints/{id}          204
+//	POST   /v1/sessions/{name}/restore        {"id"} → RestoreResult
+//	POST   /v1/sessions/{name}/fork           {"name"} → 201 ForkResult
 //	POST   /v1/sessions/{name}/exec           full duplex NDJSON (see inFrame, outFrame)
 //	GET    /v1/sessions/{name}/executions?all=true       []Execution
 //	GET    /v1/execs/{id}                     Execution

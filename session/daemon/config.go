@@ -30,6 +30,9 @@ type File struct {
 	Floor       string `toml:"free_space_floor"`
 	Budget      string `toml:"output_budget"`
 	RunTimeout  string `toml:"run_timeout"`
+	// Checkpoints per session: how many, and their size on disk together.
+	CheckpointLimit int    `toml:"checkpoint_limit"`
+	CheckpointBytes string `toml:"checkpoint_bytes"`
 }
 
 // Config is the parsed configuration. Sizes are read by session.ParseSize
@@ -44,6 +47,9 @@ type Config struct {
 	OutputBudget int64
 	// RunTimeout ends agent runs left open and unused as abandoned.
 	RunTimeout time.Duration
+	// CheckpointLimit and CheckpointBytes bound each session's checkpoints.
+	CheckpointLimit int
+	CheckpointBytes int64
 }
 
 // LoadConfig reads <data>/config.toml, writing the documented defaults
@@ -120,6 +126,17 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		if f.Budget == "0" {
 			c.OutputBudget = 0
 		} else if c.OutputBudget, err = size("output_budget", f.Budget); err != nil {
+			return c, err
+		}
+	}
+	c.CheckpointLimit, c.CheckpointBytes = session.DefaultCheckpointLimit, session.DefaultCheckpointBytes
+	if f.CheckpointLimit < 0 {
+		return c, fmt.Errorf("%s: checkpoint_limit = %d: want a positive number", path, f.CheckpointLimit)
+	} else if f.CheckpointLimit > 0 {
+		c.CheckpointLimit = f.CheckpointLimit
+	}
+	if f.CheckpointBytes != "" {
+		if c.CheckpointBytes, err = size("checkpoint_bytes", f.CheckpointBytes); err != nil {
 			return c, err
 		}
 	}

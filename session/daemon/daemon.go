@@ -186,7 +186,8 @@ func Run(ctx context.Context, o Options) (err error) {
 	images := Images(o)
 	mgr, err := session.NewManager(ctx, st, session.Config{
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
-		IdleTimeout: cfg.IdleTimeout, RunTimeout: cfg.RunTimeout, Floor: cfg.Floor, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,
+		IdleTimeout: cfg.IdleTimeout, RunTimeout: cfg.RunTimeout, Floor: cfg.Floor,
+		CheckpointLimit: cfg.CheckpointLimit, CheckpointBytes: cfg.CheckpointBytes, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,
 		Logger: log,
 	})
 	if err != nil {

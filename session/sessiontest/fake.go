@@ -81,6 +81,8 @@ type fakeSession struct {
 	timeline []session.Event
 	execs    []*fakeExec            // in start order
 	open     map[*fakeFile]struct{} // open Files (handles.go)
+	ckpts    []fakeCkpt             // oldest first (checkpoints.go)
+	ckptSeq  int
 }
 
 var _ session.Service = (*Fake)(nil)

@@ -106,7 +106,7 @@ func commands() []*Command {
 		flushCmd(), replaceCmd(), deleteCmd(), eventsCmd(),
 		execCmd(), shellCmd(), logsCmd(), psCmd(),
 		filesCmd(), catCmd(), putCmd(), getCmd(), cpCmd(), rmCmd(), mkdirCmd(),
-	}, harnessCommands()...)
+	}, append(harnessCommands(), checkpointCmds()...)...)
 }
 
 // cmdTable is the commands one Run knows: the built-in ones, then the

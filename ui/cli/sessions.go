@@ -194,6 +194,9 @@ func writeInfo(w io.Writer, c *Call, s session.Session) {
 		t.row("System disk:", "none: the root is in memory ("+s.HomeDirectory+" is lost at every stop)")
 	}
 	t.row("Dirty:", session.FormatBytes(s.DirtyBytes)+" not yet durable")
+	if s.Checkpoints > 0 {
+		t.row("Checkpoints:", fmt.Sprintf("%d, %s on disk ('berth checkpoints %s' lists them)", s.Checkpoints, session.FormatBytes(s.CheckpointBytes), s.Name))
+	}
 	t.row("Running:", plural(s.Running, "command"))
 	if s.IdleTimeout > 0 {
 		t.row("Idle sleep:", "after "+s.IdleTimeout.String())
@@ -295,9 +298,13 @@ func deleteCmd() *Command {
 					return err
 				}
 				if !*yes {
+					ckpts := ""
+					if s.Checkpoints > 0 {
+						ckpts = fmt.Sprintf(" and its %d checkpoint(s) (%s)", s.Checkpoints, session.FormatBytes(s.CheckpointBytes))
+					}
 					fmt.Fprintf(c.env.Stderr, "Session %s is %s, with %s in /workspace (%s not yet flushed).\n"+
-						"Deleting removes its VM and all its files permanently.\n"+
-						"Type the session name to confirm: ", name, s.State, session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DirtyBytes))
+						"Deleting removes its VM and all its files%s permanently.\n"+
+						"Type the session name to confirm: ", name, s.State, session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DirtyBytes), ckpts)
 					answer, err := readLine(c.env.Stdin)
 					if err != nil && answer == "" {
 						return fmt.Errorf("delete %s: no confirmation (%v); nothing was deleted", name, err)

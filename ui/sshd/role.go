@@ -74,6 +74,10 @@ const (
 	opLink
 	opRun      // start and end agent runs
 	opSchedule // add and remove schedules
+	opCheckpoint
+	opDeleteCheckpoint
+	opRestore
+	opFork
 )
 
 // describe returns what o does, completing "role viewer may not ...", and
@@ -124,6 +128,14 @@ func (o op) describe() (what string, least Role) {
 		return "start or end agent runs", Operator
 	case opSchedule:
 		return "add or remove schedules", Operator
+	case opCheckpoint:
+		return "checkpoint sessions", Operator
+	case opDeleteCheckpoint:
+		return "remove checkpoints", Admin
+	case opRestore:
+		return "restore sessions to checkpoints", Admin
+	case opFork:
+		return "fork sessions", Operator
 	}
 	return fmt.Sprintf("op(%d)", int(o)), Admin
 }

@@ -82,6 +82,17 @@ func TestRestrict(t *testing.T) {
 		{"Mkdir", Operator, func(ctx context.Context, s session.Service) error { return s.Mkdir(ctx, "demo", "d") }},
 		{"Rename", Operator, func(ctx context.Context, s session.Service) error { return s.Rename(ctx, "demo", "g", "h") }},
 		{"Remove", Operator, func(ctx context.Context, s session.Service) error { return s.Remove(ctx, "demo", "h") }},
+		{"Checkpoints", Viewer, func(ctx context.Context, s session.Service) error { _, err := s.Checkpoints(ctx, "demo"); return err }},
+		{"Checkpoint", Operator, func(ctx context.Context, s session.Service) error {
+			_, err := s.Checkpoint(ctx, "demo", session.CheckpointOptions{})
+			return err
+		}},
+		{"Fork", Operator, func(ctx context.Context, s session.Service) error {
+			_, err := s.Fork(ctx, "demo", "demo-fork")
+			return err
+		}},
+		{"Restore", Admin, func(ctx context.Context, s session.Service) error { _, err := s.Restore(ctx, "demo", "c1"); return err }},
+		{"DeleteCheckpoint", Admin, func(ctx context.Context, s session.Service) error { return s.DeleteCheckpoint(ctx, "demo", "c1") }},
 		{"Replace", Admin, func(ctx context.Context, s session.Service) error {
 			_, err := s.Replace(ctx, "demo", session.ReplaceOptions{})
 			return err

@@ -37,6 +37,8 @@ type timelineMsg struct {
 	gen    int
 	events []session.Event
 	err    error
+	// ckpts are the session's checkpoints, when the service keeps them.
+	ckpts []session.Checkpoint
 }
 
 // Model is the Info tab.
@@ -53,6 +55,7 @@ type Model struct {
 	offset  int
 	loading bool
 	err     string
+	ckpts   []session.Checkpoint // oldest first
 }
 
 var _ common.Component = (*Model)(nil)
@@ -83,10 +86,15 @@ func (m *Model) Events() []session.Event { return m.events }
 // timeline.
 func (m *Model) SetSession(s session.Session) tea.Cmd {
 	changed := s.Name != m.sess.Name
+	ckptsChanged := s.Checkpoints != m.sess.Checkpoints || s.CheckpointBytes != m.sess.CheckpointBytes
 	m.sess = s
 	if !changed {
+		if ckptsChanged {
+			return m.load() // a checkpoint was taken or removed
+		}
 		return nil
 	}
+	m.ckpts = nil
 	m.events, m.maxSeq, m.offset = nil, 0, 0
 	return m.load()
 }
@@ -94,8 +102,17 @@ func (m *Model) SetSession(s session.Session) tea.Cmd {
 // Open shows a session and (re)loads its timeline.
 func (m *Model) Open(s session.Session) tea.Cmd {
 	m.sess = s
-	m.events, m.maxSeq, m.offset = nil, 0, 0
+	m.events, m.maxSeq, m.offset, m.ckpts = nil, 0, 0, nil
 	return m.load()
+}
+
+// Session returns the session shown.
+func (m *Model) Session() session.Session { return m.sess }
+
+// Checkpoints returns the shown session's checkpoints as last read,
+// oldest first.
+func (m *Model) Checkpoints() []session.Checkpoint {
+	return m.ckpts
 }
 
 func (m *Model) load() tea.Cmd {
@@ -106,7 +123,11 @@ func (m *Model) load() tea.Cmd {
 	return func() tea.Msg {
 		defer cancel()
 		evs, err := svc.Timeline(ctx, name, timelineLimit)
-		return timelineMsg{gen: gen, events: evs, err: err}
+		msg := timelineMsg{gen: gen, events: evs, err: err}
+		if cp, ok := svc.(session.Checkpointer); ok && err == nil {
+			msg.ckpts, _ = cp.Checkpoints(ctx, name)
+		}
+		return msg
 	}
 }
 
@@ -140,6 +161,7 @@ func (m *Model) Update(msg tea.Msg) tea.Cmd {
 			return nil
 		}
 		m.err = ""
+		m.ckpts = msg.ckpts
 		evs := slices.Clone(msg.events)
 		slices.Reverse(evs)
 		// Keep live events that arrived after the read.
@@ -173,7 +195,18 @@ func (m *Model) Update(msg tea.Msg) tea.Cmd {
 // configLines is the number of rows the configuration block takes.
 const configLines = 7
 
-func (m *Model) page() int { return max(1, m.h-configLines-2) }
+func (m *Model) page() int { return max(1, m.h-configLines-2-m.ckptLines()) }
+
+// ckptShown bounds the checkpoints listed; the newest are shown.
+const ckptShown = 4
+
+// ckptLines is the rows the checkpoints block takes.
+func (m *Model) ckptLines() int {
+	if len(m.ckpts) == 0 {
+		return 0
+	}
+	return 2 + min(len(m.ckpts), ckptShown)
+}
 
 // View implements common.Component.
 func (m *Model) View() string {
@@ -226,8 +259,18 @@ func (m *Model) View() string {
 		lines = append(lines, kv("system", session.FormatBytesShort(s.SystemUsed)+" used of "+session.FormatBytesShort(s.SystemBytes)+
 			" (system disk: packages, /etc, "+common.SanitizeLine(s.HomeDirectory)+"; kept until R replaces it)"))
 	}
+	lines = append(lines, kv("dirty", dirty))
+	if n := len(m.ckpts); n > 0 {
+		lines = append(lines, "", st.TableHead.Render("CHECKPOINTS")+st.Muted.Render("  "+strconv.Itoa(n)+", "+
+			session.FormatBytesShort(s.CheckpointBytes)+" on disk · c checkpoint · u restore · F fork"))
+		for i := max(0, n-ckptShown); i < n; i++ {
+			c := m.ckpts[i]
+			label := common.SanitizeLine(c.Label)
+			lines = append(lines, "  "+common.Fit(c.ID, 5)+" "+c.CreatedAt.In(loc).Format("Jan _2 15:04:05")+"  "+
+				common.Fit(session.FormatBytesShort(c.Bytes), 7)+" "+common.Fit(c.Holds(), 28)+" "+label)
+		}
+	}
 	lines = append(lines,
-		kv("dirty", dirty),
 		"",
 		st.TableHead.Render("TIMELINE")+st.Muted.Render("  newest first"),
 	)

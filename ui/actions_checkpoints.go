@@ -1,0 +1,161 @@
+package ui
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/ui/common"
+	"github.com/berthvm/berth/ui/components/dialog"
+)
+
+// Checkpoint, restore and fork actions.
+
+// checkpoint takes a checkpoint: from the command line at once
+// (":checkpoint NAME [--memory] [LABEL]"), from the key through a form.
+func (m *Model) checkpoint(c call) tea.Cmd {
+	if c.line {
+		opts := session.CheckpointOptions{Label: c.tail}
+		if rest, ok := strings.CutPrefix(c.tail, "--memory"); ok {
+			opts = session.CheckpointOptions{Memory: true, Label: strings.TrimSpace(rest)}
+		}
+		return m.takeCheckpoint(c.s.Name, opts)
+	}
+	name := c.s.Name
+	fields := []dialog.Field{
+		{Label: "label", Placeholder: "optional", Hint: "to know it by in the list"},
+		{Label: "memory", Placeholder: "no", Hint: "yes: keep the VM's memory too, so a restore resumes its processes"},
+	}
+	d, cmd := dialog.NewForm(m.c, "Checkpoint "+name, "Commands keep running; they are held for the copy.", fields, func(v []string) (tea.Cmd, error) {
+		opts := session.CheckpointOptions{Label: strings.TrimSpace(v[0])}
+		switch strings.ToLower(strings.TrimSpace(v[1])) {
+		case "", "n", "no":
+		case "y", "yes":
+			opts.Memory = true
+		default:
+			return nil, fmt.Errorf("memory: answer yes or no")
+		}
+		return m.takeCheckpoint(name, opts), nil
+	})
+	return m.openDialog(d, cmd)
+}
+
+func (m *Model) takeCheckpoint(name string, opts session.CheckpointOptions) tea.Cmd {
+	svc := m.c.Svc
+	return m.runOp("checkpointing "+name, func(ctx context.Context) (string, tea.Msg, error) {
+		ck, err := svc.Checkpoint(ctx, name, opts)
+		if err != nil {
+			return "", nil, err
+		}
+		held := ""
+		if ck.Frozen > 0 {
+			held = "; commands held " + ck.Frozen.Round(time.Millisecond).String()
+		}
+		return fmt.Sprintf("checkpoint %s of %s: %s, %s (%s)%s", ck.ID, name, ck.Holds(), session.FormatBytesShort(ck.Bytes), ck.Copy, held), nil, nil
+	})
+}
+
+// restoreTarget is the checkpoint a restore names: the command line's ID,
+// else the newest the Info tab knows ("" when it knows none: the newest
+// at the time of the restore).
+func (m *Model) restoreTarget(c call) (id string, ck *session.Checkpoint) {
+	if c.line {
+		id, _, _ = strings.Cut(c.tail, " ")
+	}
+	var list []session.Checkpoint
+	if m.info != nil && m.info.Session().Name == c.s.Name {
+		list = m.info.Checkpoints()
+	}
+	for i := range list {
+		if list[i].ID == id || (id == "" && i == len(list)-1) {
+			ck = &list[i]
+		}
+	}
+	if ck != nil {
+		id = ck.ID
+	}
+	return id, ck
+}
+
+func restorePrompt(m *Model, c call) (string, []string) {
+	id, ck := m.restoreTarget(c)
+	what := "its newest checkpoint"
+	if ck != nil {
+		what = "checkpoint " + ck.ID + " (" + ck.Holds() + ", taken " + ck.CreatedAt.In(m.c.Now().Location()).Format("Jan _2 15:04:05")
+		if ck.Label != "" {
+			what += ", «" + common.SanitizeLine(ck.Label) + "»"
+		}
+		what += ")"
+	} else if id != "" {
+		what = "checkpoint " + id
+	}
+	body := []string{
+		"Restore stops the VM of " + c.s.Name + " and puts it back on " + what + ".",
+		"Its current disks are kept first as an automatic checkpoint, so this can be undone.",
+	}
+	if c.s.Running > 0 {
+		body = append(body, fmt.Sprintf("%d running command(s) will be stopped.", c.s.Running))
+	}
+	return "Restore " + c.s.Name + "?", body
+}
+
+func (m *Model) restore(c call) tea.Cmd {
+	svc, name := m.c.Svc, c.s.Name
+	id, _ := m.restoreTarget(c)
+	return m.runOp("restoring "+name, func(ctx context.Context) (string, tea.Msg, error) {
+		if id == "" {
+			list, err := svc.Checkpoints(ctx, name)
+			if err != nil {
+				return "", nil, err
+			}
+			if len(list) == 0 {
+				return "", nil, fmt.Errorf("%s has no checkpoints (c takes one): %w", name, session.ErrNotFound)
+			}
+			id = list[len(list)-1].ID
+		}
+		r, err := svc.Restore(ctx, name, id)
+		if err != nil {
+			return "", nil, err
+		}
+		return fmt.Sprintf("restored %s to %s; the state before is %s", name, id, r.Auto.ID), nil, nil
+	})
+}
+
+// fork asks the new session's name (or takes it from the command line)
+// and forks.
+func (m *Model) fork(c call) tea.Cmd {
+	src := c.s.Name
+	if c.line {
+		if c.tail == "" {
+			return m.usage(c)
+		}
+		return m.forkSession(src, c.tail)
+	}
+	fields := []dialog.Field{{Label: "new name", Placeholder: src + "-fork", Hint: "lowercase letters, digits and dashes"}}
+	d, cmd := dialog.NewForm(m.c, "Fork "+src, "A new session with "+src+"'s processes, files and system as of now.", fields, func(v []string) (tea.Cmd, error) {
+		name := strings.TrimSpace(v[0])
+		if name == "" {
+			name = src + "-fork"
+		}
+		if err := session.ValidateName(name); err != nil {
+			return nil, err
+		}
+		return m.forkSession(src, name), nil
+	})
+	return m.openDialog(d, cmd)
+}
+
+func (m *Model) forkSession(src, name string) tea.Cmd {
+	svc := m.c.Svc
+	return m.runOp("forking "+src+" into "+name, func(ctx context.Context) (string, tea.Msg, error) {
+		r, err := svc.Fork(ctx, src, name)
+		if err != nil {
+			return "", nil, err
+		}
+		return fmt.Sprintf("forked %s into %s in %s (%s held %s)", src, name, r.Took.Round(time.Millisecond), src, r.Frozen.Round(time.Millisecond)), createdMsg{r.Session}, nil
+	})
+}
