@@ -110,6 +110,9 @@ type Config struct {
 	Floor int64
 	// NoTemplates makes every create boot cold.
 	NoTemplates bool
+	// Observer learns of creates, wakes and executions' ends (metrics);
+	// nil: nobody.
+	Observer Observer
 	// CrashAt names a step at which the daemon kills itself (tests only).
 	CrashAt string
 	Logger  *slog.Logger
@@ -152,6 +155,9 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
 	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("session manager: no data directory")

@@ -78,6 +78,7 @@ type fakeSession struct {
 	root     *node
 	timeline []session.Event
 	execs    []*fakeExec // in start order
+	history  []session.Sample
 }
 
 var _ session.Service = (*Fake)(nil)
