@@ -40,12 +40,12 @@ func TestSamplerRates(t *testing.T) {
 			{time.Second, 7, ps("s", 3*time.Second, 0, 0), gs(0, 0, 0)}},
 			Live{CPUPercent: 100, CPUSeconds: 3}},
 		{"a new VMM (pid reused) restarts the rates", 1, []reading{
-			{0, 7, ps("s", 50*time.Second, 0, 0), gs(10, 100, 5 << 20)},
+			{0, 7, ps("s", 50*time.Second, 0, 0), gs(10, 100, 5<<20)},
 			{time.Second, 7, ps("t", time.Second, 0, 0), gs(1, 10, 0)}},
 			Live{CPUSeconds: 1}},
 		{"counters going back give no rate", 1, []reading{
-			{0, 7, ps("s", time.Second, 100, 100), gs(10, 100, 5 << 20)},
-			{time.Second, 7, ps("s", time.Second, 50, 50), gs(5, 50, 1 << 20)}},
+			{0, 7, ps("s", time.Second, 100, 100), gs(10, 100, 5<<20)},
+			{time.Second, 7, ps("s", time.Second, 50, 50), gs(5, 50, 1<<20)}},
 			Live{CPUSeconds: 1, HostReadBytes: 50, HostWriteBytes: 50, WorkspaceWriteBytes: 1 << 20}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
