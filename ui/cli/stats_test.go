@@ -102,9 +102,9 @@ func TestEventsFollowJSON(t *testing.T) {
 	w.fake.AddSession(session.Session{Name: "other", State: session.StateRunning, CPUs: 1, MemoryMiB: 512})
 	w.fake.Note("demo", session.EventNote, "before")
 	for _, c := range []struct {
-		name  string
-		args  []string
-		only  string // every event is of this session ("" any)
+		name string
+		args []string
+		only string // every event is of this session ("" any)
 	}{
 		{"one session", []string{"events", "demo", "--follow", "--json"}, "demo"},
 		{"all sessions", []string{"events", "--follow", "--json"}, ""},
