@@ -69,10 +69,10 @@ func (e *env) cmd(args ...string) *exec.Cmd {
 	return c
 }
 
-// startDaemon runs `berth serve` and waits for its socket.
-func (e *env) startDaemon() {
+// startDaemon runs `berth serve` (with extra flags) and waits for its socket.
+func (e *env) startDaemon(extra ...string) {
 	e.t.Helper()
-	c := e.cmd("serve")
+	c := e.cmd(append([]string{"serve"}, extra...)...)
 	logf, err := os.OpenFile(filepath.Join(e.data, "test-daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		e.t.Fatal(err)
