@@ -386,6 +386,23 @@ type Stats struct {
 	SystemSize    int64      `json:"system_size,omitempty"`
 	SystemUsed    int64      `json:"system_used,omitempty"`
 	Running       int        `json:"running"` // executions still running
+
+	// The guest's own CPU view, from the first line of /proc/stat: busy
+	// and total time of all its CPUs together, in clock ticks (USER_HZ),
+	// since it booted. An agent older than these fields leaves them 0.
+	CPUBusyTicks  uint64 `json:"cpu_busy_ticks,omitempty"`
+	CPUTotalTicks uint64 `json:"cpu_total_ticks,omitempty"`
+	CPUs          int    `json:"cpus,omitempty"`
+	// Bytes read from and written to the workspace and system disks since
+	// boot, from /proc/diskstats.
+	WorkspaceIO DiskIO `json:"workspace_io,omitzero"`
+	SystemIO    DiskIO `json:"system_io,omitzero"`
+}
+
+// DiskIO counts one block device's traffic since boot.
+type DiskIO struct {
+	ReadBytes  int64 `json:"read_bytes"`
+	WriteBytes int64 `json:"write_bytes"`
 }
 
 // Error is an error reported by the agent. Code is an errno name (ENOENT,

@@ -404,6 +404,7 @@ func (r *run) finish(state ExecState, code *int, signal, why string) {
 	r.m.mu.Lock()
 	delete(r.m.runs, r.id)
 	r.m.mu.Unlock()
+	r.m.cfg.Observer.ExecEnded(state)
 	ex := toExecution(rec)
 	msg := string(state)
 	switch {

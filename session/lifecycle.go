@@ -144,6 +144,7 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (Session, erro
 	if err := s.setState(StateRunning, "created: "+how, by); err != nil {
 		return fail(err)
 	}
+	m.cfg.Observer.Created(time.Since(now))
 	return s.snapshot(), nil
 }
 

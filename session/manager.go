@@ -118,6 +118,9 @@ type Config struct {
 	CheckpointBytes int64
 	// NoTemplates makes every create boot cold.
 	NoTemplates bool
+	// Observer learns of creates, wakes and executions' ends (metrics);
+	// nil: nobody.
+	Observer Observer
 	// CrashAt names a step at which the daemon kills itself (tests only).
 	CrashAt string
 	Logger  *slog.Logger
@@ -165,6 +168,9 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 	}
 	if cfg.RunTimeout == 0 {
 		cfg.RunTimeout = DefaultRunTimeout
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
 	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("session manager: no data directory")

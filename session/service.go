@@ -74,6 +74,8 @@ type Session struct {
 	DirtyBytes    int64 `json:"dirty_bytes"` // what a crash of the VM would lose now
 	MemUsedBytes  int64 `json:"mem_used_bytes,omitempty"`
 	Running       int   `json:"running"` // executions in starting/running state
+	// Live holds the sampled CPU, memory and I/O figures while running.
+	Live *Live `json:"live,omitempty"`
 
 	// While sleeping: the memory snapshot's size on disk. LastWake is how
 	// long the session's last wake took.
@@ -346,4 +348,5 @@ type Service interface {
 	Execer
 	Files
 	Checkpointer
+	Sampler
 }

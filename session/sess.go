@@ -33,6 +33,7 @@ type sess struct {
 	supStop  context.CancelFunc
 	stats    guest.Stats
 	statsAt  time.Time
+	sampler  sampler    // host and guest figures, and their history
 	agentMu  sync.Mutex // serialises (re)connecting the agent
 	// files counts the Handles files open on the session's agent; the
 	// idle loop does not put a session holding any to sleep.
@@ -74,6 +75,9 @@ func (s *sess) snapshotLocked() Session {
 		out.Accel, out.Pid = r.Accel, r.Pid
 		out.DirtyBytes = s.stats.Dirty + s.stats.Writeback
 		out.MemUsedBytes = s.stats.MemTotal - s.stats.MemAvailable
+	}
+	if out.State == StateRunning {
+		out.Live = s.sampler.live
 	}
 	out.WorkspaceUsed = s.stats.WorkspaceUsed
 	out.ImageDigest = r.ImageDigest
@@ -228,6 +232,7 @@ func (s *sess) attached(vm vmm.VM, c *guest.Client) {
 	s.vm, s.agent, s.intended = vm, c, false
 	s.rec.Pid, s.rec.Accel, s.rec.StartedAt = vm.Pid(), string(vm.Accel()), time.Now()
 	s.stats = guest.Stats{}
+	s.sampler.reset()
 	s.mu.Unlock()
 	s.supervise(vm)
 }
@@ -276,8 +281,15 @@ func (s *sess) refreshStats(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	pid, ps, hostOK := s.sampleHost()
+	now := time.Now()
 	s.mu.Lock()
-	s.stats, s.statsAt = st, time.Now()
+	s.stats, s.statsAt = st, now
+	if hostOK {
+		s.sampler.add(now, pid, s.rec.CPUs, ps, st, ringCap(s.m.cfg.StatsInterval))
+	} else {
+		s.sampler.live = nil // the VMM is gone: its series end
+	}
 	snap := s.snapshotLocked()
 	s.mu.Unlock()
 	s.m.event(Event{Kind: EventStats, Name: s.name, Session: &snap})

@@ -162,6 +162,7 @@ func (s *sess) wake(ctx context.Context, by string) error {
 	if err := s.setState(StateRunning, cause, by); err != nil {
 		return err
 	}
+	m.cfg.Observer.Woke(took)
 	m.crash("wake:recorded")
 	os.RemoveAll(s.snapshotDir()) // the disk moves on from here
 	return s.afterWake(ctx)

@@ -119,7 +119,80 @@ func (a *Agent) stats() (guest.Stats, error) {
 		}
 	}
 	st.Running = len(a.execs.running())
+	st.CPUBusyTicks, st.CPUTotalTicks, st.CPUs = cpuTicks()
+	var wsDev, sysDev uint64
+	if dir != "" {
+		var sb unix.Stat_t
+		if unix.Stat(dir, &sb) == nil {
+			wsDev = sb.Dev
+		}
+	}
+	if sys := a.system(); sys != nil {
+		var sb unix.Stat_t
+		if unix.Fstat(int(sys.Fd()), &sb) == nil {
+			sysDev = sb.Dev
+		}
+	}
+	if wsDev != 0 || sysDev != 0 {
+		if b, err := os.ReadFile("/proc/diskstats"); err == nil {
+			st.WorkspaceIO, st.SystemIO = diskIO(b, wsDev), diskIO(b, sysDev)
+		}
+	}
 	return st, nil
+}
+
+// cpuTicks reads the first line of /proc/stat ("cpu user nice system idle
+// iowait irq softirq steal ..."): busy is all but idle and iowait.
+func cpuTicks() (busy, total uint64, cpus int) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, 0
+	}
+	return parseCPUTicks(b)
+}
+
+func parseCPUTicks(b []byte) (busy, total uint64, cpus int) {
+	for i, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || !strings.HasPrefix(f[0], "cpu") {
+			if i > 0 {
+				break
+			}
+			continue
+		}
+		if f[0] != "cpu" {
+			cpus++
+			continue
+		}
+		// guest and guest_nice (fields 9, 10) are already in user and nice.
+		for j := 1; j < len(f) && j <= 8; j++ {
+			v, _ := strconv.ParseUint(f[j], 10, 64)
+			total += v
+			if j != 4 && j != 5 { // idle, iowait
+				busy += v
+			}
+		}
+	}
+	return busy, total, cpus
+}
+
+// diskIO finds device dev in /proc/diskstats ("major minor name reads
+// merged sectors ms writes merged sectors ms ..."); sectors are 512 bytes.
+func diskIO(b []byte, dev uint64) guest.DiskIO {
+	if dev == 0 {
+		return guest.DiskIO{}
+	}
+	maj, mnr := strconv.FormatUint(uint64(unix.Major(dev)), 10), strconv.FormatUint(uint64(unix.Minor(dev)), 10)
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 10 || f[0] != maj || f[1] != mnr {
+			continue
+		}
+		r, _ := strconv.ParseInt(f[5], 10, 64)
+		w, _ := strconv.ParseInt(f[9], 10, 64)
+		return guest.DiskIO{ReadBytes: r * 512, WriteBytes: w * 512}
+	}
+	return guest.DiskIO{}
 }
 
 // shutdown stops every running command (TERM, then KILL after grace),

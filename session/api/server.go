@@ -65,6 +65,7 @@ func NewServer(svc session.Service, logger *slog.Logger, opts ...ServerOption) h
 	m.HandleFunc("POST /v1/sessions/{name}/replace", s.replace)
 	m.HandleFunc("GET /v1/sessions/{name}/timeline", s.timeline)
 	s.routeCheckpoints(m)
+	m.HandleFunc("GET /v1/sessions/{name}/history", s.history)
 
 	m.HandleFunc("POST /v1/sessions/{name}/exec", s.exec)
 	m.HandleFunc("GET /v1/sessions/{name}/executions", s.executions)

@@ -26,6 +26,7 @@ import (
 	"github.com/berthvm/berth/guest/image"
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/api"
+	"github.com/berthvm/berth/session/metrics"
 	"github.com/berthvm/berth/store"
 	"github.com/berthvm/berth/vmm"
 	"github.com/berthvm/berth/vmm/cloudhypervisor"
@@ -51,6 +52,12 @@ type Options struct {
 	// Manager as their Service. Each runs until its context ends; one that
 	// fails ends the daemon.
 	Extra []func(ctx context.Context, svc session.Service) error
+
+	// Metrics, when set, is the address /metrics and /healthz are served
+	// on (a bare port means loopback); MetricsPublic allows an address
+	// others can reach.
+	Metrics       string
+	MetricsPublic bool
 
 	// Test knobs, passed to session.Config as they are.
 	CrashAt     string // a step at which the daemon kills itself
@@ -173,6 +180,16 @@ func Run(ctx context.Context, o Options) (err error) {
 	if err != nil {
 		return err
 	}
+	// The metrics listener first: an address in use or not allowed is
+	// refused before anything starts.
+	var mln net.Listener
+	if o.Metrics != "" {
+		if mln, err = metrics.Listen(o.Metrics, o.MetricsPublic); err != nil {
+			return err
+		}
+		defer mln.Close()
+	}
+	obs := metrics.New()
 	st, err := store.Open(filepath.Join(o.DataDir, "store"), log)
 	if err != nil {
 		return fmt.Errorf("open the store: %w", err)
@@ -188,7 +205,7 @@ func Run(ctx context.Context, o Options) (err error) {
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
 		IdleTimeout: cfg.IdleTimeout, RunTimeout: cfg.RunTimeout, Floor: cfg.Floor,
 		CheckpointLimit: cfg.CheckpointLimit, CheckpointBytes: cfg.CheckpointBytes, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,
-		Logger: log,
+		Logger: log, Observer: obs,
 	})
 	if err != nil {
 		return err
@@ -213,7 +230,7 @@ func Run(ctx context.Context, o Options) (err error) {
 	}
 	// failed holds what the API server and the extras end with; each
 	// sends at most once, so it never blocks.
-	failed := make(chan error, 1+len(o.Extra))
+	failed := make(chan error, 2+len(o.Extra))
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -241,7 +258,21 @@ func Run(ctx context.Context, o Options) (err error) {
 			}
 		}
 	})
+	if mln != nil {
+		if err := obs.Sessions(mgr); err != nil {
+			return err
+		}
+		h := obs.Handler(func(ctx context.Context) (any, error) { return Health(ctx, mgr, o.Version) })
+		wg.Go(func() {
+			if err := metrics.Serve(life, mln, h, log); err != nil {
+				failed <- err
+			}
+		})
+	}
 	fmt.Fprintf(o.Out, "berth daemon %s (pid %d): data %s, socket %s\n", o.Version, os.Getpid(), o.DataDir, sock)
+	if mln != nil {
+		fmt.Fprintf(o.Out, "metrics on http://%s/metrics, health on http://%s/healthz\n", mln.Addr(), mln.Addr())
+	}
 	if o.Ready != nil {
 		o.Ready()
 	}

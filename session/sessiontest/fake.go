@@ -83,6 +83,7 @@ type fakeSession struct {
 	open     map[*fakeFile]struct{} // open Files (handles.go)
 	ckpts    []fakeCkpt             // oldest first (checkpoints.go)
 	ckptSeq  int
+	history  []session.Sample
 }
 
 var _ session.Service = (*Fake)(nil)

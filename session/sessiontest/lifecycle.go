@@ -102,6 +102,9 @@ func (f *Fake) bootLocked(ctx context.Context, s *fakeSession, cause string) {
 func (f *Fake) setStateLocked(ctx context.Context, s *fakeSession, st session.State, cause string) {
 	s.info.State = st
 	s.info.Cause = cause
+	if st != session.StateRunning {
+		s.info.Live = nil // only running sessions are sampled
+	}
 	if st == session.StateStopped || st == session.StateCrashed || st == session.StateSleeping {
 		s.info.Pid = 0
 		s.info.Accel = ""

@@ -57,6 +57,17 @@ func Suite(t *testing.T, svc session.Service) {
 		if err != nil || !slices.ContainsFunc(list, func(s session.Session) bool { return s.Name == name }) {
 			t.Errorf("List = %v, %v; want it to hold %s", list, err, name)
 		}
+		h, err := svc.History(ctx, name)
+		if err != nil {
+			t.Errorf("History: %v", err)
+		}
+		for i := 1; i < len(h); i++ {
+			if h[i].Time.Before(h[i-1].Time) {
+				t.Errorf("History not oldest first: %v after %v", h[i].Time, h[i-1].Time)
+			}
+		}
+		_, err = svc.History(ctx, "conf-missing")
+		wantClass(t, "History missing", err, session.ErrNotFound)
 	})
 
 	t.Run("WatchSeesCreate", func(t *testing.T) {

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"github.com/berthvm/berth/session"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/berthvm/berth/guest/image"
@@ -22,32 +24,83 @@ import (
 
 func doctorCmd() *cli.Command {
 	return &cli.Command{
-		Name: "doctor", Group: local,
+		Name: "doctor", Group: local, Usage: "[--json]",
 		Summary: "which hypervisors and accelerators work here, and why not",
-		Help:    "Checks QEMU, the mini image, KVM (a test boot of the mini image; the verdict is\nkept until the host reboots), TCG, Cloud Hypervisor, the tools image builds need\nand the guest agent, a line each.",
-		Example: "berth doctor",
-		Setup: func(*flag.FlagSet) cli.RunFunc {
+		Help: "Checks QEMU, the mini image, KVM (a test boot of the mini image; the verdict is\nkept until the host reboots), TCG, Cloud Hypervisor, the tools image builds need\nand the guest agent, a line each.\n" +
+			"--json prints {\"ok\": …, \"checks\": [{\"name\", \"ok\", \"detail\"}…]} for service managers\nand scripts; ok is false when a check berth needs (qemu, tcg, berth-agent, the data\ndirectory) fails, and the exit code is then 1.",
+		Example: "berth doctor\nberth doctor --json | jq '.checks[] | select(.ok | not)'",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			asJSON := fs.Bool("json", false, "print JSON")
 			return func(ctx context.Context, c *cli.Call, _ []string) error {
-				return doctor(ctx, globals(c), c.Env().Stdout)
+				rep := doctor(ctx, globals(c))
+				if *asJSON {
+					enc := json.NewEncoder(c.Env().Stdout)
+					enc.SetIndent("", "  ")
+					if err := enc.Encode(rep); err != nil {
+						return err
+					}
+					if !rep.OK {
+						return cli.Exit(cli.ExitFailed, "doctor: "+strings.Join(rep.failed(), ", ")+" failed")
+					}
+					return nil
+				}
+				return rep.write(c.Env().Stdout)
 			}
 		},
 	}
 }
 
-// doctor writes to out which hypervisors and accelerators work here, and
-// why not, a line each.
-func doctor(ctx context.Context, g cli.Globals, out io.Writer) error {
-	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	ok := func(name string, err error, good string) {
-		if err != nil {
-			fmt.Fprintf(w, "%s\tno\t%v\n", name, err)
-		} else {
-			fmt.Fprintf(w, "%s\tyes\t%s\n", name, good)
+// Check is one line of berth doctor.
+type Check struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+	// Needed says berth cannot run sessions without it (KVM, Cloud
+	// Hypervisor and the image tools are optional).
+	Needed bool `json:"needed"`
+}
+
+// Report is what berth doctor found.
+type Report struct {
+	OK     bool    `json:"ok"` // every needed check passed
+	Checks []Check `json:"checks"`
+}
+
+func (r Report) failed() []string {
+	var out []string
+	for _, c := range r.Checks {
+		if c.Needed && !c.OK {
+			out = append(out, c.Name)
 		}
+	}
+	return out
+}
+
+func (r Report) write(out io.Writer) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	for _, c := range r.Checks {
+		yes := "yes"
+		if !c.OK {
+			yes = "no"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\n", c.Name, yes, c.Detail)
+	}
+	return w.Flush()
+}
+
+// doctor checks which hypervisors and accelerators work here, and why not.
+func doctor(ctx context.Context, g cli.Globals) Report {
+	var rep Report
+	ok := func(name string, err error, good string, needed ...bool) {
+		c := Check{Name: name, OK: err == nil, Detail: good, Needed: len(needed) > 0 && needed[0]}
+		if err != nil {
+			c.Detail = err.Error()
+		}
+		rep.Checks = append(rep.Checks, c)
 	}
 	qerr := qemu.New(qemu.Options{}).Available()
 	qpath, _ := exec.LookPath("qemu-system-x86_64")
-	ok("qemu", qerr, qpath)
+	ok("qemu", qerr, qpath, true)
 
 	im, imErr := image.Load(filepath.Join(g.Data, "images"), "mini")
 	ok("image mini", imErr, im.Dir)
@@ -67,20 +120,21 @@ func doctor(ctx context.Context, g cli.Globals, out io.Writer) error {
 			ok("kvm", fmt.Errorf("%s — using TCG", r.Reason), "")
 		}
 	}
-	ok("tcg", qerr, "software emulation (about 6 s to boot a VM)")
+	ok("tcg", qerr, "software emulation (about 6 s to boot a VM)", true)
 	ok("cloud-hypervisor", cloudhypervisor.Available("", kvmWorks), "found, with a working KVM")
 	for _, tool := range []string{"mkfs.ext4", "apt-get", "dpkg-deb"} {
 		p, err := exec.LookPath(tool)
-		ok(tool, err, p)
+		ok(tool, err, p, tool == "mkfs.ext4")
 	}
 	if _, err := os.Stat(daemon.DefaultAgent()); err != nil {
-		ok("berth-agent", fmt.Errorf("not next to berth (%v): build with make", err), "")
+		ok("berth-agent", fmt.Errorf("not next to berth (%v): build with make", err), "", true)
 	} else {
-		ok("berth-agent", nil, daemon.DefaultAgent())
+		ok("berth-agent", nil, daemon.DefaultAgent(), true)
 	}
 	spaceErr, space := dataDirSpace(g.Data)
-	ok("data directory", spaceErr, space)
-	return w.Flush()
+	ok("data directory", spaceErr, space, true)
+	rep.OK = len(rep.failed()) == 0
+	return rep
 }
 
 // dataDirSpace reports the data directory's free space against the floor

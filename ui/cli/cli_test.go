@@ -252,7 +252,7 @@ func TestHelp(t *testing.T) {
 	if strings.Contains(remote.stdout, "serve") || strings.Contains(remote.stdout, "--data") {
 		t.Errorf("the help without the local commands lists serve or --data:\n%s", remote.stdout)
 	}
-	for _, name := range []string{"create", "ls", "info", "pause", "resume", "stop", "start", "flush", "delete", "events",
+	for _, name := range []string{"create", "ls", "info", "pause", "resume", "stop", "start", "flush", "delete", "events", "stats",
 		"exec", "shell", "logs", "ps", "files", "cat", "put", "get", "rm", "mkdir",
 		"serve", "image build", "doctor", "ssh add-key", "version",
 		"run start", "run end", "runs", "schedule add", "schedule ls", "schedule rm", "mcp"} {

@@ -96,7 +96,10 @@ type result struct {
 // in) and args.
 func (w *world) run(ctx context.Context, env cli.Env, args ...string) result {
 	var out, errOut bytes.Buffer
-	env.Stdout, env.Stderr = &out, &errOut
+	if env.Stdout == nil { // a test may read a stream itself
+		env.Stdout = &out
+	}
+	env.Stderr = &errOut
 	if env.Connect == nil {
 		env.Connect = func(context.Context) (session.Service, error) { return w.client, nil }
 	}

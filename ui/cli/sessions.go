@@ -403,19 +403,35 @@ func readLine(r io.Reader) (string, error) {
 
 func eventsCmd() *Command {
 	return &Command{
-		Name: "events", Group: "Sessions", Usage: "NAME [-n N] [--json]", Args: []string{"NAME"},
-		Summary: "show a session's timeline",
-		Example: "berth events demo -n 20",
+		Name: "events", Group: "Sessions", Usage: "[NAME] [-n N] [--json] [--follow [--stats]]", Args: []string{"[NAME]"},
+		Summary: "show a session's timeline, or follow every session's events",
+		Help: "Without --follow, prints NAME's recorded events. With --follow, prints them and then every\n" +
+			"new event as it happens (of NAME, or of all sessions without one) until interrupted;\n" +
+			"with --json each event is one JSON line, for log shippers. --stats adds the live\n" +
+			"figures' refreshes (every few seconds per running session), which are not recorded.",
+		Example: "berth events demo -n 20\nberth events --follow --json | jq -c 'select(.kind==\"exec\")'",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			limit := fs.Int("n", 0, "show only the last `N` events")
 			asJSON := fs.Bool("json", false, "print JSON")
+			follow := fs.Bool("follow", false, "keep printing new events until interrupted")
+			fs.BoolVar(follow, "f", false, "short for --follow")
+			withStats := fs.Bool("stats", false, "with --follow: also print the live figures' refreshes")
 			return func(ctx context.Context, c *Call, args []string) error {
 				if *limit < 0 {
 					return usageErrorf("-n %d: want a positive number", *limit)
 				}
+				if *withStats && !*follow {
+					return usageErrorf("--stats needs --follow")
+				}
+				if len(args) == 0 && !*follow {
+					return usageErrorf("missing NAME (or --follow for every session's events)")
+				}
 				svc, err := c.service(ctx)
 				if err != nil {
 					return err
+				}
+				if *follow {
+					return followEvents(ctx, c, svc, args, *limit, *asJSON, *withStats)
 				}
 				evs, err := svc.Timeline(ctx, args[0], *limit)
 				if err != nil {
@@ -430,7 +446,7 @@ func eventsCmd() *Command {
 				loc := c.env.Now().Location()
 				t := newTable(c.env.Stdout, "TIME", "KIND", "BY", "WHAT")
 				for _, ev := range evs {
-					t.row(ev.Time.In(loc).Format("2006-01-02 15:04:05"), string(ev.Kind), dash(ev.By), describeEvent(ev))
+					t.row(ev.Time.In(loc).Format(eventTime), string(ev.Kind), dash(ev.By), describeEvent(ev))
 				}
 				return t.flush()
 			}

@@ -235,6 +235,14 @@ func (g *guard) Timeline(ctx context.Context, name string, limit int) ([]session
 	return g.svc.Timeline(ctx, name, limit)
 }
 
+func (g *guard) History(ctx context.Context, name string) ([]session.Sample, error) {
+	ctx, err := g.enter(ctx, opRead)
+	if err != nil {
+		return nil, err
+	}
+	return g.svc.History(ctx, name)
+}
+
 func (g *guard) Create(ctx context.Context, opts session.CreateOptions) (session.Session, error) {
 	ctx, err := g.enter(ctx, opCreate)
 	if err != nil {

@@ -24,6 +24,7 @@ func TestRestrict(t *testing.T) {
 		{"List", Viewer, func(ctx context.Context, s session.Service) error { _, err := s.List(ctx); return err }},
 		{"Get", Viewer, func(ctx context.Context, s session.Service) error { _, err := s.Get(ctx, "demo"); return err }},
 		{"Timeline", Viewer, func(ctx context.Context, s session.Service) error { _, err := s.Timeline(ctx, "demo", 0); return err }},
+		{"History", Viewer, func(ctx context.Context, s session.Service) error { _, err := s.History(ctx, "demo"); return err }},
 		{"Watch", Viewer, func(ctx context.Context, s session.Service) error { _, err := s.Watch(ctx); return err }},
 		{"Executions", Viewer, func(ctx context.Context, s session.Service) error {
 			_, err := s.Executions(ctx, "demo", true)
