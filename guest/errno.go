@@ -33,6 +33,8 @@ var errnoByName = map[string]syscall.Errno{
 	"ETXTBSY":      syscall.ETXTBSY,
 	"ESRCH":        syscall.ESRCH,
 	"ENOMEM":       syscall.ENOMEM,
+	"ECONNREFUSED": syscall.ECONNREFUSED,
+	"ETIMEDOUT":    syscall.ETIMEDOUT,
 }
 
 // ErrorFrom converts a Go error into an agent Error, keeping the errno.

@@ -157,6 +157,8 @@ type Request struct {
 	Wait Duration `json:"wait,omitempty"` // shutdown grace
 	// Mount says what to mount after a template restore.
 	Mount *MountSpec `json:"mount,omitempty"`
+	// Port is the guest loopback port a dial connects to.
+	Port int `json:"port,omitempty"`
 }
 
 // MountSpec is what a VM restored from a template (booted with no disks

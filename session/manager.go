@@ -110,6 +110,8 @@ type Config struct {
 	Floor int64
 	// NoTemplates makes every create boot cold.
 	NoTemplates bool
+	// Net configures sessions' networking.
+	Net NetConfig
 	// CrashAt names a step at which the daemon kills itself (tests only).
 	CrashAt string
 	Logger  *slog.Logger

@@ -218,6 +218,8 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		IdleTimeout string `toml:"idle_timeout"`
 		Floor       string `toml:"free_space_floor"`
 		Budget      string `toml:"output_budget"`
+		Net         string `toml:"net"`
+		NetMaxConns int    `toml:"net_max_conns"`
 	}
 	md, err := toml.Decode(assets.DefaultConfig(), &f)
 	if err != nil {
@@ -269,6 +271,8 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		{"idle_timeout", idle, DefaultIdleTimeout},
 		{"free_space_floor", floor, int64(DefaultFloor)},
 		{"output_budget", budget, int64(DefaultOutputBudget)},
+		{"net", f.Net, DefaultNet},
+		{"net_max_conns", f.NetMaxConns, DefaultNetMaxConns},
 	} {
 		if c.doc != c.code {
 			t.Errorf("config.toml documents %s = %v (%T), session defaults to %v (%T)", c.key, c.doc, c.doc, c.code, c.code)

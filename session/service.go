@@ -82,6 +82,8 @@ type Session struct {
 	// IdleTimeout is how long the session may idle before it sleeps by
 	// itself; 0 means never.
 	IdleTimeout time.Duration `json:"idle_timeout"`
+	// Net is the session's network policy (see ParsePolicy).
+	Net string `json:"net,omitempty"`
 }
 
 // ExecState is an execution's state.
@@ -200,6 +202,8 @@ type CreateOptions struct {
 	// SystemBytes sizes the system disk of an image with a root
 	// filesystem (packages, /etc, /root); it is allocated as written.
 	SystemBytes int64 `json:"system_bytes,omitempty"`
+	// Net is the network policy ("": the configured default).
+	Net string `json:"net,omitempty"`
 }
 
 // ExecRequest describes a command to run.
@@ -341,4 +345,5 @@ type Service interface {
 	Lifecycle
 	Execer
 	Files
+	Networker
 }

@@ -33,6 +33,7 @@ type sess struct {
 	stats    guest.Stats
 	statsAt  time.Time
 	agentMu  sync.Mutex // serialises (re)connecting the agent
+	net      netState
 }
 
 func (m *Manager) newSess(rec store.Session) *sess {
@@ -86,6 +87,10 @@ func (s *sess) snapshotLocked() Session {
 		out.SnapshotBytes = r.SnapshotBytes
 	}
 	out.LastWake = r.LastWake
+	out.Net = r.Net
+	if out.Net == "" {
+		out.Net = DefaultNet
+	}
 	out.Running = s.m.runningCount(s.name)
 	return out
 }
@@ -223,6 +228,7 @@ func (s *sess) attached(vm vmm.VM, c *guest.Client) {
 	s.rec.Pid, s.rec.Accel, s.rec.StartedAt = vm.Pid(), string(vm.Accel()), time.Now()
 	s.stats = guest.Stats{}
 	s.mu.Unlock()
+	s.serveGuest(c)
 	s.supervise(vm)
 }
 
@@ -351,6 +357,7 @@ func (s *sess) connectedAgent() (*guest.Client, error) {
 	s.mu.Lock()
 	s.agent = c
 	s.mu.Unlock()
+	s.serveGuest(c)
 	return c, nil
 }
 

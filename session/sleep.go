@@ -257,7 +257,7 @@ func (m *Manager) idleLoop() {
 			limit := s.idleTimeoutLocked()
 			idle := limit > 0 && s.rec.State == string(StateRunning) && time.Since(s.rec.LastActivity) > limit
 			s.mu.Unlock()
-			if !idle || m.runningCount(s.name) > 0 {
+			if !idle || m.runningCount(s.name) > 0 || s.net.fwd.Load() > 0 {
 				continue
 			}
 			s.op.Lock()

@@ -64,6 +64,9 @@ func NewServer(svc session.Service, logger *slog.Logger, opts ...ServerOption) h
 	m.HandleFunc("POST /v1/sessions/{name}/flush", s.flush)
 	m.HandleFunc("POST /v1/sessions/{name}/replace", s.replace)
 	m.HandleFunc("GET /v1/sessions/{name}/timeline", s.timeline)
+	m.HandleFunc("GET /v1/sessions/{name}/net", s.netStatus)
+	m.HandleFunc("PUT /v1/sessions/{name}/net", s.setNet)
+	m.HandleFunc("GET /v1/sessions/{name}/forward/{port}", s.forward)
 
 	m.HandleFunc("POST /v1/sessions/{name}/exec", s.exec)
 	m.HandleFunc("GET /v1/sessions/{name}/executions", s.executions)

@@ -29,6 +29,8 @@ type File struct {
 	IdleTimeout string `toml:"idle_timeout"`
 	Floor       string `toml:"free_space_floor"`
 	Budget      string `toml:"output_budget"`
+	Net         string `toml:"net"`
+	NetMaxConns int    `toml:"net_max_conns"`
 }
 
 // Config is the parsed configuration. Sizes are read by session.ParseSize
@@ -41,6 +43,10 @@ type Config struct {
 	// output together (0: no bound).
 	Floor        int64
 	OutputBudget int64
+	// Net is the network policy of new sessions; NetMaxConns bounds one
+	// session's open egress connections.
+	Net         string
+	NetMaxConns int
 }
 
 // LoadConfig reads <data>/config.toml, writing the documented defaults
@@ -119,6 +125,19 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		} else if c.OutputBudget, err = size("output_budget", f.Budget); err != nil {
 			return c, err
 		}
+	}
+	c.Net, c.NetMaxConns = session.DefaultNet, session.DefaultNetMaxConns
+	if f.Net != "" {
+		p, err := session.ParsePolicy(f.Net)
+		if err != nil {
+			return c, fmt.Errorf("%s: net = %q: %v", path, f.Net, err)
+		}
+		c.Net = p.String()
+	}
+	if f.NetMaxConns < 0 || f.NetMaxConns > 1<<16 {
+		return c, fmt.Errorf("%s: net_max_conns = %d: use 1 to 65536", path, f.NetMaxConns)
+	} else if f.NetMaxConns > 0 {
+		c.NetMaxConns = f.NetMaxConns
 	}
 	if f.IdleTimeout != "" {
 		if c.IdleTimeout, err = time.ParseDuration(f.IdleTimeout); err != nil {

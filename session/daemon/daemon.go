@@ -51,6 +51,12 @@ type Options struct {
 	// Manager as their Service. Each runs until its context ends; one that
 	// fails ends the daemon.
 	Extra []func(ctx context.Context, svc session.Service) error
+	// Forbidden are host ports no session's egress reaches (the SSH
+	// server's).
+	Forbidden []int
+	// Hosts pins names to addresses for the egress resolver (tests:
+	// "name=10.0.0.1,other=127.0.0.1").
+	Hosts string
 
 	// Test knobs, passed to session.Config as they are.
 	CrashAt     string // a step at which the daemon kills itself
@@ -187,7 +193,7 @@ func Run(ctx context.Context, o Options) (err error) {
 	mgr, err := session.NewManager(ctx, st, session.Config{
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
 		IdleTimeout: cfg.IdleTimeout, Floor: cfg.Floor, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,
-		Logger: log,
+		Logger: log, Net: netConfig(cfg, o),
 	})
 	if err != nil {
 		return err

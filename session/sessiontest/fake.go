@@ -17,6 +17,7 @@ package sessiontest
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"sort"
 	"sync"
@@ -77,7 +78,9 @@ type fakeSession struct {
 	info     session.Session
 	root     *node
 	timeline []session.Event
-	execs    []*fakeExec // in start order
+	execs    []*fakeExec            // in start order
+	listen   map[int]func(net.Conn) // guest ports served (net.go)
+	fwd      map[int]int            // open forwarded connections per port
 }
 
 var _ session.Service = (*Fake)(nil)

@@ -70,6 +70,7 @@ const (
 	opMkdir
 	opRemoveFile
 	opRename
+	opNet
 )
 
 // describe returns what o does, completing "role viewer may not ...", and
@@ -112,6 +113,8 @@ func (o op) describe() (what string, least Role) {
 		return "remove files", Operator
 	case opRename:
 		return "rename files", Operator
+	case opNet:
+		return "change networks or forward ports", Operator
 	}
 	return fmt.Sprintf("op(%d)", int(o)), Admin
 }
