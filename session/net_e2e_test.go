@@ -2,6 +2,7 @@ package session_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -56,6 +58,24 @@ type forwarder struct {
 	cmd    *exec.Cmd
 	addrs  []string // the local addresses, in argument order
 	stderr *lockedBuf
+}
+
+// syncBuf is a buffer a process writes while the test reads it.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 type lockedBuf struct {
@@ -150,7 +170,8 @@ func TestNetMini(t *testing.T) {
 	hp := strconv.Itoa(up.Listener.Addr().(*net.TCPAddr).Port)
 	hostURL := "http://host.berth.internal:" + hp + "/hello"
 	t.Setenv("BERTH_TEST_HOSTS", testHosts)
-	e.startDaemon()
+	sshPort := strconv.Itoa(freePort(t))
+	e.startDaemonWith("--ssh", "127.0.0.1:"+sshPort)
 	e.ok("create", "n1", "--disk", "64M")
 
 	wget := func(url string) result {
@@ -263,6 +284,58 @@ func TestNetMini(t *testing.T) {
 		if !strings.Contains(out, "8080 (127.0.0.1)") {
 			t.Errorf("net status does not list the guest's listener:\n%s", out)
 		}
+	})
+
+	e.subtest(t, "ssh -L with the OpenSSH client; a viewer may not forward", func(t *testing.T) {
+		keys := t.TempDir()
+		for _, role := range []string{"operator", "viewer"} {
+			k := filepath.Join(keys, role)
+			if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", role, "-f", k).CombinedOutput(); err != nil {
+				t.Fatalf("ssh-keygen: %v %s", err, out)
+			}
+			e.ok("ssh", "add-key", "--role", role, k+".pub")
+		}
+		tunnel := func(role string) (string, *syncBuf) {
+			local := strconv.Itoa(freePort(t))
+			stderr := &syncBuf{}
+			c := exec.Command("ssh", "-N", "-p", sshPort, "-i", filepath.Join(keys, role),
+				"-o", "UserKnownHostsFile=/dev/null", "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no",
+				"-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
+				"-L", local+":localhost:8080", "n1@127.0.0.1")
+			c.Stderr = stderr
+			if err := c.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+			for i := 0; i < 300; i++ {
+				if conn, err := net.Dial("tcp", "127.0.0.1:"+local); err == nil {
+					conn.Close()
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			return "http://127.0.0.1:" + local + "/", stderr
+		}
+		url, _ := tunnel("operator")
+		if body, err := httpGet(t, url); err != nil || body != "hi from httpd\n" {
+			t.Errorf("GET through ssh -L: %q %v", body, err)
+		}
+		url, stderr := tunnel("viewer")
+		if body, err := httpGet(t, url); err == nil {
+			t.Errorf("a viewer's ssh -L reached the guest: %q", body)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(stderr.String(), "may not change networks or forward ports") && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if !strings.Contains(stderr.String(), "role viewer may not change networks or forward ports") {
+			t.Errorf("ssh said %q, want the role refusal", stderr.String())
+		}
+		// The SSH port is never an egress destination, even where the
+		// policy names the host.
+		e.ok("net", "n1", "allow:host.berth.internal")
+		refused(t, "http://host.berth.internal:"+sshPort+"/", "host.berth.internal:"+sshPort, "allow:host.berth.internal")
+		e.ok("net", "n1", "none")
 	})
 
 	e.subtest(t, "the local port already in use", func(t *testing.T) {
