@@ -38,6 +38,8 @@ var errnoByName = map[string]syscall.Errno{
 	"EMLINK":       syscall.EMLINK,
 	"ENXIO":        syscall.ENXIO,
 	"EOPNOTSUPP":   syscall.EOPNOTSUPP, // ENOTSUP too, on Linux
+	"ECONNREFUSED": syscall.ECONNREFUSED,
+	"ETIMEDOUT":    syscall.ETIMEDOUT,
 }
 
 // ErrorFrom converts a Go error into an agent Error, keeping the errno.

@@ -166,6 +166,8 @@ type Request struct {
 	Flags  int    `json:"flags,omitempty"`  // open: Open* flags
 	Target string `json:"target,omitempty"` // symlink: the link's content, stored as given
 	Attrs  *Attrs `json:"attrs,omitempty"`  // setstat
+	// Port is the guest loopback port a dial connects to.
+	Port int `json:"port,omitempty"`
 }
 
 // MountSpec is what a VM restored from a template (booted with no disks

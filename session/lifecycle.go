@@ -109,6 +109,11 @@ func (m *Manager) Create(ctx context.Context, opts CreateOptions) (Session, erro
 		t := *opts.IdleTimeout
 		rec.IdleTimeout = &t
 	}
+	net, err := m.createNet(opts.Net)
+	if err != nil {
+		return Session{}, err
+	}
+	rec.Net = net
 	s := m.newSess(rec)
 	s.op.Lock()
 	defer s.op.Unlock()

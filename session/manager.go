@@ -121,6 +121,8 @@ type Config struct {
 	// Observer learns of creates, wakes and executions' ends (metrics);
 	// nil: nobody.
 	Observer Observer
+	// Net configures sessions' networking.
+	Net NetConfig
 	// CrashAt names a step at which the daemon kills itself (tests only).
 	CrashAt string
 	Logger  *slog.Logger

@@ -221,6 +221,8 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		RunTimeout  string `toml:"run_timeout"`
 		CkptLimit   int    `toml:"checkpoint_limit"`
 		CkptBytes   string `toml:"checkpoint_bytes"`
+		Net         string `toml:"net"`
+		NetMaxConns int    `toml:"net_max_conns"`
 	}
 	md, err := toml.Decode(assets.DefaultConfig(), &f)
 	if err != nil {
@@ -283,6 +285,8 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		{"run_timeout", runTimeout, DefaultRunTimeout},
 		{"free_space_floor", floor, int64(DefaultFloor)},
 		{"output_budget", budget, int64(DefaultOutputBudget)},
+		{"net", f.Net, DefaultNet},
+		{"net_max_conns", f.NetMaxConns, DefaultNetMaxConns},
 	} {
 		if c.doc != c.code {
 			t.Errorf("config.toml documents %s = %v (%T), session defaults to %v (%T)", c.key, c.doc, c.doc, c.code, c.code)

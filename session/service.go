@@ -88,6 +88,8 @@ type Session struct {
 	// their size on disk.
 	Checkpoints     int   `json:"checkpoints,omitempty"`
 	CheckpointBytes int64 `json:"checkpoint_bytes,omitempty"`
+	// Net is the session's network policy (see ParsePolicy).
+	Net string `json:"net,omitempty"`
 }
 
 // ExecState is an execution's state.
@@ -206,6 +208,8 @@ type CreateOptions struct {
 	// SystemBytes sizes the system disk of an image with a root
 	// filesystem (packages, /etc, /root); it is allocated as written.
 	SystemBytes int64 `json:"system_bytes,omitempty"`
+	// Net is the network policy ("": the configured default).
+	Net string `json:"net,omitempty"`
 }
 
 // ExecRequest describes a command to run.
@@ -349,4 +353,5 @@ type Service interface {
 	Files
 	Checkpointer
 	Sampler
+	Networker
 }

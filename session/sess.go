@@ -39,6 +39,7 @@ type sess struct {
 	// idle loop does not put a session holding any to sleep.
 	files atomic.Int32
 	ckpt  ckptTotals // guarded by mu; see refreshCheckpoints
+	net   netState
 }
 
 func (m *Manager) newSess(rec store.Session) *sess {
@@ -95,6 +96,10 @@ func (s *sess) snapshotLocked() Session {
 		out.SnapshotBytes = r.SnapshotBytes
 	}
 	out.LastWake = r.LastWake
+	out.Net = r.Net
+	if out.Net == "" {
+		out.Net = DefaultNet
+	}
 	out.Running = s.m.runningCount(s.name)
 	out.Checkpoints, out.CheckpointBytes = s.ckpt.n, s.ckpt.bytes
 	return out
@@ -234,6 +239,7 @@ func (s *sess) attached(vm vmm.VM, c *guest.Client) {
 	s.stats = guest.Stats{}
 	s.sampler.reset()
 	s.mu.Unlock()
+	s.serveGuest(c)
 	s.supervise(vm)
 }
 
@@ -369,6 +375,7 @@ func (s *sess) connectedAgent() (*guest.Client, error) {
 	s.mu.Lock()
 	s.agent = c
 	s.mu.Unlock()
+	s.serveGuest(c)
 	return c, nil
 }
 

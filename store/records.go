@@ -50,6 +50,8 @@ type Session struct {
 	// person: "host-disk-full" when its VMM stopped it on a write the host
 	// could not store.
 	PauseReason string `json:"pause_reason,omitempty"`
+	// Net is the session's network policy ("" is none).
+	Net string `json:"net,omitempty"`
 }
 
 // clone returns a copy of sess that shares no memory with it, so a record

@@ -59,6 +59,10 @@ type Config struct {
 	SystemInfo guest.Workspace
 	// Hostname is the VM's hostname, for Hello.
 	Hostname string
+	// Proxy and DNS are the guest addresses ServeNet listens on for the
+	// egress proxy and the DNS server ("": not served). With Proxy set,
+	// commands get http_proxy, https_proxy and no_proxy.
+	Proxy, DNS string
 }
 
 // Mounted is what Config.Mount mounted.
@@ -365,6 +369,10 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 		return a.freeze()
 	case guest.OpFork:
 		return a.fork(req)
+	case guest.OpDial:
+		return nil, a.dial(ctx, s, s.w, req.Port)
+	case guest.OpPorts:
+		return listenPorts()
 	case guest.OpThaw:
 		if err := a.setTime(req.Time, req.Data); err != nil {
 			return nil, err
@@ -385,6 +393,7 @@ func (a *Agent) env(req *guest.ExecRequest) []string {
 	if req.TTY {
 		env["TERM"] = "xterm-256color"
 	}
+	a.proxyEnv(env)
 	for k, v := range req.Env {
 		if k != "" && !strings.ContainsAny(k, "=\x00") {
 			env[k] = v

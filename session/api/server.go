@@ -66,6 +66,9 @@ func NewServer(svc session.Service, logger *slog.Logger, opts ...ServerOption) h
 	m.HandleFunc("GET /v1/sessions/{name}/timeline", s.timeline)
 	s.routeCheckpoints(m)
 	m.HandleFunc("GET /v1/sessions/{name}/history", s.history)
+	m.HandleFunc("GET /v1/sessions/{name}/net", s.netStatus)
+	m.HandleFunc("PUT /v1/sessions/{name}/net", s.setNet)
+	m.HandleFunc("GET /v1/sessions/{name}/forward/{port}", s.forward)
 
 	m.HandleFunc("POST /v1/sessions/{name}/exec", s.exec)
 	m.HandleFunc("GET /v1/sessions/{name}/executions", s.executions)

@@ -33,6 +33,8 @@ type File struct {
 	// Checkpoints per session: how many, and their size on disk together.
 	CheckpointLimit int    `toml:"checkpoint_limit"`
 	CheckpointBytes string `toml:"checkpoint_bytes"`
+	Net             string `toml:"net"`
+	NetMaxConns     int    `toml:"net_max_conns"`
 }
 
 // Config is the parsed configuration. Sizes are read by session.ParseSize
@@ -50,6 +52,10 @@ type Config struct {
 	// CheckpointLimit and CheckpointBytes bound each session's checkpoints.
 	CheckpointLimit int
 	CheckpointBytes int64
+	// Net is the network policy of new sessions; NetMaxConns bounds one
+	// session's open egress connections.
+	Net         string
+	NetMaxConns int
 }
 
 // LoadConfig reads <data>/config.toml, writing the documented defaults
@@ -139,6 +145,19 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		if c.CheckpointBytes, err = size("checkpoint_bytes", f.CheckpointBytes); err != nil {
 			return c, err
 		}
+	}
+	c.Net, c.NetMaxConns = session.DefaultNet, session.DefaultNetMaxConns
+	if f.Net != "" {
+		p, err := session.ParsePolicy(f.Net)
+		if err != nil {
+			return c, fmt.Errorf("%s: net = %q: %v", path, f.Net, err)
+		}
+		c.Net = p.String()
+	}
+	if f.NetMaxConns < 0 || f.NetMaxConns > 1<<16 {
+		return c, fmt.Errorf("%s: net_max_conns = %d: use 1 to 65536", path, f.NetMaxConns)
+	} else if f.NetMaxConns > 0 {
+		c.NetMaxConns = f.NetMaxConns
 	}
 	if f.IdleTimeout != "" {
 		if c.IdleTimeout, err = time.ParseDuration(f.IdleTimeout); err != nil {

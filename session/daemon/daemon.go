@@ -52,6 +52,12 @@ type Options struct {
 	// Manager as their Service. Each runs until its context ends; one that
 	// fails ends the daemon.
 	Extra []func(ctx context.Context, svc session.Service) error
+	// Forbidden are host ports no session's egress reaches (the SSH
+	// server's).
+	Forbidden []int
+	// Hosts pins names to addresses for the egress resolver (tests:
+	// "name=10.0.0.1,other=127.0.0.1").
+	Hosts string
 
 	// Metrics, when set, is the address /metrics and /healthz are served
 	// on (a bare port means loopback); MetricsPublic allows an address
@@ -205,7 +211,7 @@ func Run(ctx context.Context, o Options) (err error) {
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
 		IdleTimeout: cfg.IdleTimeout, RunTimeout: cfg.RunTimeout, Floor: cfg.Floor,
 		CheckpointLimit: cfg.CheckpointLimit, CheckpointBytes: cfg.CheckpointBytes, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,
-		Logger: log, Observer: obs,
+		Logger: log, Observer: obs, Net: netConfig(cfg, o),
 	})
 	if err != nil {
 		return err

@@ -17,6 +17,7 @@ package sessiontest
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"sort"
 	"sync"
@@ -84,6 +85,8 @@ type fakeSession struct {
 	ckpts    []fakeCkpt             // oldest first (checkpoints.go)
 	ckptSeq  int
 	history  []session.Sample
+	listen   map[int]func(net.Conn) // guest ports served (net.go)
+	fwd      map[int]int            // open forwarded connections per port
 }
 
 var _ session.Service = (*Fake)(nil)

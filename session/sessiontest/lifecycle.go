@@ -37,6 +37,7 @@ func (f *Fake) Create(ctx context.Context, opts session.CreateOptions) (session.
 			// system disk.
 			RootDirectory: "/workspace",
 			HomeDirectory: "/root",
+			Net:           opts.Net,
 		},
 		root: newDir(now),
 	}
@@ -57,6 +58,9 @@ func (f *Fake) validateCreate(opts *session.CreateOptions) error {
 		return fmt.Errorf("memory %d MiB: want at least 64 MiB: %w", opts.MemoryMiB, session.ErrInvalid)
 	case opts.DiskBytes < 0 || (opts.DiskBytes > 0 && opts.DiskBytes < 16<<20):
 		return fmt.Errorf("disk %d bytes: want at least 16 MiB: %w", opts.DiskBytes, session.ErrInvalid)
+	}
+	if err := validateNet(&opts.Net); err != nil {
+		return err
 	}
 	if opts.CPUs == 0 {
 		opts.CPUs = f.opts.CPUs

@@ -10,10 +10,12 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -40,7 +42,7 @@ func Main(args []string, version string) int {
 // Commands are the commands only the daemon's host runs, for cli.Run's
 // table. They read the global flags from Env.Globals, which must be set.
 func Commands(version string) []*cli.Command {
-	return []*cli.Command{tuiCmd(), serveCmd(version), imageBuildCmd(), imageLsCmd(), imageRmCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
+	return []*cli.Command{tuiCmd(), serveCmd(version), portForwardCmd(), imageBuildCmd(), imageLsCmd(), imageRmCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
 }
 
 // local is the group the overview lists these commands under.
@@ -226,8 +228,14 @@ func serveCmd(version string) *cli.Command {
 					Metrics: *metricsAddr, MetricsPublic: *metricsPublic,
 					// The end-to-end tests set these on the berth serve they start.
 					CrashAt: os.Getenv("BERTH_CRASH_AT"), NoTemplates: os.Getenv("BERTH_NO_TEMPLATES") != "",
+					Hosts: os.Getenv("BERTH_TEST_HOSTS"),
 				}
 				if *sshAddr != "" {
+					if _, p, err := net.SplitHostPort(*sshAddr); err == nil {
+						if n, err := strconv.Atoi(p); err == nil {
+							o.Forbidden = append(o.Forbidden, n) // no session's egress reaches it
+						}
+					}
 					o.Extra = append(o.Extra, sshServer(g, *sshAddr, log, stderr))
 				}
 				if err := daemon.Run(ctx, o); err != nil {

@@ -105,7 +105,7 @@ func commands() []*Command {
 			"Stops running commands, flushes /workspace, unmounts it and powers the VM off.\nThe workspace is kept; 'berth start' boots a new VM on it."),
 		lifecycleCmd("start", "give a stopped or crashed session a new VM on its disks",
 			"Starts a new VM on the session's retained disks: its workspace and, for images with a\nroot filesystem (debian), its system disk with the packages, /etc and /root it had.\nThe VM is restored from the image's booted template when there is one (no boot).\nProcesses and memory start fresh."),
-		flushCmd(), replaceCmd(), deleteCmd(), eventsCmd(), statsCmd(),
+		flushCmd(), replaceCmd(), deleteCmd(), eventsCmd(), statsCmd(), netCmd(),
 		execCmd(), shellCmd(), logsCmd(), psCmd(),
 		filesCmd(), catCmd(), putCmd(), getCmd(), cpCmd(), rmCmd(), mkdirCmd(),
 	}, append(harnessCommands(), checkpointCmds()...)...)

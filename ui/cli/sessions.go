@@ -14,14 +14,14 @@ import (
 func createCmd() *Command {
 	return &Command{
 		Name: "create", Group: "Sessions",
-		Usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--system-disk SIZE] [--vmm qemu|cloud-hypervisor] [--idle-timeout D]",
+		Usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--system-disk SIZE] [--vmm qemu|cloud-hypervisor] [--idle-timeout D] [--net POLICY]",
 		Args:    []string{"NAME"},
 		Summary: "create a session and boot it",
 		Help: "Creates the session's workspace volume and boots its VM. Unset flags take the daemon's defaults.\n" +
 			"Images with a root filesystem (debian, recipes) also get a system disk of their own, the\n" +
 			"writable layer over the image (packages, /etc, /root); it is allocated as it is written.\n" +
 			"A SIZE is a number with an optional K, M, G or T suffix, in binary units (1G is 1024M);\n" +
-			"a bare number is bytes, so --memory 512 is refused: write 512M.",
+			"a bare number is bytes, so --memory 512 is refused: write 512M.\n\n" + netHelp,
 		Example: "berth create demo --cpus 2 --memory 1G --disk 8G",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			cpus := fs.Int("cpus", 0, "number of virtual `N` CPUs")
@@ -35,13 +35,14 @@ func createCmd() *Command {
 			vmm := &choiceFlag{choices: []string{"qemu", "cloud-hypervisor"}}
 			fs.Var(vmm, "vmm", "hypervisor: `qemu` or cloud-hypervisor")
 			idle := fs.String("idle-timeout", "", "sleep after this long idle, e.g. `15m`; 0 never (default: the daemon's)")
+			netPolicy := fs.String("net", "", "network `POLICY`: none, open or allow:ENTRY,… (default: the daemon's, none)")
 			return func(ctx context.Context, c *Call, args []string) error {
 				if *cpus < 0 {
 					return usageErrorf("--cpus %d: want a positive number", *cpus)
 				}
 				opts := session.CreateOptions{
 					Name: args[0], CPUs: *cpus, MemoryMiB: memory.mib, DiskBytes: disk.n,
-					Image: *image, VMM: vmm.value, SystemBytes: system.n,
+					Image: *image, VMM: vmm.value, SystemBytes: system.n, Net: *netPolicy,
 				}
 				if *idle != "" {
 					d, err := time.ParseDuration(*idle)
@@ -64,6 +65,9 @@ func createCmd() *Command {
 				}
 				fmt.Fprintf(c.env.Stdout, "created %s: %s, %s, %s memory, %s disk%s, image %s on %s\n",
 					s.Name, s.State, plural(s.CPUs, "CPU"), session.FormatBytes(int64(s.MemoryMiB)<<20), session.FormatBytes(s.DiskBytes), sys, s.Image, s.VMM)
+				if s.Net != "" && s.Net != session.DefaultNet {
+					fmt.Fprintf(c.env.Stdout, "network: %s\n", s.Net)
+				}
 				return nil
 			}
 		},
@@ -198,6 +202,9 @@ func writeInfo(w io.Writer, c *Call, s session.Session) {
 		t.row("Checkpoints:", fmt.Sprintf("%d, %s on disk ('berth checkpoints %s' lists them)", s.Checkpoints, session.FormatBytes(s.CheckpointBytes), s.Name))
 	}
 	t.row("Running:", plural(s.Running, "command"))
+	if s.Net != "" {
+		t.row("Network:", s.Net)
+	}
 	if s.IdleTimeout > 0 {
 		t.row("Idle sleep:", "after "+s.IdleTimeout.String())
 	} else {

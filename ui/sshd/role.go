@@ -78,6 +78,7 @@ const (
 	opDeleteCheckpoint
 	opRestore
 	opFork
+	opNet
 )
 
 // describe returns what o does, completing "role viewer may not ...", and
@@ -136,6 +137,8 @@ func (o op) describe() (what string, least Role) {
 		return "restore sessions to checkpoints", Admin
 	case opFork:
 		return "fork sessions", Operator
+	case opNet:
+		return "change networks or forward ports", Operator
 	}
 	return fmt.Sprintf("op(%d)", int(o)), Admin
 }

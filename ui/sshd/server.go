@@ -145,7 +145,7 @@ func New(svc session.Service, opts Options) (*Server, error) {
 		PublicKeyHandler:     s.publicKeyHandler,
 		ConnCallback:         s.connCallback,
 		ServerConfigCallback: s.serverConfig,
-		ChannelHandlers:      map[string]ssh.ChannelHandler{"session": ssh.DefaultSessionHandler},
+		ChannelHandlers:      map[string]ssh.ChannelHandler{"session": ssh.DefaultSessionHandler, "direct-tcpip": s.handleDirectTCPIP},
 		RequestHandlers:      map[string]ssh.RequestHandler{},
 		SubsystemHandlers:    map[string]ssh.SubsystemHandler{"sftp": s.handleSFTP},
 		ConnectionFailedCallback: func(c net.Conn, err error) {

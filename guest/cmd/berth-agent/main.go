@@ -122,6 +122,9 @@ func initVM() {
 		if err := agent.SetIdentity(spec.Hostname, spec.MachineID); err != nil {
 			log.Warn("identity", "err", err)
 		}
+		if err := agent.SetupNet(); err != nil {
+			log.Warn("network", "err", err)
+		}
 		named := time.Since(start)
 		dev, err := agent.MountWorkspace(spec.Workspace, agent.WorkspaceDir, 10*time.Second)
 		m.Workspace, m.Device = agent.WorkspaceDir, dev
@@ -144,6 +147,10 @@ func initVM() {
 	if err := agent.SetIdentity(cfg.Hostname, cmdline["berth.mid"]); err != nil {
 		log.Warn("identity", "err", err)
 	}
+	if err := agent.SetupNet(); err != nil {
+		log.Warn("network", "err", err)
+	}
+	cfg.Proxy, cfg.DNS = guest.ProxyAddr, guest.DNSAddr
 	if uuid := cmdline["berth.ws"]; !rootOK {
 		// Nothing may run on the initramfs as if it were the session's
 		// system: the host sees why and names berth replace.
@@ -180,6 +187,11 @@ func initVM() {
 		}
 	}()
 
+	go func() {
+		if err := a.ServeNet(ctx); err != nil {
+			log.Error("network services", "err", err)
+		}
+	}()
 	served := false
 	if port, err := agent.FindPort(guest.PortName, 2*time.Second); err == nil {
 		f, err := os.OpenFile(port, os.O_RDWR, 0)

@@ -1,0 +1,214 @@
+package guest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// Network ops. The guest has no network interface but loopback; what it
+// reaches beyond travels as streams on the agent channel.
+//
+// Guest to host (the agent opens the stream):
+//   - OpEgress: a connection to the agent's proxy port; after the request
+//     frame the stream carries the connection's bytes, both ways, and the
+//     host serves it as an HTTP proxy under the session's policy.
+//   - OpDNS: one DNS query in Request.Data; the host answers with a
+//     FrameResult holding a DNSReply.
+//
+// Host to guest:
+//   - OpDial: connect to 127.0.0.1:Request.Port in the guest; a FrameResult
+//     (or a FrameError, ECONNREFUSED for a port nobody listens on), then the
+//     connection's bytes, both ways.
+//   - OpPorts: the guest's listening TCP ports.
+const (
+	OpEgress = "egress"
+	OpDNS    = "dns"
+	OpDial   = "dial"
+	OpPorts  = "ports"
+)
+
+// Guest-side addresses of the network services the agent runs.
+const (
+	// ProxyAddr is the agent's HTTP proxy, named by http_proxy and
+	// https_proxy in every managed command's environment.
+	ProxyAddr = "127.0.0.1:3128"
+	// DNSAddr is the agent's DNS server, named in /etc/resolv.conf.
+	DNSAddr = "127.0.0.1:53"
+	// NoProxy is no_proxy: the guest's own loopback stays direct.
+	NoProxy = "localhost,127.0.0.1,::1"
+)
+
+// MaxDNSMessage bounds a DNS query or answer on the channel.
+const MaxDNSMessage = 4096
+
+// DNSReply is the host's answer to an OpDNS query.
+type DNSReply struct {
+	Data []byte `json:"data"`
+}
+
+// ListenPort is a TCP port a guest process listens on.
+type ListenPort struct {
+	Port int    `json:"port"`
+	Addr string `json:"addr"` // the bound address: 0.0.0.0, 127.0.0.1, ::
+}
+
+// StreamConn is a yamux stream used as a connection: CloseWrite sends the
+// end of the bytes (a half close), Close ends both directions.
+type StreamConn struct {
+	*yamux.Stream
+	once sync.Once
+}
+
+// CloseWrite ends what this side sends; reads go on until the peer ends.
+func (c *StreamConn) CloseWrite() error { return c.Stream.Close() }
+
+// Close ends the stream both ways.
+func (c *StreamConn) Close() error {
+	c.once.Do(func() {
+		c.Stream.SetDeadline(time.Now())
+		c.Stream.Close()
+	})
+	return nil
+}
+
+// DialGuest connects to 127.0.0.1:port inside the guest. ctx bounds the
+// connect only.
+func (c *Client) DialGuest(ctx context.Context, port int) (*StreamConn, error) {
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("dial: port %d: use 1 to 65535", port)
+	}
+	cl, err := c.open(ctx, &Request{Op: OpDial, Port: port})
+	if err != nil {
+		return nil, err
+	}
+	t, p, err := cl.fr.Next()
+	if err != nil {
+		cl.close()
+		return nil, cl.err(ctx, OpDial, err)
+	}
+	switch t {
+	case FrameResult:
+	case FrameError:
+		cl.close()
+		return nil, decodeError(p)
+	default:
+		cl.close()
+		return nil, fmt.Errorf("dial: unexpected frame %d", t)
+	}
+	if !cl.stop() { // ctx ended just now: the stream is being closed
+		cl.st.Close()
+		return nil, fmt.Errorf("dial: %w", ctx.Err())
+	}
+	return &StreamConn{Stream: cl.st}, nil
+}
+
+// Ports lists the guest's listening TCP ports.
+func (c *Client) Ports(ctx context.Context) ([]ListenPort, error) {
+	var l []ListenPort
+	err := c.do(ctx, &Request{Op: OpPorts}, &l)
+	return l, err
+}
+
+// Incoming is a stream the guest opened, after its request frame.
+type Incoming struct {
+	Req  Request
+	Conn *StreamConn
+}
+
+// Reply answers an incoming unary request (OpDNS) and ends the stream.
+func (in *Incoming) Reply(v any) error {
+	defer in.Conn.Close()
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	in.Conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	return WriteFrame(in.Conn, FrameResult, b)
+}
+
+// Fail answers an incoming request with an error and ends the stream.
+func (in *Incoming) Fail(code, msg string) error {
+	defer in.Conn.Close()
+	b, _ := json.Marshal(&Error{Code: code, Op: in.Req.Op, Message: msg})
+	in.Conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	return WriteFrame(in.Conn, FrameError, b)
+}
+
+// incomingHeaderWait bounds how long a guest-opened stream may take to
+// send its request frame.
+const incomingHeaderWait = 10 * time.Second
+
+// ServeIncoming accepts the streams the guest opens and hands each to
+// handle on its own goroutine, until the connection ends or ctx is done.
+// It returns once every handler has returned; handlers own their streams.
+func (c *Client) ServeIncoming(ctx context.Context, handle func(context.Context, *Incoming)) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { c.sess.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		st, err := c.sess.AcceptStream()
+		if err != nil {
+			return
+		}
+		wg.Go(func() {
+			conn := &StreamConn{Stream: st}
+			conn.SetReadDeadline(time.Now().Add(incomingHeaderWait))
+			t, p, err := NewFrameReader(st).Next()
+			if err != nil {
+				conn.Close()
+				return
+			}
+			in := &Incoming{Conn: conn}
+			if t != FrameRequest || len(p) > MaxFrame || json.Unmarshal(p, &in.Req) != nil {
+				in.Fail(CodeBadRequest, "first frame must be a request")
+				return
+			}
+			conn.SetReadDeadline(time.Time{})
+			handle(ctx, in)
+		})
+	}
+}
+
+var _ net.Conn = (*StreamConn)(nil)
+
+type closeWriter interface{ CloseWrite() error }
+
+// Splice copies between a and b both ways until both directions end, then
+// closes both. The end of one direction is passed on as a half close where
+// the other side supports one; an error in either direction ends both. It
+// returns the bytes copied each way.
+func Splice(a, b net.Conn) (aToB, bToA int64) {
+	var once sync.Once
+	closeBoth := func() { once.Do(func() { a.Close(); b.Close() }) }
+	cp := func(dst, src net.Conn, n *int64) {
+		buf := make([]byte, 64<<10)
+		var err error
+		*n, err = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
+		if err != nil {
+			closeBoth()
+			return
+		}
+		if cw, ok := dst.(closeWriter); ok {
+			if cw.CloseWrite() == nil {
+				return
+			}
+		}
+		closeBoth()
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { cp(b, a, &aToB) })
+	cp(a, b, &bToA)
+	wg.Wait()
+	closeBoth()
+	return aToB, bToA
+}

@@ -1,0 +1,189 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"syscall"
+
+	"github.com/berthvm/berth/guest"
+)
+
+// Networker controls a session's network: its egress policy and
+// connections forwarded into its VM.
+type Networker interface {
+	// SetNet changes the session's egress policy; running sessions apply
+	// it to new connections at once.
+	SetNet(ctx context.Context, name, policy string) (Session, error)
+	// Forward opens a connection to 127.0.0.1:port inside the session's
+	// VM, carried over the agent channel (it needs no network policy). A
+	// sleeping session is woken. Nothing listening there is an error
+	// wrapping ErrUnavailable that says so.
+	Forward(ctx context.Context, name string, port int) (net.Conn, error)
+	// NetStatus reports the session's policy, the TCP ports its guest
+	// listens on (running sessions only) and its connections.
+	NetStatus(ctx context.Context, name string) (NetStatus, error)
+}
+
+// NetStatus is a session's network as it is now.
+type NetStatus struct {
+	Policy string `json:"policy"`
+	// Listening are the guest's listening TCP ports (empty unless running).
+	Listening []ListenPort `json:"listening,omitempty"`
+	// Forwarded counts open forwarded connections per guest port.
+	Forwarded map[int]int `json:"forwarded,omitempty"`
+	// Egress counts: connections open through the proxy now, and since the
+	// daemon started those made and those refused.
+	Open     int64 `json:"open"`
+	Accepted int64 `json:"accepted"`
+	Refused  int64 `json:"refused"`
+}
+
+// ListenPort is a TCP port a process in the guest listens on.
+type ListenPort struct {
+	Port int    `json:"port"`
+	Addr string `json:"addr"`
+}
+
+// createNet validates a new session's policy, or gives the default.
+func (m *Manager) createNet(policy string) (string, error) {
+	if policy == "" {
+		policy = m.netConfig().Default
+	}
+	p, err := ParsePolicy(policy)
+	if err != nil {
+		return "", fmt.Errorf("--net: %w", err)
+	}
+	return p.String(), nil
+}
+
+// SetNet changes a session's policy. It is kept in the record, so sleep,
+// stop, start and replace keep it.
+func (m *Manager) SetNet(ctx context.Context, name, policy string) (Session, error) {
+	s, err := m.get(name)
+	if err != nil {
+		return Session{}, err
+	}
+	p, err := ParsePolicy(policy)
+	if err != nil {
+		return Session{}, err
+	}
+	switch st := s.state(); st {
+	case StateCreating, StateDeleting:
+		return Session{}, CheckTransition(name, "change the network of", st)
+	}
+	s.mu.Lock()
+	old := s.rec.Net
+	if old == "" {
+		old = DefaultNet
+	}
+	s.rec.Net = p.String()
+	rec := s.rec
+	snap := s.snapshotLocked()
+	s.mu.Unlock()
+	if err := m.st.PutSession(rec); err != nil {
+		return Session{}, fmt.Errorf("record the network policy of %q: %w", name, err)
+	}
+	m.event(Event{Kind: EventState, Name: name, Message: fmt.Sprintf("network policy %s (was %s)", p, old), By: Actor(ctx), Session: &snap})
+	return snap, nil
+}
+
+// Forward connects to a port in the session's VM.
+func (m *Manager) Forward(ctx context.Context, name string, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("port %d: use 1 to 65535: %w", port, ErrInvalid)
+	}
+	s, err := m.get(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.check(ActionExec); err != nil {
+		return nil, err
+	}
+	if err := m.ensureAwake(ctx, s); err != nil {
+		return nil, err
+	}
+	c, err := s.connectedAgent()
+	if err != nil {
+		return nil, err
+	}
+	s.touch()
+	sc, err := c.DialGuest(ctx, port)
+	if err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("session %s: nothing listens on port %d in the VM: %w", name, port, ErrUnavailable)
+		}
+		return nil, agentErr(name, err)
+	}
+	ns := &s.net
+	ns.fwd.Add(1)
+	ns.mu.Lock()
+	if ns.fwdPorts == nil {
+		ns.fwdPorts = map[int]int{}
+	}
+	ns.fwdPorts[port]++
+	ns.mu.Unlock()
+	return &forwardConn{StreamConn: sc, done: func() {
+		ns.mu.Lock()
+		if ns.fwdPorts[port]--; ns.fwdPorts[port] <= 0 {
+			delete(ns.fwdPorts, port)
+		}
+		ns.mu.Unlock()
+		ns.fwd.Add(-1)
+		s.touch()
+	}}, nil
+}
+
+// forwardConn counts a forwarded connection while it is open.
+type forwardConn struct {
+	*guest.StreamConn
+	done func()
+	once sync.Once
+}
+
+func (c *forwardConn) Close() error {
+	err := c.StreamConn.Close()
+	c.once.Do(c.done)
+	return err
+}
+
+// NetStatus reports a session's network.
+func (m *Manager) NetStatus(ctx context.Context, name string) (NetStatus, error) {
+	s, err := m.get(name)
+	if err != nil {
+		return NetStatus{}, err
+	}
+	ns := &s.net
+	out := NetStatus{Policy: s.policy().String(), Open: ns.conns.Load(), Accepted: ns.accepted.Load(), Refused: ns.refused.Load()}
+	ns.mu.Lock()
+	if len(ns.fwdPorts) > 0 {
+		out.Forwarded = make(map[int]int, len(ns.fwdPorts))
+		for p, n := range ns.fwdPorts {
+			out.Forwarded[p] = n
+		}
+	}
+	ns.mu.Unlock()
+	if s.state() != StateRunning {
+		return out, nil
+	}
+	c, err := s.connectedAgent()
+	if err != nil {
+		return out, nil
+	}
+	l, err := c.Ports(ctx)
+	if err != nil {
+		return out, nil // an older agent: no ports to show
+	}
+	for _, p := range l {
+		out.Listening = append(out.Listening, ListenPort{Port: p.Port, Addr: p.Addr})
+	}
+	sort.Slice(out.Listening, func(i, j int) bool { return out.Listening[i].Port < out.Listening[j].Port })
+	return out, nil
+}
+
+// Splice joins two connections until both directions end (a forwarded
+// connection and its client), passing half closes on.
+func Splice(a, b net.Conn) (aToB, bToA int64) { return guest.Splice(a, b) }
