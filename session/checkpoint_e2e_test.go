@@ -150,6 +150,13 @@ func TestCheckpointRestoreFork(t *testing.T) {
 		out := e.ok("fork", "src", "fork1")
 		took := time.Since(start)
 		t.Logf("fork: %s (%s)", strings.TrimSpace(out), took)
+		if b, err := os.ReadFile(filepath.Join(e.data, "test-daemon.log")); err == nil {
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.Contains(l, "msg=fork") {
+					t.Logf("daemon: %s", l[strings.Index(l, "msg="):])
+				}
+			}
+		}
 		if s := e.info("fork1"); s.State != session.StateRunning {
 			t.Fatalf("fork1 is %s", s.State)
 		}
