@@ -782,7 +782,7 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (ForkResult, e
 	}
 	step("restored")
 	m.crash("fork:restored")
-	fr, err := f.afterFork(ctx)
+	fr, err := f.afterFork(ctx, step)
 	if err != nil {
 		return fail(fmt.Errorf("fork %s: %w", name, err))
 	}
@@ -817,7 +817,7 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (ForkResult, e
 // afterFork resumes a VM restored from the source's snapshot and has its
 // agent take the fork's identity; the fork's record gets the filesystem
 // UUIDs the agent could set.
-func (s *sess) afterFork(ctx context.Context) (forkIdentity, error) {
+func (s *sess) afterFork(ctx context.Context, step func(string)) (forkIdentity, error) {
 	vm, err := s.currentVM()
 	if err != nil {
 		return forkIdentity{}, err
@@ -825,10 +825,12 @@ func (s *sess) afterFork(ctx context.Context) (forkIdentity, error) {
 	if err := vm.Resume(ctx); err != nil {
 		return forkIdentity{}, fmt.Errorf("resume the forked VM: %w", err)
 	}
+	step("resumed")
 	c, err := s.connectedAgent()
 	if err != nil {
 		return forkIdentity{}, err
 	}
+	step("connected")
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
@@ -841,6 +843,7 @@ func (s *sess) afterFork(ctx context.Context) (forkIdentity, error) {
 	if err != nil {
 		return forkIdentity{}, agentErr(s.name, err)
 	}
+	step("fork-op")
 	s.mu.Lock()
 	if r.WorkspaceUUID {
 		s.rec.WorkspaceUUID = spec.Workspace
