@@ -70,8 +70,9 @@ type Checkpoint struct {
 	Bytes int64 `json:"bytes"`
 	// Copy says how the disks were copied: "reflink" or "sparse copy".
 	Copy string `json:"copy"`
-	// Frozen is how long the session's writers (with Memory: the whole
-	// VM) were held; 0 when the session had no running VM.
+	// Frozen is how long the session's filesystems were frozen (writers
+	// held; with Memory the VM was also paused, for the memory save at the
+	// end); 0 when the session had no running VM.
 	Frozen time.Duration `json:"frozen,omitempty"`
 	Took   time.Duration `json:"took"`
 	State  State         `json:"state"` // the session's state when taken
@@ -102,7 +103,7 @@ type RestoreResult struct {
 type ForkResult struct {
 	Session Session       `json:"session"`
 	Source  string        `json:"source"`
-	Frozen  time.Duration `json:"frozen"` // how long the source was paused
+	Frozen  time.Duration `json:"frozen"` // how long the source's filesystems were frozen
 	Took    time.Duration `json:"took"`
 	Copy    string        `json:"copy"` // "reflink" or "sparse copy"
 	// Inherited counts the commands that were running in the source and
@@ -323,6 +324,9 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts CheckpointOptions
 	default: // stopped or crashed: nothing writes to the disks
 		err = dc.copyAll(ctx, what, pairs)
 	}
+	if err == nil && memPath != "" && st == StateRunning {
+		_, err = syncFile(memPath) // after the VM runs again
+	}
 	if err != nil {
 		return Checkpoint{}, err
 	}
@@ -405,15 +409,31 @@ func (s *sess) frozenCopy(ctx context.Context, by, step string, dc *diskCopier, 
 	cancel()
 	start := time.Now()
 	paused := false
+	// copied yields the disk copy's result; the copy runs while the
+	// memory is saved, and the filesystems stay frozen until it is done.
+	var copied chan error
+	waitCopy := func() error {
+		if copied == nil {
+			return nil
+		}
+		err := <-copied
+		copied = nil
+		return err
+	}
 	release := func() {
 		if paused {
 			vm.Resume(context.Background())
+			paused = false
 		}
 		tctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		c.Thaw(tctx)
 		cancel()
 	}
+	cctx, stopCopy := context.WithCancel(ctx)
+	defer stopCopy()
 	fail := func(doing string, cause error) (time.Duration, error) {
+		stopCopy()
+		waitCopy()
 		release()
 		m.event(Event{Kind: EventNote, Name: s.name, By: by, Message: fmt.Sprintf("%s abandoned while %s: %v; the session keeps running", step, doing, cause)})
 		return 0, fmt.Errorf("%s %q: %s: %w", step, s.name, doing, cause)
@@ -422,6 +442,12 @@ func (s *sess) frozenCopy(ctx context.Context, by, step string, dc *diskCopier, 
 		return fail("flushing and freezing its filesystems", agentErr(s.name, err))
 	}
 	m.crash(step + ":frozen")
+	// A frozen filesystem writes nothing to its disk (the freeze waited
+	// for writeback; new writers, page faults and ext4's lazy init block),
+	// so the disks are copied while the VM runs on, and the VM is paused
+	// only to save its memory, which then matches the copied disks.
+	copied = make(chan error, 1)
+	go func() { copied <- dc.copyAll(cctx, what, pairs) }()
 	if snap != nil {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := vm.Pause(pctx)
@@ -433,15 +459,19 @@ func (s *sess) frozenCopy(ctx context.Context, by, step string, dc *diskCopier, 
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		err = snap.Snapshot(sctx, memPath)
 		cancel()
-		if err == nil {
-			_, err = syncFile(memPath)
-		}
 		if err != nil {
 			return fail("saving memory", err)
 		}
 		m.crash(step + ":saved")
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = vm.Resume(rctx) // still frozen: its disks do not change
+		cancel()
+		if err != nil {
+			return fail("resuming after the memory save", err)
+		}
+		paused = false
 	}
-	if err := dc.copyAll(ctx, what, pairs); err != nil {
+	if err := waitCopy(); err != nil {
 		return fail("copying the disks", err)
 	}
 	m.crash(step + ":copied-frozen")
@@ -686,7 +716,13 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (ForkResult, e
 	m.sessions[newName] = f
 	m.mu.Unlock()
 	by := Actor(ctx)
+	// synced, once set, yields the result of syncing the fork's disk
+	// copies, which runs while the fork's VM is restored.
+	var synced chan error
 	fail := func(err error) (ForkResult, error) {
+		if synced != nil {
+			<-synced
+		}
 		f.mu.Lock()
 		f.intended = true
 		vm := f.vm
@@ -710,7 +746,7 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (ForkResult, e
 	if rec.SystemUUID != "" {
 		pairs = append(pairs, [2]string{src.sysPath(), f.sysPath()})
 	}
-	dc := &diskCopier{m: m}
+	dc := &diskCopier{m: m, noSync: true}
 	what := "fork session " + name
 	memPath := f.snapshotPath()
 	switch src.state() {
@@ -728,6 +764,16 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (ForkResult, e
 	defer func() { m.log.Info("fork", append([]any{"session", name, "into", newName}, steps...)...) }()
 	step("copied")
 	m.crash("fork:copied")
+	synced = make(chan error, 1)
+	go func() {
+		var err error
+		for _, p := range pairs {
+			if _, serr := syncFile(p[1]); serr != nil && err == nil {
+				err = fmt.Errorf("sync the fork's copy of %s: %w", filepath.Base(p[0]), serr)
+			}
+		}
+		synced <- err
+	}()
 	f.mu.Lock()
 	f.rec.SnapshotPath = memPath
 	f.mu.Unlock()
@@ -736,7 +782,7 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (ForkResult, e
 	}
 	step("restored")
 	m.crash("fork:restored")
-	fr, err := f.afterFork(ctx)
+	fr, err := f.afterFork(ctx, step)
 	if err != nil {
 		return fail(fmt.Errorf("fork %s: %w", name, err))
 	}
@@ -753,6 +799,12 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (ForkResult, e
 		m.event(Event{Kind: EventNote, Name: newName, By: by, Message: "fork identity: " + strings.Join(fr.Errors, "; ")})
 	}
 	m.crash("fork:noted")
+	err = <-synced
+	synced = nil
+	step("synced")
+	if err != nil {
+		return fail(err)
+	}
 	cause := fmt.Sprintf("forked from %s in %s (%s; %s held for %s)", name, res.Took.Round(time.Millisecond), res.Copy, name, res.Frozen.Round(time.Millisecond))
 	if err := f.setState(StateRunning, cause, by); err != nil {
 		return fail(err)
@@ -765,7 +817,7 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (ForkResult, e
 // afterFork resumes a VM restored from the source's snapshot and has its
 // agent take the fork's identity; the fork's record gets the filesystem
 // UUIDs the agent could set.
-func (s *sess) afterFork(ctx context.Context) (forkIdentity, error) {
+func (s *sess) afterFork(ctx context.Context, step func(string)) (forkIdentity, error) {
 	vm, err := s.currentVM()
 	if err != nil {
 		return forkIdentity{}, err
@@ -773,10 +825,12 @@ func (s *sess) afterFork(ctx context.Context) (forkIdentity, error) {
 	if err := vm.Resume(ctx); err != nil {
 		return forkIdentity{}, fmt.Errorf("resume the forked VM: %w", err)
 	}
+	step("resumed")
 	c, err := s.connectedAgent()
 	if err != nil {
 		return forkIdentity{}, err
 	}
+	step("connected")
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
@@ -789,6 +843,7 @@ func (s *sess) afterFork(ctx context.Context) (forkIdentity, error) {
 	if err != nil {
 		return forkIdentity{}, agentErr(s.name, err)
 	}
+	step("fork-op")
 	s.mu.Lock()
 	if r.WorkspaceUUID {
 		s.rec.WorkspaceUUID = spec.Workspace

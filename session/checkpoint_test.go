@@ -48,7 +48,7 @@ func TestSparseCopy(t *testing.T) {
 	sparseImage(t, src, size, map[int64][]byte{
 		0: randBytes(4096), 16 << 20: randBytes(1 << 20), size - 4096: randBytes(4096),
 	})
-	if err := sparseCopy(context.Background(), src, dst); err != nil {
+	if err := sparseCopy(context.Background(), src, dst, true); err != nil {
 		t.Fatal(err)
 	}
 	a, _ := os.ReadFile(src)
@@ -60,13 +60,13 @@ func TestSparseCopy(t *testing.T) {
 		t.Errorf("the copy allocates %d bytes, the source %d: not sparse", got, want)
 	}
 	// dst exists: refused, and left as it is.
-	if err := sparseCopy(context.Background(), src, dst); !errors.Is(err, os.ErrExist) {
+	if err := sparseCopy(context.Background(), src, dst, true); !errors.Is(err, os.ErrExist) {
 		t.Errorf("copy over an existing file: %v", err)
 	}
 	// A cancelled copy leaves nothing.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := sparseCopy(ctx, src, filepath.Join(dir, "gone")); err == nil {
+	if err := sparseCopy(ctx, src, filepath.Join(dir, "gone"), true); err == nil {
 		t.Error("a cancelled copy succeeded")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "gone")); !errors.Is(err, os.ErrNotExist) {
@@ -77,7 +77,7 @@ func TestSparseCopy(t *testing.T) {
 		e := filepath.Join(dir, "e")
 		sparseImage(t, e, n, nil)
 		os.Remove(e + ".c")
-		if err := sparseCopy(context.Background(), e, e+".c"); err != nil {
+		if err := sparseCopy(context.Background(), e, e+".c", true); err != nil {
 			t.Fatal(err)
 		}
 		if fi, _ := os.Stat(e + ".c"); fi.Size() != n {

@@ -44,7 +44,7 @@ func allocated(path string) int64 {
 
 // cloneFile makes dst (which must not exist) a reflink of src. It returns
 // an error wrapping errors.ErrUnsupported when the filesystem cannot.
-func cloneFile(src, dst string) error {
+func cloneFile(src, dst string, sync bool) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -55,7 +55,7 @@ func cloneFile(src, dst string) error {
 		return err
 	}
 	err = unix.IoctlFileClone(int(out.Fd()), int(in.Fd()))
-	if err == nil {
+	if err == nil && sync {
 		err = out.Sync()
 	}
 	if cerr := out.Close(); err == nil {
@@ -74,8 +74,8 @@ func cloneFile(src, dst string) error {
 }
 
 // sparseCopy copies src to dst (which must not exist), data ranges only,
-// and syncs dst. ctx is checked between ranges.
-func sparseCopy(ctx context.Context, src, dst string) error {
+// and with sync syncs dst. ctx is checked between ranges.
+func sparseCopy(ctx context.Context, src, dst string, sync bool) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -90,7 +90,7 @@ func sparseCopy(ctx context.Context, src, dst string) error {
 		return err
 	}
 	err = copyRanges(ctx, in, out, fi.Size())
-	if err == nil {
+	if err == nil && sync {
 		err = out.Sync()
 	}
 	if cerr := out.Close(); err == nil {
@@ -183,8 +183,12 @@ func copyRangeRW(ifd, ofd int, off, n int64) error {
 type diskCopier struct {
 	m   *Manager
 	how copyHow
-	// noReflink forces sparse copies (benchmarks compare the two).
+	// noReflink forces sparse copies (tests compare the two).
 	noReflink bool
+	// noSync leaves the copies to the page cache: a fork's disks, which
+	// the fork's first flush (an fdatasync of each image) makes durable,
+	// and which are deleted with the half-made fork after a crash.
+	noSync bool
 }
 
 // copyAll copies each src to its dst (none of which may exist). what
@@ -202,12 +206,12 @@ func (dc *diskCopier) copyAll(ctx context.Context, what string, pairs [][2]strin
 		return nil
 	}
 	if !dc.noReflink {
-		err := cloneFile(pairs[0][0], pairs[0][1])
+		err := cloneFile(pairs[0][0], pairs[0][1], !dc.noSync)
 		if err == nil {
 			made = append(made, pairs[0][1])
 			dc.how = copyReflink
 			for _, p := range pairs[1:] {
-				if err := cloneFile(p[0], p[1]); err != nil {
+				if err := cloneFile(p[0], p[1], !dc.noSync); err != nil {
 					return err
 				}
 				made = append(made, p[1])
@@ -227,7 +231,7 @@ func (dc *diskCopier) copyAll(ctx context.Context, what string, pairs [][2]strin
 		return err
 	}
 	for _, p := range pairs {
-		if err := sparseCopy(ctx, p[0], p[1]); err != nil {
+		if err := sparseCopy(ctx, p[0], p[1], !dc.noSync); err != nil {
 			return err
 		}
 		made = append(made, p[1])

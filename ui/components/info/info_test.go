@@ -81,3 +81,36 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// The tab lists the newest checkpoints with what they hold, and reloads
+// them when the session's count changes.
+func TestCheckpointsListed(t *testing.T) {
+	f := sessiontest.New(sessiontest.Options{Now: func() time.Time { return t0 }})
+	t.Cleanup(func() { f.Close() })
+	must(t, f.AddSession(session.Session{Name: "s", State: session.StateRunning, Image: "mini", VMM: "qemu"}))
+	if _, err := f.Checkpoint(t.Context(), "s", session.CheckpointOptions{Label: "green build"}); err != nil {
+		t.Fatal(err)
+	}
+	c := &common.Common{Ctx: t.Context(), Styles: common.NewStyles(true, colorprofile.Ascii), Now: func() time.Time { return t0 }}
+	m := New(c, f)
+	m.SetSize(120, 30)
+	d := uitest.NewDriver(&uitest.Component{C: m})
+	d.Quiet = 5 * time.Millisecond
+	t.Cleanup(d.Close)
+	s, _ := f.Get(t.Context(), "s")
+	d.Exec(m.Open(s))
+	v := ansi.Strip(m.View())
+	for _, want := range []string{"CHECKPOINTS", "c1", "workspace", "green build"} {
+		if !strings.Contains(v, want) {
+			t.Errorf("missing %q:\n%s", want, v)
+		}
+	}
+	if _, err := f.Checkpoint(t.Context(), "s", session.CheckpointOptions{Memory: true}); err != nil {
+		t.Fatal(err)
+	}
+	s, _ = f.Get(t.Context(), "s")
+	d.Exec(m.SetSession(s))
+	if v := ansi.Strip(m.View()); !strings.Contains(v, "workspace+memory") || len(m.Checkpoints()) != 2 {
+		t.Errorf("a new checkpoint is not listed:\n%s", v)
+	}
+}
