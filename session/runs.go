@@ -32,6 +32,9 @@ type harness struct {
 	open     map[string]*store.Run // open runs by id
 	execRun  map[string]string     // exec id → its open run
 	scheds   map[string]*schedState
+	// putMu orders the store writes of schedules with their removal, so
+	// a write racing a remove cannot bring the record back.
+	putMu    sync.Mutex
 	poke     chan struct{} // wakes the schedule loop
 	openedAt time.Time     // when this Manager started
 }
