@@ -19,12 +19,12 @@ import (
 type schedState struct {
 	rec      store.Schedule
 	spec     cron.Schedule
-	starting int    // firings between their record and their execution
-	queued   bool   // overlap queue: fire once the running one ends
+	starting int  // firings between their record and their execution
+	queued   bool // overlap queue: fire once the running one ends
 	// missed is the due time of a tick missed while no daemon ran, queued
 	// behind a command still being caught up.
 	missed time.Time
-	held     string // why it did not fire at its last due time, or ""
+	held   string // why it did not fire at its last due time, or ""
 }
 
 func newSchedState(rec store.Schedule) (*schedState, error) {
