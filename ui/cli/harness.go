@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/berthvm/berth/session"
@@ -248,4 +249,22 @@ func scheduleRmCmd() *Command {
 			}
 		},
 	}
+}
+
+// writeScheduleInfo adds a session's schedules to 'berth info', saying
+// when its state holds them.
+func writeScheduleInfo(ctx context.Context, w io.Writer, svc session.Service, s session.Session) {
+	h, ok := svc.(session.Harness)
+	if !ok {
+		return
+	}
+	list, err := h.Schedules(ctx, s.Name)
+	if err != nil || len(list) == 0 {
+		return
+	}
+	line := plural(len(list), "schedule")
+	if list[0].Held != "" {
+		line += " (" + list[0].Held + ")"
+	}
+	fmt.Fprintf(w, "%-14s%s\n", "Schedules:", line)
 }
