@@ -153,7 +153,8 @@ A due schedule wakes a sleeping session, which sleeps again when idle; a stopped
 holds its schedules. --overlap says what a firing does while the previous one still runs:
 skip it (the default), queue it (one waits), or allow both. A firing missed while the
 daemon was down runs once when it is back, never once per missed tick. Schedules are
-deleted with their session; replace keeps them.`,
+deleted with their session; replace keeps them. --env values are kept with the schedule
+in the daemon's store (on the host's disk), as it needs them at every firing.`,
 		Example: "berth schedule add demo '@every 5m' -- ./sync.sh\nberth schedule add demo '0 3 * * *' --overlap queue -- make nightly",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			overlap := &choiceFlag{choices: []string{"skip", "queue", "allow"}, value: "skip"}
