@@ -27,11 +27,14 @@ var _ Harness = (*Manager)(nil)
 // without reading it: open runs, which run each of their executions is in,
 // and the schedules with their parsed timetables.
 type harness struct {
-	mu       sync.Mutex
-	sessOf   map[string]string     // run id → session, every run
-	open     map[string]*store.Run // open runs by id
-	execRun  map[string]string     // exec id → its open run
-	scheds   map[string]*schedState
+	mu      sync.Mutex
+	sessOf  map[string]string     // run id → session, every run
+	open    map[string]*store.Run // open runs by id
+	execRun map[string]string     // exec id → its open run
+	scheds  map[string]*schedState
+	// putMu orders the store writes of schedules with their removal, so
+	// a write racing a remove cannot bring the record back.
+	putMu    sync.Mutex
 	poke     chan struct{} // wakes the schedule loop
 	openedAt time.Time     // when this Manager started
 }

@@ -19,9 +19,12 @@ import (
 type schedState struct {
 	rec      store.Schedule
 	spec     cron.Schedule
-	starting int    // firings between their record and their execution
-	queued   bool   // overlap queue: fire once the running one ends
-	held     string // why it did not fire at its last due time, or ""
+	starting int  // firings between their record and their execution
+	queued   bool // overlap queue: fire once the running one ends
+	// missed is the due time of a tick missed while no daemon ran, queued
+	// behind a command still being caught up.
+	missed time.Time
+	held   string // why it did not fire at its last due time, or ""
 }
 
 func newSchedState(rec store.Schedule) (*schedState, error) {
@@ -124,6 +127,8 @@ func (m *Manager) RemoveSchedule(ctx context.Context, name, id string) error {
 		return err
 	}
 	h := m.hx
+	h.putMu.Lock()
+	defer h.putMu.Unlock()
 	h.mu.Lock()
 	st, ok := h.scheds[id]
 	if !ok || st.rec.Session != name {
@@ -137,6 +142,22 @@ func (m *Manager) RemoveSchedule(ctx context.Context, name, id string) error {
 	}
 	m.event(Event{Kind: EventNote, Name: name, By: orAPI(Actor(ctx)), Message: "schedule " + id + " removed"})
 	return nil
+}
+
+// putSchedule stores a schedule's record unless it was removed meanwhile.
+func (m *Manager) putSchedule(rec store.Schedule) {
+	h := m.hx
+	h.putMu.Lock()
+	defer h.putMu.Unlock()
+	h.mu.Lock()
+	_, ok := h.scheds[rec.ID]
+	h.mu.Unlock()
+	if !ok {
+		return
+	}
+	if err := m.st.PutSchedule(rec); err != nil {
+		m.log.Warn("record schedule", "schedule", rec.ID, "err", err)
+	}
 }
 
 func (m *Manager) pokeSchedules() {
@@ -235,6 +256,14 @@ func (m *Manager) fireDue(now time.Time) time.Time {
 		if live[id] > 0 && !queued {
 			switch Overlap(st.rec.Overlap) {
 			case OverlapSkip:
+				if dueAt.Before(h.openedAt) {
+					// Missed while the daemon was down: it runs once, after
+					// the previous command (being caught up, or still
+					// running) ends.
+					st.queued, st.missed = true, dueAt
+					puts = append(puts, st.rec)
+					continue
+				}
 				st.rec.Skipped++
 				puts = append(puts, st.rec)
 				notes = append(notes, Event{Kind: EventNote, Name: name, By: "schedule", Message: fmt.Sprintf("schedule %s skipped the run due at %s: the previous one still runs", id, dueAt.Format(time.TimeOnly))})
@@ -248,6 +277,9 @@ func (m *Manager) fireDue(now time.Time) time.Time {
 		if queued {
 			st.queued = false
 			dueAt = now
+			if !st.missed.IsZero() {
+				dueAt, st.missed = st.missed, time.Time{}
+			}
 		}
 		st.rec.Fired = dueAt
 		st.rec.Count++
@@ -260,16 +292,12 @@ func (m *Manager) fireDue(now time.Time) time.Time {
 		m.event(ev)
 	}
 	for _, rec := range puts {
-		if err := m.st.PutSchedule(rec); err != nil {
-			m.log.Warn("record schedule", "schedule", rec.ID, "err", err)
-		}
+		m.putSchedule(rec)
 	}
 	for _, f := range fire {
 		// Recorded as fired before its command starts: a daemon killed
 		// from here on does not fire this tick again.
-		if err := m.st.PutSchedule(f.rec); err != nil {
-			m.log.Warn("record schedule", "schedule", f.rec.ID, "err", err)
-		}
+		m.putSchedule(f.rec)
 		if f.caughtUp {
 			m.event(Event{Kind: EventNote, Name: f.rec.Session, By: "schedule", Message: fmt.Sprintf("schedule %s was due at %s while the daemon was down: running it once now", f.rec.ID, f.due.Format(time.DateTime))})
 		}
@@ -303,7 +331,7 @@ func (m *Manager) fire(rec store.Schedule) {
 		}
 		h.mu.Unlock()
 		if runID != "" {
-			m.st.PutSchedule(rec)
+			m.putSchedule(rec)
 		}
 	}
 	by := "schedule:" + rec.ID

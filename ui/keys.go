@@ -15,6 +15,7 @@ type KeyMap struct {
 	Tab2    key.Binding
 	Tab3    key.Binding
 	Tab4    key.Binding
+	Tab5    key.Binding // the Runs tab, once there are runs
 }
 
 // DefaultKeyMap returns the global bindings.
@@ -30,6 +31,7 @@ func DefaultKeyMap() KeyMap {
 		Tab2:    key.NewBinding(key.WithKeys("2"), key.WithHelp("2", "output")),
 		Tab3:    key.NewBinding(key.WithKeys("3"), key.WithHelp("3", "workspace")),
 		Tab4:    key.NewBinding(key.WithKeys("4"), key.WithHelp("4", "info")),
+		Tab5:    key.NewBinding(key.WithKeys("5"), key.WithHelp("5", "runs")),
 	}
 }
 

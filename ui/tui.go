@@ -26,6 +26,7 @@ import (
 	"github.com/berthvm/berth/ui/components/files"
 	"github.com/berthvm/berth/ui/components/info"
 	"github.com/berthvm/berth/ui/components/output"
+	"github.com/berthvm/berth/ui/components/runs"
 	"github.com/berthvm/berth/ui/components/sessions"
 )
 
@@ -63,6 +64,8 @@ const (
 	tabFiles
 	tabInfo
 	numTabs
+	// tabRuns follows the others once the session has agent runs.
+	tabRuns = numTabs
 )
 
 func (t tab) String() string {
@@ -73,8 +76,18 @@ func (t tab) String() string {
 		return "Workspace"
 	case tabInfo:
 		return "Info"
+	case tabRuns:
+		return "Runs"
 	}
 	return "Executions"
+}
+
+// tabCount is the number of tabs the session view shows now.
+func (m *Model) tabCount() tab {
+	if m.runs.Has() {
+		return numTabs + 1
+	}
+	return numTabs
 }
 
 const (
@@ -118,6 +131,7 @@ type Model struct {
 
 	sessions *sessions.Model
 	execs    *execs.Model
+	runs     *runs.Model
 	output   *output.Model
 	files    *files.Model
 	info     *info.Model
@@ -179,6 +193,7 @@ func newModel(svc session.Service, opts Options) *Model {
 		isDark: true, profile: colorprofile.TrueColor,
 		sessions: sessions.New(c),
 		execs:    execs.New(c, svc),
+		runs:     runs.New(c, svc),
 		output:   output.New(c, svc),
 		files:    files.New(c, svc),
 		info:     info.New(c, svc),
@@ -236,6 +251,8 @@ func (m *Model) active() common.Component {
 		return m.files
 	case tabInfo:
 		return m.info
+	case tabRuns:
+		return m.runs
 	}
 	return m.execs
 }
@@ -258,6 +275,7 @@ func (m *Model) setSize(w, h int) {
 	m.sessions.SetSize(w, max(1, h-3))
 	dh := max(1, h-4)
 	m.execs.SetSize(w, dh)
+	m.runs.SetSize(w, dh)
 	m.output.SetSize(w, dh)
 	m.files.SetSize(w, dh)
 	m.info.SetSize(w, dh)
@@ -342,7 +360,7 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	// Component-internal messages (pages, listings, timelines) carry
 	// their own generation and are ignored by the others.
 	var cmds []tea.Cmd
-	for _, c := range []common.Component{m.sessions, m.execs, m.output, m.files, m.info} {
+	for _, c := range []common.Component{m.sessions, m.execs, m.output, m.files, m.info, m.runs} {
 		cmds = append(cmds, c.Update(msg))
 	}
 	if m.dialog != nil {
@@ -509,9 +527,9 @@ func (m *Model) handleGlobal(k tea.KeyPressMsg) tea.Cmd {
 		m.sessions.Select(m.detail)
 		return m.output.Clear()
 	case key.Matches(k, m.keys.NextTab):
-		return m.setTab((m.tab + 1) % numTabs)
+		return m.setTab((m.tab + 1) % m.tabCount())
 	case key.Matches(k, m.keys.PrevTab):
-		return m.setTab((m.tab + numTabs - 1) % numTabs)
+		return m.setTab((m.tab + m.tabCount() - 1) % m.tabCount())
 	case key.Matches(k, m.keys.Tab1):
 		return m.setTab(tabExecs)
 	case key.Matches(k, m.keys.Tab2):
@@ -520,6 +538,8 @@ func (m *Model) handleGlobal(k tea.KeyPressMsg) tea.Cmd {
 		return m.setTab(tabFiles)
 	case key.Matches(k, m.keys.Tab4):
 		return m.setTab(tabInfo)
+	case key.Matches(k, m.keys.Tab5) && m.runs.Has():
+		return m.setTab(tabRuns)
 	}
 	return nil
 }
@@ -550,7 +570,7 @@ func (m *Model) openDetail(name string) tea.Cmd {
 		cmds = append(cmds, m.output.Clear())
 	}
 	m.page, m.detail, m.tab = pageDetail, name, tabExecs
-	cmds = append(cmds, m.execs.SetSession(name), m.files.SetSession(s, false), m.info.Open(s))
+	cmds = append(cmds, m.execs.SetSession(name), m.files.SetSession(s, false), m.info.Open(s), m.runs.SetSession(name))
 	return tea.Batch(cmds...)
 }
 

@@ -124,7 +124,7 @@ func (m *Model) countsView() string {
 func (m *Model) tabRanges() [][2]int {
 	var out [][2]int
 	x := 1
-	for t := range numTabs {
+	for t := range m.tabCount() {
 		w := lipgloss.Width(tabLabel(t)) + 2 // padding
 		out = append(out, [2]int{x, x + w})
 		x += w + 1
@@ -138,7 +138,7 @@ func (m *Model) tabsView() string {
 	st := m.c.Styles
 	var b strings.Builder
 	b.WriteString(" ")
-	for t := range numTabs {
+	for t := range m.tabCount() {
 		if t == m.tab {
 			b.WriteString(st.TabActive.Render(tabLabel(t)))
 		} else {

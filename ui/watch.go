@@ -2,6 +2,7 @@ package ui
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	tea "charm.land/bubbletea/v2"
@@ -165,7 +166,7 @@ func (m *Model) applyEvents(evs []session.Event) tea.Cmd {
 	if m.page != pageDetail {
 		return resort
 	}
-	deleted := false
+	deleted, runsChanged := false, false
 	for i := range evs {
 		ev := &evs[i]
 		if ev.Name != m.detail {
@@ -173,10 +174,13 @@ func (m *Model) applyEvents(evs []session.Event) tea.Cmd {
 		}
 		switch ev.Kind {
 		case session.EventExec:
+			runsChanged = runsChanged || m.runs.Has()
 			if ev.Exec != nil {
 				m.execs.ApplyExec(*ev.Exec)
 				m.output.ApplyExec(*ev.Exec)
 			}
+		case session.EventNote:
+			runsChanged = runsChanged || strings.HasPrefix(ev.Message, "run ")
 		case session.EventDeleted:
 			deleted = true
 		}
@@ -192,5 +196,9 @@ func (m *Model) applyEvents(evs []session.Event) tea.Cmd {
 	if !ok {
 		return resort
 	}
-	return tea.Batch(resort, m.files.SetSession(s, m.tab == tabFiles), m.info.SetSession(s))
+	var reload tea.Cmd
+	if runsChanged {
+		reload = m.runs.Reload()
+	}
+	return tea.Batch(resort, m.files.SetSession(s, m.tab == tabFiles), m.info.SetSession(s), reload)
 }

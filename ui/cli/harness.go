@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/berthvm/berth/session"
@@ -152,7 +153,8 @@ A due schedule wakes a sleeping session, which sleeps again when idle; a stopped
 holds its schedules. --overlap says what a firing does while the previous one still runs:
 skip it (the default), queue it (one waits), or allow both. A firing missed while the
 daemon was down runs once when it is back, never once per missed tick. Schedules are
-deleted with their session; replace keeps them.`,
+deleted with their session; replace keeps them. --env values are kept with the schedule
+in the daemon's store (on the host's disk), as it needs them at every firing.`,
 		Example: "berth schedule add demo '@every 5m' -- ./sync.sh\nberth schedule add demo '0 3 * * *' --overlap queue -- make nightly",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			overlap := &choiceFlag{choices: []string{"skip", "queue", "allow"}, value: "skip"}
@@ -248,4 +250,22 @@ func scheduleRmCmd() *Command {
 			}
 		},
 	}
+}
+
+// writeScheduleInfo adds a session's schedules to 'berth info', saying
+// when its state holds them.
+func writeScheduleInfo(ctx context.Context, w io.Writer, svc session.Service, s session.Session) {
+	h, ok := svc.(session.Harness)
+	if !ok {
+		return
+	}
+	list, err := h.Schedules(ctx, s.Name)
+	if err != nil || len(list) == 0 {
+		return
+	}
+	line := plural(len(list), "schedule")
+	if list[0].Held != "" {
+		line += " (" + list[0].Held + ")"
+	}
+	fmt.Fprintf(w, "%-14s%s\n", "Schedules:", line)
 }

@@ -78,6 +78,9 @@ func TestRunsAndSchedules(t *testing.T) {
 	if ls := w.sh(t, "schedule", "ls", "demo"); !strings.Contains(ls, "held: session is stopped") {
 		t.Errorf("schedule ls of a stopped session:\n%s", ls)
 	}
+	if info := w.sh(t, "info", "demo"); !strings.Contains(info, "Schedules:    1 schedule (held: session is stopped)") {
+		t.Errorf("info of a stopped session with a schedule:\n%s", info)
+	}
 	w.sh(t, "schedule", "rm", "demo", sid)
 	if r := w.run(ctx, cli.Env{}, "schedule", "rm", "demo", sid); r.code != 1 || !strings.Contains(r.stderr, "not found") {
 		t.Errorf("schedule rm twice = %+v", r)

@@ -137,6 +137,7 @@ func infoCmd() *Command {
 					return writeJSON(c.env.Stdout, s)
 				}
 				writeInfo(c.env.Stdout, c, s)
+				writeScheduleInfo(ctx, c.env.Stdout, svc, s)
 				return nil
 			}
 		},

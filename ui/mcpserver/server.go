@@ -121,7 +121,11 @@ func (s *Server) Serve(ctx context.Context, t mcp.Transport) error {
 
 // ServeStdio serves one connection over r and w (newline-delimited JSON).
 func (s *Server) ServeStdio(ctx context.Context, r io.Reader, w io.Writer) error {
-	return s.Serve(ctx, &mcp.IOTransport{Reader: io.NopCloser(r), Writer: nopCloser{w}, MaxLineLength: s.opts.MaxMessage})
+	err := s.Serve(ctx, &mcp.IOTransport{Reader: io.NopCloser(r), Writer: nopCloser{w}, MaxLineLength: s.opts.MaxMessage})
+	if err != nil && strings.Contains(err.Error(), "maximum line length") {
+		return fmt.Errorf("a message over the maximum of %d bytes ended the connection (send large files in parts, or with berth put): %w", s.opts.MaxMessage, err)
+	}
+	return err
 }
 
 type nopCloser struct{ io.Writer }

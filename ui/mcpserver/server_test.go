@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -365,5 +366,27 @@ func TestRunEndsWithConnection(t *testing.T) {
 	}
 	if runs, _ := f.Runs(ctx, "other"); len(runs) != 1 || runs[0].Executions != 1 {
 		t.Errorf("runs of other = %+v, want the connection's own", runs)
+	}
+}
+
+// TestMessageBound: a message over the bound ends the connection (it
+// cannot be read, so it cannot be answered); nothing reaches the service.
+func TestMessageBound(t *testing.T) {
+	f := newFake(t)
+	srv := mcpserver.New(t.Context(), f, mcpserver.Options{MaxMessage: 4096})
+	in := strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"},"padding":"` + strings.Repeat("a", 8192) + `"}}` + "\n")
+	var out strings.Builder
+	done := make(chan error, 1)
+	go func() { done <- srv.ServeStdio(t.Context(), in, &out) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "maximum") {
+			t.Errorf("Serve of an oversized message = %v, want it refused", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not end on an oversized message")
+	}
+	if n := f.Calls("Exec") + f.Calls("List"); n != 0 {
+		t.Errorf("%d calls reached the service", n)
 	}
 }

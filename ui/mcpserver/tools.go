@@ -288,8 +288,10 @@ func (s *Server) exec(ctx context.Context, in execIn) (execOut, error) {
 		env = nil
 	}
 	// The command outlives this call: a client that goes away mid-exec
-	// leaves it running and recorded.
-	p, err := s.svc.Exec(context.WithoutCancel(ctx), name, session.ExecRequest{Argv: argv, Env: env, Cwd: in.Cwd, Timeout: timeout})
+	// leaves it running and recorded. Only following its output stops.
+	follow, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	p, err := s.svc.Exec(follow, name, session.ExecRequest{Argv: argv, Env: env, Cwd: in.Cwd, Timeout: timeout})
 	if err != nil {
 		return execOut{}, err
 	}

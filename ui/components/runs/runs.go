@@ -1,0 +1,271 @@
+// Package runs is the Runs tab: a session's agent runs, newest first, each
+// with its executions under it; enter on an execution opens its output.
+// The tab is shown once the session has a run.
+package runs
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/ui/common"
+)
+
+// maxRuns bounds the runs loaded (the newest); maxExecs the executions
+// shown per run.
+const (
+	maxRuns  = 50
+	maxExecs = 50
+)
+
+// KeyMap are the Runs tab's keys.
+type KeyMap struct {
+	common.NavKeys
+	Open    key.Binding
+	Refresh key.Binding
+}
+
+// DefaultKeyMap returns the bindings.
+func DefaultKeyMap() KeyMap {
+	return KeyMap{
+		NavKeys: common.NewNavKeys(),
+		Open:    key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "show output")),
+		Refresh: key.NewBinding(key.WithKeys("r"), key.WithHelp("r", "reload")),
+	}
+}
+
+// entry is one run with its executions.
+type entry struct {
+	run   session.Run
+	execs []session.Execution
+}
+
+type loadedMsg struct {
+	gen     int
+	entries []entry
+	err     error
+}
+
+// row is a line of the list: a run, or one of its executions.
+type row struct {
+	run  int // index in entries
+	exec int // index in its execs, or -1 for the run's own line
+}
+
+// Model is the Runs tab.
+type Model struct {
+	c    *common.Common
+	svc  session.Service
+	keys KeyMap
+	w, h int
+
+	name    string
+	gen     int
+	entries []entry // newest first
+	rows    []row
+	cursor  int
+	offset  int
+	loading bool
+	err     string
+}
+
+var _ common.Component = (*Model)(nil)
+
+// New returns an empty tab; it shows nothing unless svc keeps runs.
+func New(c *common.Common, svc session.Service) *Model {
+	return &Model{c: c, svc: svc, keys: DefaultKeyMap()}
+}
+
+// SetSize implements common.Component.
+func (m *Model) SetSize(w, h int) { m.w, m.h = w, h; m.clampScroll() }
+
+// ShortHelp implements help.KeyMap.
+func (m *Model) ShortHelp() []key.Binding { return []key.Binding{m.keys.Open} }
+
+// FullHelp implements help.KeyMap.
+func (m *Model) FullHelp() [][]key.Binding {
+	return [][]key.Binding{m.keys.NavKeys.List(), {m.keys.Open, m.keys.Refresh}}
+}
+
+// Has reports whether the session shown has runs: the tab is shown then.
+func (m *Model) Has() bool { return len(m.entries) > 0 }
+
+// Len returns the number of runs shown.
+func (m *Model) Len() int { return len(m.entries) }
+
+// SetSession shows a session's runs, (re)loading them.
+func (m *Model) SetSession(name string) tea.Cmd {
+	if name != m.name {
+		m.entries, m.rows, m.cursor, m.offset = nil, nil, 0, 0
+	}
+	m.name = name
+	return m.Reload()
+}
+
+// Reload loads the runs again (after an event of the session).
+func (m *Model) Reload() tea.Cmd {
+	h, ok := m.svc.(session.Harness)
+	if !ok || m.name == "" {
+		return nil
+	}
+	m.gen++
+	m.loading = true
+	gen, name, svc := m.gen, m.name, m.svc
+	ctx, cancel := m.c.Call()
+	return func() tea.Msg {
+		defer cancel()
+		es, err := load(ctx, svc, h, name)
+		return loadedMsg{gen: gen, entries: es, err: err}
+	}
+}
+
+func load(ctx context.Context, svc session.Service, h session.Harness, name string) ([]entry, error) {
+	list, err := h.Runs(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	slices.Reverse(list) // newest first
+	list = list[:min(len(list), maxRuns)]
+	out := make([]entry, 0, len(list))
+	for _, r := range list {
+		e := entry{run: r}
+		if full, err := h.GetRun(ctx, r.ID); err == nil {
+			ids := full.ExecIDs
+			if len(ids) > maxExecs {
+				ids = ids[len(ids)-maxExecs:]
+			}
+			for _, id := range ids {
+				if x, err := svc.Execution(ctx, id); err == nil {
+					e.execs = append(e.execs, x)
+				}
+			}
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+func (m *Model) rebuild() {
+	m.rows = m.rows[:0]
+	for i, e := range m.entries {
+		m.rows = append(m.rows, row{run: i, exec: -1})
+		for j := range e.execs {
+			m.rows = append(m.rows, row{run: i, exec: j})
+		}
+	}
+	m.cursor = common.Clamp(m.cursor, 0, len(m.rows)-1)
+	m.clampScroll()
+}
+
+func (m *Model) clampScroll() {
+	m.offset = common.ScrollTo(m.cursor, m.offset, m.page(), len(m.rows))
+}
+
+func (m *Model) page() int { return max(1, m.h-1) }
+
+// Selected returns the execution under the cursor (on a run's line, its
+// newest execution).
+func (m *Model) Selected() (session.Execution, bool) {
+	if m.cursor >= len(m.rows) {
+		return session.Execution{}, false
+	}
+	r := m.rows[m.cursor]
+	e := m.entries[r.run]
+	switch {
+	case r.exec >= 0:
+		return e.execs[r.exec], true
+	case len(e.execs) > 0:
+		return e.execs[len(e.execs)-1], true
+	}
+	return session.Execution{}, false
+}
+
+// Update implements common.Component.
+func (m *Model) Update(msg tea.Msg) tea.Cmd {
+	switch msg := msg.(type) {
+	case loadedMsg:
+		if msg.gen != m.gen {
+			return nil
+		}
+		m.loading = false
+		if msg.err != nil {
+			m.err = common.ErrorText(msg.err)
+			return nil
+		}
+		m.err = ""
+		m.entries = msg.entries
+		m.rebuild()
+	case tea.KeyPressMsg:
+		if c, ok := m.keys.Move(msg, m.cursor, m.page(), len(m.rows)); ok {
+			m.cursor = c
+			m.clampScroll()
+			return nil
+		}
+		switch {
+		case key.Matches(msg, m.keys.Open):
+			if e, ok := m.Selected(); ok {
+				return func() tea.Msg { return common.OpenOutputMsg{Exec: e} }
+			}
+		case key.Matches(msg, m.keys.Refresh):
+			return m.Reload()
+		}
+	}
+	return nil
+}
+
+// Column widths; the title or command takes the rest.
+const (
+	wID, wStatus, wStart, wExecs, wWritten, wBy = 13, 10, 8, 5, 9, 12
+)
+
+// View implements common.Component.
+func (m *Model) View() string {
+	st := m.c.Styles
+	head := common.Fit("  "+common.Fit("RUN", wID)+"  "+common.Fit("STATUS", wStatus)+"  "+common.Fit("STARTED", wStart)+"  "+
+		common.FitLeft("EXECS", wExecs)+"  "+common.FitLeft("WRITTEN", wWritten)+"  "+common.Fit("BY", wBy)+"  TITLE", m.w)
+	lines := []string{st.TableHead.Render(head)}
+	switch {
+	case m.err != "":
+		lines = append(lines, "", "  "+st.FlashErr.Render(m.err))
+	case m.loading && len(m.entries) == 0:
+		lines = append(lines, "", "  "+st.Muted.Render("loading runs…"))
+	case len(m.entries) == 0:
+		lines = append(lines, "", "  "+st.Muted.Render("No agent runs yet ('berth run start "+m.name+"' or an MCP client opens one)."))
+	}
+	loc := m.c.Now().Location()
+	for i := m.offset; i < len(m.rows) && i < m.offset+m.page(); i++ {
+		r := m.rows[i]
+		e := &m.entries[r.run]
+		mark := "  "
+		if i == m.cursor {
+			mark = "▸ "
+		}
+		var line string
+		if r.exec < 0 {
+			run := e.run
+			line = mark + common.Fit(run.ID, wID) + "  " + common.Fit(string(run.Status), wStatus) + "  " +
+				common.Fit(run.StartedAt.In(loc).Format("15:04:05"), wStart) + "  " + common.FitLeft(strconv.Itoa(run.Executions), wExecs) + "  " +
+				common.FitLeft(session.FormatBytesShort(run.BytesWritten), wWritten) + "  " + common.Fit(common.SanitizeLine(run.By), wBy) + "  " +
+				common.SanitizeLine(run.Title)
+		} else {
+			x := e.execs[r.exec]
+			exit := string(x.State)
+			if x.ExitCode != nil {
+				exit += " " + strconv.Itoa(*x.ExitCode)
+			}
+			line = mark + "  └ " + common.Fit(common.ShortID(x.ID), wID-4) + "  " + common.Fit(exit, wStatus) + "  " +
+				common.Fit(x.StartedAt.In(loc).Format("15:04:05"), wStart) + "  " + common.ExecLabel(x)
+		}
+		line = common.Fit(line, m.w)
+		if i == m.cursor {
+			line = st.Selected.Render(line)
+		}
+		lines = append(lines, line)
+	}
+	return common.Block(strings.Join(lines, "\n"), m.w, m.h)
+}

@@ -1,0 +1,57 @@
+package ui
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/berthvm/berth/session"
+)
+
+// TestRunsTab: the Runs tab appears once the session has runs, lists each
+// with its executions, and opens an execution's output; without runs the
+// tabs are as they were.
+func TestRunsTab(t *testing.T) {
+	t.Parallel()
+	f := fixture()
+	h := newHarness(t, f, Options{})
+	h.press("enter")
+	h.waitFor("executions", func() bool { return h.m.execs.Len() == 4 })
+	if strings.Contains(h.screen(), "Runs") {
+		t.Fatalf("a session without runs shows a Runs tab:\n%s", h.screen())
+	}
+	h.press("5")
+	if h.m.tab == tabRuns {
+		t.Fatal("5 opened the Runs tab of a session without runs")
+	}
+
+	ctx := t.Context()
+	r, err := f.StartRun(ctx, "alpha", session.RunOptions{Title: "fix the flaky test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := f.Exec(session.WithRun(ctx, r.ID), "alpha", session.ExecRequest{Argv: []string{"sh", "-c", "go test -run TestFlush"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Wait(ctx)
+	h.waitFor("the Runs tab", func() bool { return h.m.runs.Has() && strings.Contains(h.screen(), "5 Runs") })
+	h.press("5")
+	h.waitFor("the run and its execution", func() bool {
+		s := h.screen()
+		return h.m.tab == tabRuns && strings.Contains(s, "fix the flaky test") && strings.Contains(s, "└ "+p.ID()[:4])
+	})
+	// tab cycles through it, back to Executions.
+	h.press("tab")
+	if h.m.tab != tabExecs {
+		t.Errorf("tab from Runs: %v, want Executions", h.m.tab)
+	}
+	h.press("shift+tab")
+	if h.m.tab != tabRuns {
+		t.Errorf("shift+tab from Executions: %v, want Runs", h.m.tab)
+	}
+	h.press("j", "enter")
+	h.waitFor("the execution's output", func() bool {
+		e, ok := h.m.output.Exec()
+		return h.m.tab == tabOutput && ok && e.ID == p.ID()
+	})
+}
