@@ -192,5 +192,6 @@ func (m *Model) applyEvents(evs []session.Event) tea.Cmd {
 	if !ok {
 		return resort
 	}
+	m.sparks.Observe(s)
 	return tea.Batch(resort, m.files.SetSession(s, m.tab == tabFiles), m.info.SetSession(s))
 }
