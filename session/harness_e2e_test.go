@@ -25,33 +25,6 @@ import (
 	"github.com/berthvm/berth/session/sessiontest"
 )
 
-// startDaemonWith runs `berth serve ARGS...` and waits for its socket.
-func (e *env) startDaemonWith(args ...string) {
-	e.t.Helper()
-	c := e.cmd(append([]string{"serve"}, args...)...)
-	logf, err := os.OpenFile(filepath.Join(e.data, "test-daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	c.Stdout, c.Stderr = logf, logf
-	if err := c.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	e.daemon = c
-	client := api.Dial(filepath.Join(e.data, "berth.sock"))
-	defer client.Close()
-	for range 300 {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := client.Ping(ctx)
-		cancel()
-		if err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	e.t.Fatalf("daemon did not come up: %s", e.daemonLog())
-}
-
 func (e *env) runs(name string) []session.Run {
 	e.t.Helper()
 	var l []session.Run
@@ -93,7 +66,8 @@ func (e *env) eventually(what string, within time.Duration, cond func() bool) {
 	}
 }
 
-func freePort(t *testing.T) string {
+// freeAddr is a loopback address nobody listens on now.
+func freeAddr(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -147,8 +121,8 @@ func TestManagerHarness(t *testing.T) {
 func TestHarnessEndToEnd(t *testing.T) {
 	e := newEnv(t)
 	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\nrun_timeout = \"3s\"\n"), 0o644)
-	addr := freePort(t)
-	e.startDaemonWith("--ssh", addr)
+	addr := freeAddr(t)
+	e.startDaemon("--ssh", addr)
 	e.ok("create", "h")
 
 	e.subtest(t, "runs", func(t *testing.T) {
@@ -394,7 +368,7 @@ func TestHarnessEndToEnd(t *testing.T) {
 		e.daemon = nil
 		time.Sleep(4500 * time.Millisecond) // two ticks fall due while it is down
 		restarted := time.Now()
-		e.startDaemonWith("--ssh", addr)
+		e.startDaemon("--ssh", addr)
 		e.eventually("the missed firing", 15*time.Second, func() bool {
 			return slices.ContainsFunc(e.schedExecs("h", id), func(x session.Execution) bool { return x.StartedAt.After(restarted) })
 		})

@@ -229,6 +229,26 @@ func TestMetricsEndToEnd(t *testing.T) {
 		}
 	})
 
+	e.subtest(t, "sleeping is not sampled, a wake is timed", func(t *testing.T) {
+		e.ok("sleep", "mx")
+		fams := scrape(t, base)
+		if _, ok := series(fams, "berth_session_cpu_seconds_total", "session", "mx"); ok {
+			t.Errorf("a sleeping session has a CPU series")
+		}
+		if v, ok := series(fams, "berth_session_snapshot_bytes", "session", "mx"); !ok || v <= 0 {
+			t.Errorf("snapshot bytes %v (%v)", v, ok)
+		}
+		if r := e.stats("mx"); r.Live != nil {
+			t.Errorf("a sleeping session has live figures: %+v", r.Live)
+		}
+		e.ok("exec", "mx", "--", "true") // wakes it
+		if n, _ := series(scrape(t, base), "berth_session_wake_duration_seconds"); n != 1 {
+			t.Errorf("wake histogram count %v, want 1", n)
+		}
+		// The new VMM is sampled from scratch.
+		e.sampledAfter("mx", time.Now())
+	})
+
 	e.subtest(t, "VMM dies between samples", func(t *testing.T) {
 		pid := e.vmmPid("mx")
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {

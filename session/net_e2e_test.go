@@ -3,14 +3,12 @@ package session_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -20,38 +18,10 @@ import (
 	"time"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/session/api"
 )
 
 // testHosts pins names for the daemon's egress resolver.
 const testHosts = "ten.test=10.0.0.1,pkgs.test=127.0.0.1"
-
-// startDaemonWith runs `berth serve ARGS` and waits for its socket.
-func (e *env) startDaemonWith(args ...string) {
-	e.t.Helper()
-	c := e.cmd(append([]string{"serve"}, args...)...)
-	logf, err := os.OpenFile(filepath.Join(e.data, "test-daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	c.Stdout, c.Stderr = logf, logf
-	if err := c.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	e.daemon = c
-	client := api.Dial(filepath.Join(e.data, "berth.sock"))
-	defer client.Close()
-	for i := 0; i < 300; i++ {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := client.Ping(ctx)
-		cancel()
-		if err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	e.t.Fatalf("daemon did not come up: %s", e.daemonLog())
-}
 
 // forwarder is a running `berth port-forward`.
 type forwarder struct {
@@ -171,7 +141,7 @@ func TestNetMini(t *testing.T) {
 	hostURL := "http://host.berth.internal:" + hp + "/hello"
 	t.Setenv("BERTH_TEST_HOSTS", testHosts)
 	sshPort := strconv.Itoa(freePort(t))
-	e.startDaemonWith("--ssh", "127.0.0.1:"+sshPort)
+	e.startDaemon("--ssh", "127.0.0.1:"+sshPort)
 	e.ok("create", "n1", "--disk", "64M")
 
 	wget := func(url string) result {

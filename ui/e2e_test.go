@@ -98,19 +98,19 @@ func TestTUIEndToEnd(t *testing.T) {
 		}
 		done := hasLine(s, "all-done")
 		if ticks > 0 && !done {
-			if !strings.Contains(line(s, 2), "· running ·") {
-				t.Fatalf("output shown, command not done, but the header says %q", line(s, 2))
+			if !strings.Contains(line(s, 3), "· running ·") {
+				t.Fatalf("output shown, command not done, but the header says %q", line(s, 3))
 			}
 			partial[ticks] = true
 		}
-		return done && strings.Contains(line(s, 2), "· exited · exit 0 ·")
+		return done && strings.Contains(line(s, 3), "· exited · exit 0 ·")
 	})
 	step(fmt.Sprintf("command ran (%d partial screens before it ended)", len(partial)))
 	if len(partial) < 2 {
 		t.Errorf("output did not stream in: saw %d distinct partial screens (tick counts %v) before all-done", len(partial), partial)
 	}
-	if !strings.Contains(line(s, 1), "2 Output") || !strings.Contains(line(s, 0), "berth › "+name) {
-		t.Errorf("exec did not open the session's Output tab:\n%s\n%s", line(s, 0), line(s, 1))
+	if !strings.Contains(line(s, 2), "2 Output") || !strings.Contains(line(s, 0), "berth › "+name) {
+		t.Errorf("exec did not open the session's Output tab:\n%s\n%s", line(s, 0), line(s, 2))
 	}
 	xs := e.execs(name)
 	if len(xs) != 1 {
@@ -121,8 +121,8 @@ func TestTUIEndToEnd(t *testing.T) {
 		strings.Join(x.Argv, " ") != "/bin/sh -c "+command {
 		t.Errorf("ps --json: %+v", x)
 	}
-	if !strings.HasPrefix(line(s, 2), common.ShortID(x.ID)+" · ") {
-		t.Errorf("Output header %q does not name execution %s", line(s, 2), x.ID)
+	if !strings.HasPrefix(line(s, 3), common.ShortID(x.ID)+" · ") {
+		t.Errorf("Output header %q does not name execution %s", line(s, 3), x.ID)
 	}
 	if got, want := e.ok("logs", name, x.ID), "tick-1\ntick-2\ntick-3\ntick-4\ntick-5\nall-done\n"; got != want {
 		t.Errorf("berth logs: %q, want %q", got, want)
@@ -159,7 +159,7 @@ func TestTUIEndToEnd(t *testing.T) {
 	e.typeText("head -c 2000000 /dev/urandom > dirty.bin && echo wrote-dirty")
 	e.keys("Enter")
 	e.waitUntil(t, "the write to finish", 30*time.Second, func(s string) bool {
-		return hasLine(s, "wrote-dirty") && strings.Contains(line(s, 2), "· exited · exit 0 ·")
+		return hasLine(s, "wrote-dirty") && strings.Contains(line(s, 3), "· exited · exit 0 ·")
 	})
 	e.keys("Escape")
 	e.waitFor(t, "berth › sessions", uiWait)

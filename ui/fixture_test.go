@@ -46,6 +46,19 @@ func fixtureWith(opts sessiontest.Options) *sessiontest.Fake {
 	add(session.Session{Name: "alpha", State: session.StateRunning, Cause: "booted", CPUs: 2, MemoryMiB: 2048, DiskBytes: 10 << 30,
 		Image: "mini", VMM: "qemu", Accel: "tcg", Pid: 4242, CreatedAt: now.Add(-72 * time.Hour), StartedAt: now.Add(-3*time.Hour - 12*time.Minute),
 		LastActivity: now.Add(-2 * time.Minute), WorkspaceUsed: 1288 << 20, DirtyBytes: 12<<20 + 300<<10, Running: 1})
+	// Ten minutes of alpha's figures, every 2 s, for the session view's
+	// graphs; the newest sample is the table's CPU and MEM.
+	samples := make([]session.Sample, 300)
+	for i := range samples {
+		disk := float32(64 << 10)
+		if i%17 == 0 {
+			disk = 4 << 20
+		}
+		samples[i] = session.Sample{Time: now.Add(-time.Duration(299-i) * 2 * time.Second), CPUPercent: float32(i * 7 % 100),
+			MemUsedBytes: 600<<20 + int64(i)<<20, RSSBytes: 700 << 20, DiskBps: disk, DirtyBytes: int64(i) * 40 << 10}
+	}
+	samples[299].DirtyBytes = 12<<20 + 300<<10
+	must(f.AddSample("alpha", samples...))
 	add(session.Session{Name: "build-cache", State: session.StatePaused, Cause: "paused by admin", CPUs: 4, MemoryMiB: 4096, DiskBytes: 50 << 30,
 		Image: "mini", VMM: "qemu", Accel: "tcg", Pid: 4300, StartedAt: now.Add(-26 * time.Hour), LastActivity: now.Add(-5 * time.Hour),
 		WorkspaceUsed: 31 << 30, DirtyBytes: 2 << 20})

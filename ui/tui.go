@@ -28,6 +28,7 @@ import (
 	"github.com/berthvm/berth/ui/components/output"
 	"github.com/berthvm/berth/ui/components/runs"
 	"github.com/berthvm/berth/ui/components/sessions"
+	"github.com/berthvm/berth/ui/components/sparks"
 )
 
 // Options configure a UI program.
@@ -135,6 +136,7 @@ type Model struct {
 	output   *output.Model
 	files    *files.Model
 	info     *info.Model
+	sparks   *sparks.Model // the session view's strip of graphs
 
 	dialog    dialog.Dialog
 	cmdActive bool
@@ -197,6 +199,7 @@ func newModel(svc session.Service, opts Options) *Model {
 		output:   output.New(c, svc),
 		files:    files.New(c, svc),
 		info:     info.New(c, svc),
+		sparks:   sparks.New(c, svc),
 		help:     help.New(),
 		pending:  map[int]string{},
 		spinner:  spinner.New(spinner.WithSpinner(spinner.MiniDot)),
@@ -257,10 +260,10 @@ func (m *Model) active() common.Component {
 	return m.execs
 }
 
-// Layout: header (1) [tabs (1)] body status (1) footer (1).
+// Layout: header (1) [graphs (1) tabs (1)] body status (1) footer (1).
 func (m *Model) bodyTop() int {
 	if m.page == pageDetail {
-		return 2
+		return 3
 	}
 	return 1
 }
@@ -273,7 +276,8 @@ func (m *Model) setSize(w, h int) {
 	m.cmdline.SetWidth(max(10, w-4))
 	// Sessions has one row less than detail tabs need; each gets its own.
 	m.sessions.SetSize(w, max(1, h-3))
-	dh := max(1, h-4)
+	dh := max(1, h-5)
+	m.sparks.SetWidth(w)
 	m.execs.SetSize(w, dh)
 	m.runs.SetSize(w, dh)
 	m.output.SetSize(w, dh)
@@ -363,6 +367,7 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	for _, c := range []common.Component{m.sessions, m.execs, m.output, m.files, m.info, m.runs} {
 		cmds = append(cmds, c.Update(msg))
 	}
+	cmds = append(cmds, m.sparks.Update(msg))
 	if m.dialog != nil {
 		cmds = append(cmds, m.dialog.Update(msg))
 	}
@@ -570,7 +575,7 @@ func (m *Model) openDetail(name string) tea.Cmd {
 		cmds = append(cmds, m.output.Clear())
 	}
 	m.page, m.detail, m.tab = pageDetail, name, tabExecs
-	cmds = append(cmds, m.execs.SetSession(name), m.files.SetSession(s, false), m.info.Open(s), m.runs.SetSession(name))
+	cmds = append(cmds, m.execs.SetSession(name), m.files.SetSession(s, false), m.info.Open(s), m.runs.SetSession(name), m.sparks.Open(s))
 	return tea.Batch(cmds...)
 }
 
@@ -596,7 +601,7 @@ func (m *Model) handleMouse(msg tea.MouseMsg) tea.Cmd {
 		}
 		return nil
 	}
-	if _, ok := msg.(tea.MouseClickMsg); ok && m.page == pageDetail && ms.Y == 1 {
+	if _, ok := msg.(tea.MouseClickMsg); ok && m.page == pageDetail && ms.Y == m.bodyTop()-1 {
 		for t, r := range m.tabRanges() {
 			if ms.X >= r[0] && ms.X < r[1] {
 				return m.setTab(tab(t))

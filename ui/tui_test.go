@@ -526,8 +526,8 @@ func TestMouse(t *testing.T) {
 	// Tabs are clickable in the detail view.
 	h.d.Send(tea.MouseClickMsg{X: 0, Y: 2, Button: tea.MouseLeft})
 	h.press("g", "enter")
-	tabs := strings.Split(h.screen(), "\n")[1]
-	h.d.Send(tea.MouseClickMsg{X: col(tabs, "Info"), Y: 1, Button: tea.MouseLeft})
+	tabs := strings.Split(h.screen(), "\n")[2] // below the header and the graphs
+	h.d.Send(tea.MouseClickMsg{X: col(tabs, "Info"), Y: 2, Button: tea.MouseLeft})
 	if h.m.tab != tabInfo {
 		t.Fatalf("tab click: %v\n%s", h.m.tab, tabs)
 	}

@@ -36,7 +36,7 @@ func (m *Model) Render() string {
 	lines := make([]string, 0, m.height)
 	lines = append(lines, m.headerView())
 	if m.page == pageDetail {
-		lines = append(lines, m.tabsView())
+		lines = append(lines, m.sparks.View(), m.tabsView())
 	}
 	bh := m.bodyHeight()
 	var body string

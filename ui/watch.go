@@ -196,6 +196,7 @@ func (m *Model) applyEvents(evs []session.Event) tea.Cmd {
 	if !ok {
 		return resort
 	}
+	m.sparks.Observe(s)
 	var reload tea.Cmd
 	if runsChanged {
 		reload = m.runs.Reload()

@@ -34,8 +34,12 @@ const (
 	ColRunning
 	ColUptime
 	ColActivity
+	ColCPU // live: the VMM's CPU as a share of the vCPUs (shown after VCPU)
 	numColumns
 )
+
+// display is the columns' order on screen.
+var display = [numColumns]Column{ColName, ColState, ColCPUs, ColCPU, ColMemory, ColWorkspace, ColDirty, ColRunning, ColUptime, ColActivity}
 
 type colSpec struct {
 	title string
@@ -51,20 +55,23 @@ func spec(c Column) colSpec {
 		return colSpec{title: "NAME"}
 	case ColState:
 		return colSpec{title: "STATE", width: 10}
+	case ColCPU:
+		return colSpec{title: "CPU", width: 5, right: true, drop: 1, desc: true}
 	case ColCPUs:
-		return colSpec{title: "VCPU", width: 5, right: true, drop: 3, desc: true}
+		return colSpec{title: "VCPU", width: 5, right: true, drop: 6, desc: true}
 	case ColMemory:
-		return colSpec{title: "MEM", width: 5, right: true, drop: 4, desc: true}
+		// Guest memory in use against the VM's size; sorts by use.
+		return colSpec{title: "MEM", width: 9, right: true, drop: 4, desc: true}
 	case ColWorkspace:
 		return colSpec{title: "WORKSPACE", width: 11, right: true, desc: true}
 	case ColDirty:
 		return colSpec{title: "DIRTY", width: 6, right: true, desc: true}
 	case ColRunning:
-		return colSpec{title: "RUN", width: 4, right: true, drop: 2, desc: true}
+		return colSpec{title: "RUN", width: 4, right: true, drop: 5, desc: true}
 	case ColUptime:
-		return colSpec{title: "UPTIME", width: 7, right: true, drop: 5, desc: true}
+		return colSpec{title: "UPTIME", width: 7, right: true, drop: 3, desc: true}
 	case ColActivity:
-		return colSpec{title: "ACTIVITY", width: 9, right: true, drop: 6, desc: true}
+		return colSpec{title: "ACTIVITY", width: 9, right: true, drop: 7, desc: true}
 	}
 	return colSpec{}
 }
@@ -107,6 +114,38 @@ func DefaultKeyMap() KeyMap {
 type row struct {
 	s     session.Session
 	lower string // lower-cased name, for the fuzzy filter
+	// pinned is since when the session's CPU has stayed at or above
+	// PinnedCPU; zero while it is below.
+	pinned time.Time
+}
+
+// A CPU at or above PinnedCPU percent is shown in the warning colour, and
+// in the error colour once it has stayed there for PinnedFor.
+const (
+	PinnedCPU = 90
+	PinnedFor = 2 * time.Minute
+)
+
+// track notes when the row's CPU became pinned.
+func (r *row) track(now time.Time) {
+	if lv := r.s.Live; lv != nil && lv.CPUPercent >= PinnedCPU {
+		if r.pinned.IsZero() {
+			r.pinned = now
+		}
+		return
+	}
+	r.pinned = time.Time{}
+}
+
+// cpuLevel is 0 (normal), 1 (busy now) or 2 (pinned for PinnedFor).
+func (r *row) cpuLevel(now time.Time) int {
+	switch {
+	case r.pinned.IsZero():
+		return 0
+	case now.Sub(r.pinned) >= PinnedFor:
+		return 2
+	}
+	return 1
 }
 
 // Model is the sessions table.
@@ -273,6 +312,7 @@ func (m *Model) Apply(evs []session.Event) tea.Cmd {
 	// changed (sort at most every resortEvery, so a column of live
 	// figures does not cost a full sort per frame or make rows jump).
 	resort, reorder, refilter := false, false, false
+	now := m.c.Now()
 	for i := range evs {
 		ev := &evs[i]
 		switch ev.Kind {
@@ -292,13 +332,16 @@ func (m *Model) Apply(evs []session.Event) tea.Cmd {
 			}
 			r, ok := m.rows[s.Name]
 			if !ok {
-				m.rows[s.Name] = &row{s: s, lower: strings.ToLower(s.Name)}
+				r = &row{s: s, lower: strings.ToLower(s.Name)}
+				r.track(now)
+				m.rows[s.Name] = r
 				m.counts[s.State]++
 				resort = true
 				continue
 			}
 			old := r.s
 			r.s = s
+			r.track(now)
 			if old.State != s.State {
 				m.counts[old.State]--
 				m.counts[s.State]++
@@ -320,7 +363,7 @@ func (m *Model) Apply(evs []session.Event) tea.Cmd {
 	switch {
 	case resort:
 		m.rebuild()
-	case reorder && m.c.Now().Sub(m.lastSort) >= resortEvery:
+	case reorder && now.Sub(m.lastSort) >= resortEvery:
 		m.rebuild()
 	case reorder:
 		if !m.resortQueued {
@@ -367,10 +410,12 @@ func (m *Model) compare(a, b *session.Session) int {
 	switch m.sortCol {
 	case ColState:
 		return cmp.Compare(stateOrder(a.State), stateOrder(b.State))
+	case ColCPU:
+		return cmp.Compare(cpuKey(a), cpuKey(b))
 	case ColCPUs:
 		return cmp.Compare(a.CPUs, b.CPUs)
 	case ColMemory:
-		return cmp.Compare(a.MemoryMiB, b.MemoryMiB)
+		return cmp.Compare(a.MemUsedBytes, b.MemUsedBytes)
 	case ColWorkspace:
 		return cmp.Compare(a.WorkspaceUsed, b.WorkspaceUsed)
 	case ColDirty:
@@ -418,6 +463,14 @@ func digits(s string) int {
 		i++
 	}
 	return i
+}
+
+// cpuKey sorts sessions that are not sampled below idle ones.
+func cpuKey(s *session.Session) float64 {
+	if s.Live == nil {
+		return -1
+	}
+	return s.Live.CPUPercent
 }
 
 func uptimeKey(s *session.Session) int64 {
@@ -622,10 +675,7 @@ func (m *Model) columnAt(x int) (Column, bool) {
 // their width, the name takes the rest, and low-priority columns drop
 // out (activity first) until the name gets at least minName cells.
 func (m *Model) layout() {
-	all := make([]Column, 0, numColumns)
-	for c := range numColumns {
-		all = append(all, c)
-	}
+	all := append(make([]Column, 0, numColumns), display[:]...)
 	for {
 		fixed := marker
 		for _, c := range all {
@@ -736,10 +786,28 @@ func (m *Model) renderRow(r *row, selected bool, now time.Time) string {
 			} else {
 				cell = common.Fit(common.StateMark(s.State)+" "+string(s.State), w)
 			}
+		case ColCPU:
+			txt := "—"
+			if s.Live != nil {
+				txt = strconv.Itoa(int(s.Live.CPUPercent+0.5)) + "%"
+			}
+			cell = common.FitLeft(txt, w)
+			if styled {
+				switch r.cpuLevel(now) {
+				case 2:
+					cell = st.ErrP.Render(cell)
+				case 1:
+					cell = st.WarnP.Render(cell)
+				}
+			}
 		case ColCPUs:
 			cell = common.FitLeft(strconv.Itoa(s.CPUs), w)
 		case ColMemory:
-			cell = common.FitLeft(session.FormatBytesShort(int64(s.MemoryMiB)<<20), w)
+			used := "—"
+			if s.MemUsedBytes > 0 {
+				used = session.FormatBytesShort(s.MemUsedBytes)
+			}
+			cell = common.FitLeft(used+"/"+session.FormatBytesShort(int64(s.MemoryMiB)<<20), w)
 		case ColWorkspace:
 			txt := session.FormatBytesShort(s.WorkspaceUsed) + "/" + session.FormatBytesShort(s.DiskBytes)
 			cell = common.FitLeft(txt, w)
