@@ -147,6 +147,7 @@ type Model struct {
 	host   session.HostStatus // the data directory's space, when known
 
 	footer, footerKey string // the rendered footer and what it was rendered for
+	forwards          *tuiForwards
 }
 
 var _ tea.Model = (*Model)(nil)
@@ -184,8 +185,10 @@ func newModel(svc session.Service, opts Options) *Model {
 		info:     info.New(c, svc),
 		help:     help.New(),
 		pending:  map[int]string{},
+		forwards: &tuiForwards{},
 		spinner:  spinner.New(spinner.WithSpinner(spinner.MiniDot)),
 	}
+	m.info.SetForwards(m.forwards.list)
 	m.cmdline = textinput.New()
 	m.cmdline.Prompt = ":"
 	m.cmdline.Placeholder = "create NAME · exec NAME CMD · flush NAME · open NAME · sort COLUMN · q"

@@ -4,6 +4,7 @@
 package info
 
 import (
+	"context"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,12 +38,19 @@ type timelineMsg struct {
 	gen    int
 	events []session.Event
 	err    error
+	net    *session.NetStatus // nil: not known
+}
+
+// Source is what the tab reads: timelines and network status.
+type Source interface {
+	Timeline(ctx context.Context, name string, limit int) ([]session.Event, error)
+	NetStatus(ctx context.Context, name string) (session.NetStatus, error)
 }
 
 // Model is the Info tab.
 type Model struct {
 	c    *common.Common
-	svc  session.Watcher // reads the timeline
+	svc  Source // reads the timeline and the network
 	keys KeyMap
 	w, h int
 
@@ -53,12 +61,15 @@ type Model struct {
 	offset  int
 	loading bool
 	err     string
+
+	net      *session.NetStatus         // as of the last load
+	forwards func(name string) []string // the program's own forwards, if any
 }
 
 var _ common.Component = (*Model)(nil)
 
 // New returns an empty tab that reads timelines through svc.
-func New(c *common.Common, svc session.Watcher) *Model {
+func New(c *common.Common, svc Source) *Model {
 	return &Model{c: c, svc: svc, keys: DefaultKeyMap()}
 }
 
@@ -106,7 +117,11 @@ func (m *Model) load() tea.Cmd {
 	return func() tea.Msg {
 		defer cancel()
 		evs, err := svc.Timeline(ctx, name, timelineLimit)
-		return timelineMsg{gen: gen, events: evs, err: err}
+		msg := timelineMsg{gen: gen, events: evs, err: err}
+		if st, err := svc.NetStatus(ctx, name); err == nil {
+			msg.net = &st
+		}
+		return msg
 	}
 }
 
@@ -135,6 +150,7 @@ func (m *Model) Update(msg tea.Msg) tea.Cmd {
 			return nil
 		}
 		m.loading = false
+		m.net = msg.net
 		if msg.err != nil {
 			m.err = common.ErrorText(msg.err)
 			return nil
@@ -171,7 +187,7 @@ func (m *Model) Update(msg tea.Msg) tea.Cmd {
 }
 
 // configLines is the number of rows the configuration block takes.
-const configLines = 7
+const configLines = 8
 
 func (m *Model) page() int { return max(1, m.h-configLines-2) }
 
@@ -228,6 +244,7 @@ func (m *Model) View() string {
 	}
 	lines = append(lines,
 		kv("dirty", dirty),
+		kv("network", m.netText()),
 		"",
 		st.TableHead.Render("TIMELINE")+st.Muted.Render("  newest first"),
 	)
