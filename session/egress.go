@@ -134,6 +134,10 @@ func (s *sess) refusal(msg, reason string) {
 	if more > 0 {
 		note += fmt.Sprintf(" (and %d more refusals since the last note)", more)
 	}
+	if s.note != nil {
+		s.note(note)
+		return
+	}
 	s.m.event(Event{Kind: EventNote, Name: s.name, Message: note})
 }
 

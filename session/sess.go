@@ -34,6 +34,7 @@ type sess struct {
 	statsAt  time.Time
 	agentMu  sync.Mutex // serialises (re)connecting the agent
 	net      netState
+	note     func(string) // where egress refusals are noted; nil: the timeline
 }
 
 func (m *Manager) newSess(rec store.Session) *sess {
