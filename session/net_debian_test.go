@@ -178,3 +178,34 @@ func TestNetDebian(t *testing.T) {
 		}
 	})
 }
+
+// A recipe's setup steps get the network its net policy allows, and
+// nothing else.
+func TestRecipeNet(t *testing.T) {
+	e := newDebianEnv(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "fetched by a setup step")
+	}))
+	defer up.Close()
+	p := strconv.Itoa(up.Listener.Addr().(*net.TCPAddr).Port)
+	e.startDaemon()
+	dir := t.TempDir()
+	recipe := filepath.Join(dir, "netty.toml")
+	os.WriteFile(recipe, []byte(`name = "netty"
+base = "debian"
+net = "allow:host.berth.internal:`+p+`"
+run = ["curl -sSf http://host.berth.internal:`+p+`/x > /etc/from-host",
+       "if curl -sSf http://host.berth.internal:1/ 2>/etc/refused; then exit 1; fi"]
+`), 0o644)
+	e.ok("image", "build", "--recipe", recipe)
+	e.ok("create", "nt", "--image", "netty", "--disk", "64M")
+	if got := e.ok("exec", "nt", "--", "cat", "/etc/from-host", "/etc/refused"); !strings.Contains(got, "fetched by a setup step") || !strings.Contains(got, "403") {
+		t.Errorf("the image holds %q", got)
+	}
+	if s := e.info("nt"); s.Net != "none" {
+		t.Errorf("a session of the image has net %q: the recipe's policy is the build's, not the sessions'", s.Net)
+	}
+	bad := filepath.Join(dir, "bad.toml")
+	os.WriteFile(bad, []byte("name = \"bad\"\nbase = \"debian\"\nnet = \"allow:\"\nrun = [\"true\"]\n"), 0o644)
+	e.fails("at least one entry", "image", "build", "--recipe", bad)
+}
