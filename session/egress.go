@@ -2,6 +2,7 @@ package session
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -133,6 +134,10 @@ func (s *sess) refusal(msg, reason string) {
 	if more > 0 {
 		note += fmt.Sprintf(" (and %d more refusals since the last note)", more)
 	}
+	if s.note != nil {
+		s.note(note)
+		return
+	}
 	s.m.event(Event{Kind: EventNote, Name: s.name, Message: note})
 }
 
@@ -169,6 +174,19 @@ func (s *sess) dialEgress(ctx context.Context, hostport string) (net.Conn, error
 			}
 		}
 		return false
+	}
+	if guestLoopback(host) {
+		// Only a client that ignores no_proxy sends these here (busybox
+		// wget does): it means the guest's own loopback, never the host's.
+		c, err := s.connectedAgent()
+		if err != nil {
+			return nil, err
+		}
+		sc, err := c.DialGuest(ctx, port)
+		if err != nil {
+			return nil, fmt.Errorf("nothing listens on %s in the VM: %v", net.JoinHostPort(host, ps), err)
+		}
+		return sc, nil
 	}
 	var addrs []netip.Addr
 	switch a, aerr := netip.ParseAddr(host); {
@@ -221,6 +239,16 @@ func (s *sess) dialEgress(ctx context.Context, hostport string) (net.Conn, error
 		last = err
 	}
 	return nil, last
+}
+
+// guestLoopback reports whether a request's host is loopback as written:
+// localhost, 127.0.0.0/8 or ::1.
+func guestLoopback(host string) bool {
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
 }
 
 func (m *Manager) resolve(ctx context.Context, host string) ([]netip.Addr, error) {
@@ -372,12 +400,49 @@ func (s *sess) forwardHTTP(ctx context.Context, conn net.Conn, req *http.Request
 		proxyReply(conn, http.StatusBadGateway, "berth: egress failed sending the request: "+trimErr(err))
 		return
 	}
-	resp, err := http.ReadResponse(bufio.NewReaderSize(up, 32<<10), req)
-	if err != nil {
-		proxyReply(conn, http.StatusBadGateway, "berth: egress failed reading the response: "+trimErr(err))
+	ubr := bufio.NewReaderSize(up, 32<<10)
+	for {
+		resp, err := http.ReadResponse(ubr, req)
+		if err != nil {
+			proxyReply(conn, http.StatusBadGateway, "berth: egress failed reading the response: "+trimErr(err))
+			return
+		}
+		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+			writeResponse(conn, resp, req.Method) // 100 Continue and friends: the final answer follows
+			continue
+		}
+		writeResponse(conn, resp, req.Method)
+		resp.Body.Close()
 		return
 	}
-	defer resp.Body.Close()
-	resp.Close = true
-	resp.Write(conn)
+}
+
+// writeResponse passes a response on, ending the connection after it: its
+// header in one write, its body as it arrives in large reads (each a
+// multiplexer frame on the agent channel). A body of unknown length
+// (chunked upstream) is delimited by the close.
+func writeResponse(conn net.Conn, resp *http.Response, method string) error {
+	var hdr bytes.Buffer
+	fmt.Fprintf(&hdr, "HTTP/%d.%d %s\r\n", resp.ProtoMajor, resp.ProtoMinor, resp.Status)
+	h := resp.Header.Clone()
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+	informational := resp.StatusCode < 200
+	if !informational {
+		if resp.ContentLength >= 0 && method != http.MethodHead {
+			h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+		} else if resp.ContentLength < 0 {
+			h.Del("Content-Length")
+		}
+		h.Set("Connection", "close")
+	}
+	h.Write(&hdr)
+	hdr.WriteString("\r\n")
+	if _, err := conn.Write(hdr.Bytes()); err != nil || informational || resp.Body == nil {
+		return err
+	}
+	buf := make([]byte, guest.SpliceBuffer)
+	_, err := io.CopyBuffer(struct{ io.Writer }{conn}, struct{ io.Reader }{resp.Body}, buf)
+	return err
 }

@@ -216,6 +216,13 @@ func (m *Manager) BuildImage(ctx context.Context, req BuildRequest, progress fun
 		if err != nil {
 			return ImageInfo{}, fmt.Errorf("%w: %w", err, ErrInvalid)
 		}
+		if r.Net != "" {
+			p, err := ParsePolicy(r.Net)
+			if err != nil {
+				return ImageInfo{}, fmt.Errorf("%s: net: %w", r.Source, err)
+			}
+			r.Net = p.String()
+		}
 		o.Recipe = r
 		req.Name = r.Name
 	case req.Name == "":
@@ -288,6 +295,10 @@ type stepRunner struct{ m *Manager }
 
 func (r stepRunner) RunSteps(ctx context.Context, b image.StepBuild) error {
 	m := r.m
+	pol, err := ParsePolicy(orNet(b.Net))
+	if err != nil {
+		return fmt.Errorf("the recipe's net: %w", err)
+	}
 	dir, err := os.MkdirTemp(filepath.Join(m.cfg.DataDir), ".build-")
 	if err != nil {
 		return err
@@ -332,6 +343,7 @@ func (r stepRunner) RunSteps(ctx context.Context, b image.StepBuild) error {
 	if err != nil {
 		return fmt.Errorf("build VM: %w", err)
 	}
+	m.serveBuildEgress(c, pol, b.Report)
 	steps := b.Steps
 	if len(b.Files) > 0 {
 		// The recipe's files go in through the scratch workspace: the file

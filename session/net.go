@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/store"
 )
 
 // Networker controls a session's network: its egress policy and
@@ -187,3 +189,23 @@ func (m *Manager) NetStatus(ctx context.Context, name string) (NetStatus, error)
 // Splice joins two connections until both directions end (a forwarded
 // connection and its client), passing half closes on.
 func Splice(a, b net.Conn) (aToB, bToA int64) { return guest.Splice(a, b) }
+
+func orNet(p string) string {
+	if p == "" {
+		return DefaultNet
+	}
+	return p
+}
+
+// serveBuildEgress serves a build VM's egress under the recipe's policy:
+// refusals are reported as build progress, not in a session's timeline.
+func (m *Manager) serveBuildEgress(c *guest.Client, pol Policy, report func(image.Progress)) {
+	s := m.newSess(store.Session{Name: "image-build", Net: pol.String()})
+	s.agent = c
+	s.note = func(msg string) {
+		if report != nil {
+			report(image.Progress{Phase: "setup", Line: msg})
+		}
+	}
+	s.serveGuest(c)
+}

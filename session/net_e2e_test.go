@@ -250,6 +250,11 @@ func TestNetMini(t *testing.T) {
 		if body, err := httpGet(t, "http://"+fw.addrs[0]+"/"); err != nil || body != "hi from httpd\n" {
 			t.Errorf("the forward did not stay up: %q %v", body, err)
 		}
+		// busybox wget ignores no_proxy: the proxy sends loopback back
+		// into the guest.
+		if out := e.ok("exec", "n1", "--", "wget", "-q", "-O-", "http://127.0.0.1:8080/"); out != "hi from httpd\n" {
+			t.Errorf("wget of the guest's own loopback: %q", out)
+		}
 		out := e.ok("net", "n1")
 		if !strings.Contains(out, "8080 (127.0.0.1)") {
 			t.Errorf("net status does not list the guest's listener:\n%s", out)

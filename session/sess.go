@@ -40,6 +40,7 @@ type sess struct {
 	files atomic.Int32
 	ckpt  ckptTotals // guarded by mu; see refreshCheckpoints
 	net   netState
+	note  func(string) // where egress refusals are noted; nil: the timeline
 }
 
 func (m *Manager) newSess(rec store.Session) *sess {

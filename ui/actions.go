@@ -179,6 +179,8 @@ func actionTable() []action {
 		{key: bind("n", "new session"), verbs: []string{"create", "new"}, args: "NAME [cpus=N] [mem=SIZE] [disk=SIZE] [image=NAME]",
 			mutates: true, run: (*Model).create},
 		{key: bind("x", "run command"), verbs: []string{"exec", "x"}, args: "COMMAND", mutates: true, target: onSession, run: (*Model).execAction},
+		{key: bind("N", "network policy"), verbs: []string{"net"}, args: "[POLICY]", mutates: true, target: onSession, run: (*Model).netAction},
+		{key: bind("P", "forward a port"), verbs: []string{"forward", "port-forward"}, args: "[LOCAL:]REMOTE", mutates: true, target: onSession, run: (*Model).forwardAction},
 		{key: bind("K", "cancel execution"), mutates: true, target: onExecution, when: (*Model).onExecTab,
 			confirm: confirmYes, prompt: cancelPrompt, run: (*Model).cancelExec},
 		{verbs: []string{"open"}, target: onSession, run: func(m *Model, c call) tea.Cmd { return m.openDetail(c.s.Name) }},

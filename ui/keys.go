@@ -16,6 +16,9 @@ type KeyMap struct {
 	Tab3    key.Binding
 	Tab4    key.Binding
 	Tab5    key.Binding // the Runs tab, once there are runs
+	// Tabs is how help shows Tab1…Tab5: one line, so help fits a
+	// terminal of 24 rows.
+	Tabs key.Binding
 }
 
 // DefaultKeyMap returns the global bindings.
@@ -32,6 +35,7 @@ func DefaultKeyMap() KeyMap {
 		Tab3:    key.NewBinding(key.WithKeys("3"), key.WithHelp("3", "workspace")),
 		Tab4:    key.NewBinding(key.WithKeys("4"), key.WithHelp("4", "info")),
 		Tab5:    key.NewBinding(key.WithKeys("5"), key.WithHelp("5", "runs")),
+		Tabs:    key.NewBinding(key.WithKeys("1", "2", "3", "4", "5"), key.WithHelp("1-5", "executions, output, workspace, info, runs")),
 	}
 }
 

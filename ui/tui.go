@@ -163,6 +163,7 @@ type Model struct {
 	host   session.HostStatus // the data directory's space, when known
 
 	footer, footerKey string // the rendered footer and what it was rendered for
+	forwards          *tuiForwards
 }
 
 var _ tea.Model = (*Model)(nil)
@@ -202,8 +203,10 @@ func newModel(svc session.Service, opts Options) *Model {
 		sparks:   sparks.New(c, svc),
 		help:     help.New(),
 		pending:  map[int]string{},
+		forwards: &tuiForwards{},
 		spinner:  spinner.New(spinner.WithSpinner(spinner.MiniDot)),
 	}
+	m.info.SetForwards(m.forwards.list)
 	m.cmdline = textinput.New()
 	m.cmdline.Prompt = ":"
 	m.cmdline.Placeholder = "create NAME · exec NAME CMD · flush NAME · open NAME · sort COLUMN · q"
@@ -507,7 +510,7 @@ func (m *Model) actionBindings() []key.Binding {
 func (m *Model) globalBindings() []key.Binding {
 	out := []key.Binding{m.keys.Help, m.keys.Command, m.keys.Quit}
 	if m.page == pageDetail {
-		out = append(out, m.keys.Back, m.keys.NextTab, m.keys.PrevTab, m.keys.Tab1, m.keys.Tab2, m.keys.Tab3, m.keys.Tab4)
+		out = append(out, m.keys.Back, m.keys.NextTab, m.keys.PrevTab, m.keys.Tabs)
 	}
 	return out
 }

@@ -49,7 +49,14 @@ func netAgent(t *testing.T, handle func(context.Context, *guest.Incoming)) (*Age
 	done := make(chan struct{})
 	go func() { c.ServeIncoming(ctx, handle); close(done) }()
 	t.Cleanup(func() { cancel(); c.Close(); <-done; <-served })
-	// The listeners are up once the proxy accepts.
+	// The agent has the host once its session is current, and the
+	// listeners are up once the proxy accepts.
+	for i := 0; a.hostSession() == nil; i++ {
+		if i > 500 {
+			t.Fatal("the agent never saw the host connection")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 	for i := 0; ; i++ {
 		conn, err := net.Dial("tcp", a.cfg.Proxy)
 		if err == nil {

@@ -130,7 +130,10 @@ type StepBuild struct {
 	Files   []byte
 	Steps   []string
 	Timeout time.Duration // per step
-	Report  func(Progress)
+	// Net is the network policy the steps get (the recipe's net; "" is
+	// none).
+	Net    string
+	Report func(Progress)
 }
 
 // Names lists the images berth can build without a recipe.
@@ -671,7 +674,7 @@ func (b *builder) stepsLayer(ctx context.Context, p *plan, below Image, hash str
 	if err != nil {
 		return cachedLayer{}, err
 	}
-	err = b.o.Steps.RunSteps(ctx, StepBuild{Image: below, System: sys, SystemUUID: uuid, Files: files, Steps: p.steps, Timeout: p.timeout, Report: b.report})
+	err = b.o.Steps.RunSteps(ctx, StepBuild{Image: below, System: sys, SystemUUID: uuid, Files: files, Steps: p.steps, Timeout: p.timeout, Net: p.net, Report: b.report})
 	if err != nil {
 		return cachedLayer{}, err
 	}

@@ -47,6 +47,9 @@ type Recipe struct {
 	// SystemDisk sizes the build VM's system disk, where the setup
 	// commands' changes land; default 8G.
 	SystemDisk string `toml:"system_disk"`
+	// Net is the network policy the setup commands get (as berth create
+	// --net); "" is none. A base's steps run under it too.
+	Net string `toml:"net"`
 
 	// Dir is where Files' relative paths start (the recipe file's
 	// directory); Source names the recipe for messages.
@@ -106,7 +109,7 @@ func parseRecipe(source, dir string, b []byte) (*Recipe, error) {
 		return nil, fmt.Errorf("%s: %w", source, err)
 	}
 	if und := md.Undecoded(); len(und) > 0 {
-		return nil, fmt.Errorf("%s: unknown key %q (known: name, base, packages, files, run, step_timeout, system_disk)", source, und[0].String())
+		return nil, fmt.Errorf("%s: unknown key %q (known: name, base, packages, files, run, step_timeout, system_disk, net)", source, und[0].String())
 	}
 	if err := r.validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
@@ -219,7 +222,8 @@ type plan struct {
 	files    []fileCopy
 	steps    []string
 	timeout  time.Duration
-	system   int64 // the build VM's system disk
+	system   int64  // the build VM's system disk
+	net      string // the steps' network policy
 }
 
 type fileCopy struct {
@@ -227,7 +231,7 @@ type fileCopy struct {
 }
 
 func (r *Recipe) plan() (*plan, error) {
-	p := &plan{name: r.Name, timeout: r.Timeout(), system: r.systemBytes()}
+	p := &plan{name: r.Name, timeout: r.Timeout(), system: r.systemBytes(), net: strings.TrimSpace(r.Net)}
 	if r.Base == "debian" && r.Name != "debian" {
 		base, err := ShippedRecipe("debian")
 		if err != nil {
@@ -278,6 +282,9 @@ func (p *plan) stepsHash(root string) (string, error) {
 	}
 	for _, s := range p.steps {
 		fmt.Fprintf(h, "%d\n%s\n", len(s), s)
+	}
+	if p.net != "" { // what the steps could reach is an input too
+		fmt.Fprintf(h, "net %s\n", p.net)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }

@@ -86,6 +86,11 @@ run = ["echo ok"]`))
 	if h1 == h2 {
 		t.Error("changing a file's content does not change the setup layer's hash")
 	}
+	p.net = "allow:pypi.org"
+	if h3, _ := p.stepsHash(p.rootHash()); h3 == h2 {
+		t.Error("the steps' network policy does not change the setup layer's hash")
+	}
+	p.net = ""
 
 	b, err := filesTar(p.files)
 	if err != nil {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"sort"
 	"sync"
+	"syscall"
 
 	"github.com/berthvm/berth/session"
 )
@@ -90,7 +92,13 @@ func (f *Fake) Forward(ctx context.Context, name string, port int) (net.Conn, er
 	}
 	s.fwd[port]++
 	f.mu.Unlock()
-	client, server := net.Pipe()
+	client, server, err := socketPair()
+	if err != nil {
+		f.mu.Lock()
+		s.fwd[port]--
+		f.mu.Unlock()
+		return nil, fmt.Errorf("forward: %v: %w", err, session.ErrUnavailable)
+	}
 	go h(server)
 	return &fakeFwd{Conn: client, done: func() {
 		f.mu.Lock()
@@ -102,10 +110,13 @@ func (f *Fake) Forward(ctx context.Context, name string, port int) (net.Conn, er
 }
 
 type fakeFwd struct {
-	net.Conn
-	done func()
-	once sync.Once
+	net.Conn // a *net.UnixConn
+	done     func()
+	once     sync.Once
 }
+
+// CloseWrite half-closes the connection.
+func (c *fakeFwd) CloseWrite() error { return c.Conn.(interface{ CloseWrite() error }).CloseWrite() }
 
 func (c *fakeFwd) Close() error {
 	c.once.Do(c.done)
@@ -137,4 +148,29 @@ func (f *Fake) NetStatus(ctx context.Context, name string) (session.NetStatus, e
 		}
 	}
 	return out, nil
+}
+
+// socketPair is a connected pair of unix sockets: unlike net.Pipe they
+// carry half closes, as a forward does.
+func socketPair() (net.Conn, net.Conn, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	conv := func(fd int) (net.Conn, error) {
+		f := os.NewFile(uintptr(fd), "forward")
+		defer f.Close()
+		return net.FileConn(f)
+	}
+	a, err := conv(fds[0])
+	if err != nil {
+		syscall.Close(fds[1])
+		return nil, nil, err
+	}
+	b, err := conv(fds[1])
+	if err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, b, nil
 }

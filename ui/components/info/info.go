@@ -4,6 +4,7 @@
 package info
 
 import (
+	"context"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,12 +40,19 @@ type timelineMsg struct {
 	err    error
 	// ckpts are the session's checkpoints, when the service keeps them.
 	ckpts []session.Checkpoint
+	net   *session.NetStatus // nil: not known
+}
+
+// Source is what the tab reads: timelines and network status.
+type Source interface {
+	Timeline(ctx context.Context, name string, limit int) ([]session.Event, error)
+	NetStatus(ctx context.Context, name string) (session.NetStatus, error)
 }
 
 // Model is the Info tab.
 type Model struct {
 	c    *common.Common
-	svc  session.Watcher // reads the timeline
+	svc  Source // reads the timeline and the network
 	keys KeyMap
 	w, h int
 
@@ -56,12 +64,15 @@ type Model struct {
 	loading bool
 	err     string
 	ckpts   []session.Checkpoint // oldest first
+
+	net      *session.NetStatus         // as of the last load
+	forwards func(name string) []string // the program's own forwards, if any
 }
 
 var _ common.Component = (*Model)(nil)
 
 // New returns an empty tab that reads timelines through svc.
-func New(c *common.Common, svc session.Watcher) *Model {
+func New(c *common.Common, svc Source) *Model {
 	return &Model{c: c, svc: svc, keys: DefaultKeyMap()}
 }
 
@@ -127,6 +138,9 @@ func (m *Model) load() tea.Cmd {
 		if cp, ok := svc.(session.Checkpointer); ok && err == nil {
 			msg.ckpts, _ = cp.Checkpoints(ctx, name)
 		}
+		if st, err := svc.NetStatus(ctx, name); err == nil {
+			msg.net = &st
+		}
 		return msg
 	}
 }
@@ -156,6 +170,7 @@ func (m *Model) Update(msg tea.Msg) tea.Cmd {
 			return nil
 		}
 		m.loading = false
+		m.net = msg.net
 		if msg.err != nil {
 			m.err = common.ErrorText(msg.err)
 			return nil
@@ -193,7 +208,7 @@ func (m *Model) Update(msg tea.Msg) tea.Cmd {
 }
 
 // configLines is the number of rows the configuration block takes.
-const configLines = 7
+const configLines = 8
 
 func (m *Model) page() int { return max(1, m.h-configLines-2-m.ckptLines()) }
 
@@ -259,7 +274,7 @@ func (m *Model) View() string {
 		lines = append(lines, kv("system", session.FormatBytesShort(s.SystemUsed)+" used of "+session.FormatBytesShort(s.SystemBytes)+
 			" (system disk: packages, /etc, "+common.SanitizeLine(s.HomeDirectory)+"; kept until R replaces it)"))
 	}
-	lines = append(lines, kv("dirty", dirty))
+	lines = append(lines, kv("dirty", dirty), kv("network", m.netText()))
 	if n := len(m.ckpts); n > 0 {
 		lines = append(lines, "", st.TableHead.Render("CHECKPOINTS")+st.Muted.Render("  "+strconv.Itoa(n)+", "+
 			session.FormatBytesShort(s.CheckpointBytes)+" on disk · c checkpoint · u restore · F fork"))
