@@ -810,6 +810,7 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (ForkResult, e
 		return fail(err)
 	}
 	m.event(Event{Kind: EventNote, Name: name, By: by, Message: fmt.Sprintf("forked into %s (held for %s)", newName, res.Frozen.Round(time.Millisecond))})
+	m.copySchedules(ctx, name, newName)
 	res.Session = f.snapshot()
 	return res, nil
 }

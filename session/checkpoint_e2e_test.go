@@ -146,6 +146,7 @@ func TestCheckpointRestoreFork(t *testing.T) {
 		// process; its record stays the source's.
 		ticker := strings.TrimSpace(e.ok("exec", "src", "--detach", "--", "sh", "-c", "while true; do echo tick >> /tmp/ticks; sleep 0.1; done"))
 		time.Sleep(300 * time.Millisecond)
+		e.ok("schedule", "add", "src", "@every 1h", "--", "true")
 		start := time.Now()
 		out := e.ok("fork", "src", "fork1")
 		took := time.Since(start)
@@ -159,6 +160,9 @@ func TestCheckpointRestoreFork(t *testing.T) {
 		}
 		if s := e.info("fork1"); s.State != session.StateRunning {
 			t.Fatalf("fork1 is %s", s.State)
+		}
+		if ls := e.ok("schedule", "ls", "fork1"); !strings.Contains(ls, "@every 1h") {
+			t.Errorf("the fork did not keep the source's schedule:\n%s", ls)
 		}
 		if r := e.run("exec", "fork1", "--", "sha256sum", "-c", "later.sum"); r.code != 0 {
 			t.Fatalf("the fork does not see the source's files: %s%s", r.stdout, r.stderr)

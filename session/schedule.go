@@ -353,3 +353,20 @@ func (m *Manager) fire(rec store.Schedule) {
 	}
 	started(run.ID, p.ID())
 }
+
+// copySchedules gives a fork its source's schedules (new ids, counts from
+// zero). A schedule that cannot be copied is noted in the fork's timeline:
+// the fork itself has succeeded.
+func (m *Manager) copySchedules(ctx context.Context, from, to string) {
+	recs, err := m.st.ListSchedules(from)
+	if err != nil {
+		m.event(Event{Kind: EventNote, Name: to, Message: fmt.Sprintf("the schedules of %s were not copied: %v", from, err)})
+		return
+	}
+	for _, rec := range recs {
+		req := ScheduleRequest{Spec: rec.Spec, Overlap: Overlap(rec.Overlap), Argv: rec.Argv, Cwd: rec.Cwd, Env: rec.Env}
+		if _, err := m.AddSchedule(ctx, to, req); err != nil {
+			m.event(Event{Kind: EventNote, Name: to, Message: fmt.Sprintf("schedule %s of %s was not copied: %v", rec.ID, from, err)})
+		}
+	}
+}

@@ -3,6 +3,7 @@ package sessiontest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/berthvm/berth/session"
@@ -204,5 +205,13 @@ func (f *Fake) Fork(ctx context.Context, name, newName string) (session.ForkResu
 	f.publishLocked(ctx, s, session.Event{Kind: session.EventNote, Message: "forked from " + name})
 	f.bootLocked(ctx, s, causeBy(ctx, "forked from "+name))
 	f.publishLocked(ctx, src, session.Event{Kind: session.EventNote, Message: "forked into " + newName})
+	// The fork keeps the source's schedules, with ids of its own.
+	h := f.harnessLocked()
+	for _, sc := range h.scheds[name] {
+		h.seq++
+		sc.ID, sc.Session, sc.Created = fmt.Sprintf("c%08x", h.seq), newName, now
+		sc.Argv = slices.Clone(sc.Argv)
+		h.scheds[newName] = append(h.scheds[newName], sc)
+	}
 	return session.ForkResult{Session: s.info, Source: name, Copy: "sparse copy", Frozen: time.Millisecond, Took: time.Millisecond}, nil
 }

@@ -162,3 +162,24 @@ func TestHarnessSuite(t *testing.T) {
 	defer f.Close()
 	HarnessSuite(t, f)
 }
+
+// A fork keeps its source's schedules, under ids of its own.
+func TestFakeForkKeepsSchedules(t *testing.T) {
+	ctx := t.Context()
+	f := New(Options{})
+	defer f.Close()
+	if _, err := f.Create(ctx, session.CreateOptions{Name: "src"}); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := f.AddSchedule(ctx, "src", session.ScheduleRequest{Spec: "@every 1h", Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Fork(ctx, "src", "dst"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.Schedules(ctx, "dst")
+	if err != nil || len(got) != 1 || got[0].Spec != "@every 1h" || got[0].ID == sc.ID || got[0].Session != "dst" {
+		t.Fatalf("the fork's schedules: %+v, %v", got, err)
+	}
+}
