@@ -55,7 +55,7 @@ type ReadOnly interface {
 // The tools that change nothing, and those that do.
 var (
 	readTools  = []string{"list_sessions", "session_info", "read_output", "read_file", "list_files"}
-	writeTools = []string{"create_session", "exec", "write_file", "edit_file", "flush"}
+	writeTools = []string{"create_session", "exec", "write_file", "edit_file", "forward_port", "flush"}
 )
 
 // Server is one MCP connection's tools over a session.Service.
@@ -65,6 +65,7 @@ type Server struct {
 	opts Options
 	srv  *mcp.Server
 	read bool // read tools only
+	fwd  *forwards
 
 	mu     sync.Mutex
 	runs   map[string]string // session → the connection's run in it
@@ -83,7 +84,7 @@ func New(ctx context.Context, svc session.Service, opts Options) *Server {
 	if opts.Version == "" {
 		opts.Version = "dev"
 	}
-	s := &Server{svc: svc, opts: opts, runs: map[string]string{}, own: map[string]bool{}}
+	s := &Server{svc: svc, opts: opts, runs: map[string]string{}, own: map[string]bool{}, fwd: newForwards()}
 	s.hx, _ = svc.(session.Harness)
 	if ro, ok := svc.(ReadOnly); ok && ro.ReadOnly(ctx) {
 		s.read = true
@@ -112,6 +113,7 @@ func (s *Server) Tools() []string {
 // ends, then ends the connection's own run if nothing runs in it.
 func (s *Server) Serve(ctx context.Context, t mcp.Transport) error {
 	err := s.srv.Run(ctx, t)
+	s.fwd.close()
 	s.finish(context.WithoutCancel(ctx))
 	if errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) {
 		err = nil

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -122,7 +124,7 @@ func TestTools(t *testing.T) {
 				}
 			}
 		}
-		want := []string{"list_sessions", "create_session", "session_info", "exec", "read_output", "read_file", "write_file", "edit_file", "list_files", "flush"}
+		want := []string{"list_sessions", "create_session", "session_info", "exec", "read_output", "read_file", "write_file", "edit_file", "list_files", "forward_port", "flush"}
 		slices.Sort(names)
 		slices.Sort(want)
 		if !slices.Equal(names, want) {
@@ -388,5 +390,61 @@ func TestMessageBound(t *testing.T) {
 	}
 	if n := f.Calls("Exec") + f.Calls("List"); n != 0 {
 		t.Errorf("%d calls reached the service", n)
+	}
+}
+
+// forward_port returns a local URL that reaches the guest's port, for as
+// long as the connection lasts; bad ports and a taken local port are tool
+// errors.
+func TestForwardPort(t *testing.T) {
+	f := newFake(t)
+	if err := f.Serve("demo", 8080, func(c net.Conn) {
+		defer c.Close()
+		fmt.Fprint(c, "HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	st, ct := mcp.NewInMemoryTransports()
+	srv := mcpserver.New(t.Context(), f, mcpserver.Options{})
+	sctx, stop := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(sctx, st) }()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test-agent", Version: "1"}, nil).Connect(t.Context(), ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, out := call(t, cs, "forward_port", map[string]any{"session": "demo", "port": 8080})
+	if res.IsError {
+		t.Fatalf("forward_port: %s", text(res))
+	}
+	url, _ := out["url"].(string)
+	hc := &http.Client{Timeout: 10 * time.Second}
+	resp, err := hc.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "hello" {
+		t.Errorf("GET %s = %q, want the guest's answer", url, body)
+	}
+	for _, args := range []map[string]any{{"session": "demo", "port": 0}, {"session": "demo", "port": 70000}, {"session": "demo", "port": 80, "local": -1}} {
+		res, _ := call(t, cs, "forward_port", args)
+		wantToolError(t, fmt.Sprint(args), res, "1 to 65535")
+	}
+	local := int(out["local"].(float64))
+	res, _ = call(t, cs, "forward_port", map[string]any{"session": "demo", "port": 8080, "local": local})
+	wantToolError(t, "a taken local port", res, "already in use")
+	res, _ = call(t, cs, "forward_port", map[string]any{"session": "ghost", "port": 8080})
+	wantToolError(t, "an unknown session", res, "ghost")
+
+	cs.Close()
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", local), time.Second); err == nil {
+		c.Close()
+		t.Error("the forward outlived its MCP connection")
 	}
 }

@@ -170,6 +170,7 @@ func (s *Server) addTools() {
 	mcp.AddTool(s.srv, tool("exec", "Run a command in the session and wait for it: exit code, stdout and stderr (each cut to its head and tail when long; read_output has it all). The command is recorded and keeps running if the call is abandoned.", false), handler(s, s.exec))
 	mcp.AddTool(s.srv, tool("write_file", "Write a file in the session's /workspace, replacing it. Durable when it returns.", false), handler(s, s.writeFile))
 	mcp.AddTool(s.srv, tool("edit_file", "Replace an exact string that occurs exactly once in a file; fails, changing nothing, when it is absent or occurs more than once.", false), handler(s, s.editFile))
+	mcp.AddTool(s.srv, tool("forward_port", "Forward a host loopback port to a port in the session (a dev server the agent started); returns its local URL. The forward lasts as long as this MCP connection.", false), handler(s, s.forwardPort))
 	mcp.AddTool(s.srv, tool("flush", "Flush the session's /workspace to its volume on the host, so a crash of the VM loses nothing written so far.", false), handler(s, s.flush))
 }
 
