@@ -58,6 +58,7 @@ type netState struct {
 	refused  atomic.Int64
 	accepted atomic.Int64
 	fwd      atomic.Int64 // open forwarded connections
+	rx, tx   atomic.Int64 // egress bytes received from and sent to the network
 
 	mu         sync.Mutex
 	lastNote   time.Time
@@ -353,6 +354,7 @@ func (s *sess) tunnel(ctx context.Context, conn net.Conn, br *bufio.Reader, req 
 		return
 	}
 	s.net.accepted.Add(1)
+	up = &countedConn{Conn: up, ns: &s.net}
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		up.Close()
 		return
@@ -389,6 +391,7 @@ func (s *sess) forwardHTTP(ctx context.Context, conn net.Conn, req *http.Request
 	}
 	defer up.Close()
 	s.net.accepted.Add(1)
+	up = &countedConn{Conn: up, ns: &s.net}
 	for _, h := range hopHeaders {
 		req.Header.Del(h)
 	}
@@ -445,4 +448,23 @@ func writeResponse(conn net.Conn, resp *http.Response, method string) error {
 	buf := make([]byte, guest.SpliceBuffer)
 	_, err := io.CopyBuffer(struct{ io.Writer }{conn}, struct{ io.Reader }{resp.Body}, buf)
 	return err
+}
+
+// countedConn counts an egress connection's bytes into its session's
+// figures.
+type countedConn struct {
+	net.Conn
+	ns *netState
+}
+
+func (c *countedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.ns.rx.Add(int64(n))
+	return n, err
+}
+
+func (c *countedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.ns.tx.Add(int64(n))
+	return n, err
 }

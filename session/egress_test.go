@@ -201,10 +201,22 @@ func TestEgressBoundsConnections(t *testing.T) {
 	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("after one closed: %v %v, want a tunnel", resp, err)
 	}
+	rx, tx := s.net.rx.Load(), s.net.tx.Load()
 	io.WriteString(c, "ping")
 	b := make([]byte, 4)
 	if _, err := io.ReadFull(br, b); err != nil || string(b) != "ping" {
 		t.Fatalf("echo through the tunnel: %q %v", b, err)
+	}
+	// The bytes are counted for the session's figures (stats, /metrics);
+	// a write is counted once it returns, which may be after its echo.
+	for deadline := time.Now().Add(5 * time.Second); s.net.tx.Load()-tx < 4 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	if got := s.net.tx.Load() - tx; got != 4 {
+		t.Errorf("%d bytes counted sent, want 4", got)
+	}
+	if got := s.net.rx.Load() - rx; got != 4 {
+		t.Errorf("%d bytes counted received, want 4", got)
 	}
 }
 

@@ -42,6 +42,9 @@ type NetStatus struct {
 	Open     int64 `json:"open"`
 	Accepted int64 `json:"accepted"`
 	Refused  int64 `json:"refused"`
+	// Bytes received from and sent to the network through the proxy.
+	ReceivedBytes int64 `json:"received_bytes"`
+	SentBytes     int64 `json:"sent_bytes"`
 }
 
 // ListenPort is a TCP port a process in the guest listens on.
@@ -159,7 +162,8 @@ func (m *Manager) NetStatus(ctx context.Context, name string) (NetStatus, error)
 		return NetStatus{}, err
 	}
 	ns := &s.net
-	out := NetStatus{Policy: s.policy().String(), Open: ns.conns.Load(), Accepted: ns.accepted.Load(), Refused: ns.refused.Load()}
+	out := NetStatus{Policy: s.policy().String(), Open: ns.conns.Load(), Accepted: ns.accepted.Load(), Refused: ns.refused.Load(),
+		ReceivedBytes: ns.rx.Load(), SentBytes: ns.tx.Load()}
 	ns.mu.Lock()
 	if len(ns.fwdPorts) > 0 {
 		out.Forwarded = make(map[int]int, len(ns.fwdPorts))

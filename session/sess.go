@@ -293,7 +293,8 @@ func (s *sess) refreshStats(ctx context.Context) {
 	s.mu.Lock()
 	s.stats, s.statsAt = st, now
 	if hostOK {
-		s.sampler.add(now, pid, s.rec.CPUs, ps, st, ringCap(s.m.cfg.StatsInterval))
+		lv := s.sampler.add(now, pid, s.rec.CPUs, ps, st, ringCap(s.m.cfg.StatsInterval))
+		lv.NetReceivedBytes, lv.NetSentBytes = s.net.rx.Load(), s.net.tx.Load()
 	} else {
 		s.sampler.live = nil // the VMM is gone: its series end
 	}

@@ -36,6 +36,10 @@ type Live struct {
 	SystemWriteBytes    int64   `json:"system_write_bytes,omitempty"`
 	HostReadBytes       int64   `json:"host_read_bytes"`
 	HostWriteBytes      int64   `json:"host_write_bytes"`
+	// Egress through the daemon's proxy since the daemon started: bytes
+	// received from the network for the guest, and sent for it.
+	NetReceivedBytes int64 `json:"net_received_bytes"`
+	NetSentBytes     int64 `json:"net_sent_bytes"`
 }
 
 // Sample is one point of a session's recent history, for graphs.

@@ -41,11 +41,13 @@ var (
 	dDiskWrite  = desc("berth_session_disk_written_bytes_total", "Bytes the guest wrote to the disk since its VM started.", "session", "disk")
 	dHostRead   = desc("berth_session_host_read_bytes_total", "Bytes the session's VMM process made the host's storage read since it started.", "session")
 	dHostWrite  = desc("berth_session_host_written_bytes_total", "Bytes the session's VMM process made the host's storage write since it started.", "session")
+	dNetRx      = desc("berth_session_network_received_bytes_total", "Bytes the session's egress received from the network through the daemon's proxy since the daemon started.", "session")
+	dNetTx      = desc("berth_session_network_sent_bytes_total", "Bytes the session's egress sent to the network through the daemon's proxy since the daemon started.", "session")
 	dSampleTime = desc("berth_session_sample_timestamp_seconds", "When the session's figures were last sampled (Unix time).", "session")
 )
 
 var allDescs = []*prometheus.Desc{dSessions, dWSUsed, dWSSize, dMemLimit, dVCPUs, dRunning, dDirty, dMemUsed, dLastWake,
-	dSnapshotBytes, dCPU, dGuestCPU, dRSS, dDiskRead, dDiskWrite, dHostRead, dHostWrite, dSampleTime}
+	dSnapshotBytes, dCPU, dGuestCPU, dRSS, dDiskRead, dDiskWrite, dHostRead, dHostWrite, dNetRx, dNetTx, dSampleTime}
 
 func (c *sessionCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range allDescs {
@@ -108,6 +110,8 @@ func (c *sessionCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		cnt(dHostRead, float64(lv.HostReadBytes), n)
 		cnt(dHostWrite, float64(lv.HostWriteBytes), n)
+		cnt(dNetRx, float64(lv.NetReceivedBytes), n)
+		cnt(dNetTx, float64(lv.NetSentBytes), n)
 		g(dSampleTime, float64(lv.Time.UnixMilli())/1000, n)
 	}
 	for st, k := range byState {
