@@ -43,7 +43,7 @@ vet:
 
 # The suite boots real VMs (TCG here); packages run two at a time.
 test: deps build vet
-	$(GO) test -count=1 -timeout 14m ./...
+	$(GO) test -count=1 -timeout 25m ./...
 
 bench: deps build
 	BERTH_BENCH=1 $(GO) test -count=1 -p 1 -timeout 40m -run 'TestBench' -v ./... 2>&1 | grep -E 'BENCH|^(--- FAIL|FAIL)' || true
