@@ -94,6 +94,7 @@ func Suite(t *testing.T, svc session.Service) {
 	t.Run("Files", func(t *testing.T) { suiteFiles(t, ctx, svc, name) })
 	t.Run("Copy", func(t *testing.T) { suiteCopy(t, ctx, svc, name) })
 	t.Run("Replace", func(t *testing.T) { suiteReplace(t, ctx, svc, name) })
+	t.Run("Net", func(t *testing.T) { suiteNet(t, ctx, svc, name) })
 
 	t.Run("FlushStopStart", func(t *testing.T) {
 		if _, err := svc.Flush(ctx, name); err != nil {
