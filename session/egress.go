@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -165,16 +166,13 @@ func (s *sess) dialEgress(ctx context.Context, hostport string) (net.Conn, error
 	refuse := func(reason string) error {
 		return &errRefused{msg: EgressRefused(net.JoinHostPort(host, ps), s.name, pol.String()), reason: reason}
 	}
+	// berth's own ports, on loopback and on every address of this host
+	// (an SSH server on :2222 listens on the public one too).
 	forbidden := func(a netip.Addr) bool {
-		if !Reserved(a) {
+		if !slices.Contains(cfg.Forbidden, port) {
 			return false
 		}
-		for _, p := range cfg.Forbidden {
-			if p == port {
-				return true
-			}
-		}
-		return false
+		return Reserved(a) || localAddr(a)
 	}
 	if guestLoopback(host) {
 		// Only a client that ignores no_proxy sends these here (busybox
@@ -240,6 +238,23 @@ func (s *sess) dialEgress(ctx context.Context, hostport string) (net.Conn, error
 		last = err
 	}
 	return nil, last
+}
+
+// localAddr reports whether a is an address of one of this host's
+// interfaces.
+func localAddr(a netip.Addr) bool {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return true // cannot tell: treat it as ours
+	}
+	for _, ia := range addrs {
+		if n, ok := ia.(*net.IPNet); ok {
+			if b, ok := netip.AddrFromSlice(n.IP); ok && b.Unmap() == a.Unmap() {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // guestLoopback reports whether a request's host is loopback as written:

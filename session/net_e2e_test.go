@@ -330,7 +330,7 @@ func TestNetMini(t *testing.T) {
 		}
 	})
 
-	e.subtest(t, "the policy survives stop and start", func(t *testing.T) {
+	e.subtest(t, "the policy survives stop/start and replace", func(t *testing.T) {
 		e.ok("net", "n1", "allow:host.berth.internal:"+hp)
 		e.ok("stop", "n1")
 		e.ok("start", "n1")
@@ -339,6 +339,13 @@ func TestNetMini(t *testing.T) {
 		}
 		if r := wget(hostURL); r.code != 0 || r.stdout != "host says /hello" {
 			t.Errorf("wget after start: exit %d %q %q", r.code, r.stdout, r.stderr)
+		}
+		e.ok("replace", "n1", "--yes")
+		if s := e.info("n1"); s.Net != "allow:host.berth.internal:"+hp {
+			t.Errorf("after replace: net %q", s.Net)
+		}
+		if r := wget(hostURL); r.code != 0 || r.stdout != "host says /hello" {
+			t.Errorf("wget after replace: exit %d %q %q", r.code, r.stdout, r.stderr)
 		}
 	})
 }

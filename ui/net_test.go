@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"bufio"
 	"io"
 	"net"
 	"net/http"
@@ -33,6 +34,9 @@ func TestNetworkPolicyAndForwardFromTheTUI(t *testing.T) {
 
 	if err := f.Serve("alpha", 8080, func(c net.Conn) {
 		defer c.Close()
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
 		io.WriteString(c, "HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
 	}); err != nil {
 		t.Fatal(err)

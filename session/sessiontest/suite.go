@@ -106,6 +106,7 @@ func Suite(t *testing.T, svc session.Service) {
 	t.Run("Copy", func(t *testing.T) { suiteCopy(t, ctx, svc, name) })
 	t.Run("Replace", func(t *testing.T) { suiteReplace(t, ctx, svc, name) })
 	t.Run("Checkpoints", func(t *testing.T) { suiteCheckpoints(t, ctx, svc, name) })
+	t.Run("Net", func(t *testing.T) { suiteNet(t, ctx, svc, name) })
 
 	t.Run("FlushStopStart", func(t *testing.T) {
 		if _, err := svc.Flush(ctx, name); err != nil {
