@@ -219,7 +219,11 @@ type startedListener struct {
 
 func (l *startedListener) Accept() (net.Conn, error) {
 	l.once.Do(func() { close(l.started) })
-	return l.Listener.Accept()
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return withQuickAck(c), nil
 }
 
 // shutdown runs the ordered shutdown Serve documents.
