@@ -36,7 +36,7 @@ func TestQuickAckConn(t *testing.T) {
 	if err != nil || n != quickAckBytes+1000 {
 		t.Fatalf("read %d bytes, %v", n, err)
 	}
-	if qc.bytes < quickAckBytes || qc.bytes > n || qc.reads > quickAckReads {
+	if qc.bytes < quickAckBytes || int64(qc.bytes) > n || qc.reads > quickAckReads {
 		t.Errorf("quick acks for %d reads, %d bytes of %d", qc.reads, qc.bytes, n)
 	}
 	if pipe, _ := net.Pipe(); withQuickAck(pipe) != pipe {
