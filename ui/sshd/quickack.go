@@ -22,17 +22,21 @@ const (
 // when the server has nothing to send. Two such waits made a connection
 // cost ~100 ms; TCP_QUICKACK (which the kernel clears again, hence once per
 // read) removes them.
+//
+// It embeds net.Conn, not *net.TCPConn, so that every read goes through
+// Read (TCPConn's WriteTo would bypass it).
 type quickAckConn struct {
-	*net.TCPConn
+	net.Conn
+	tc           *net.TCPConn
 	reads, bytes int
 }
 
 func (c *quickAckConn) Read(p []byte) (int, error) {
-	n, err := c.TCPConn.Read(p)
+	n, err := c.Conn.Read(p)
 	if c.reads < quickAckReads && c.bytes < quickAckBytes {
 		c.reads++
 		c.bytes += n
-		if rc, rerr := c.TCPConn.SyscallConn(); rerr == nil {
+		if rc, rerr := c.tc.SyscallConn(); rerr == nil {
 			rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1) })
 		}
 	}
@@ -42,7 +46,7 @@ func (c *quickAckConn) Read(p []byte) (int, error) {
 // withQuickAck wraps a TCP connection; others are returned as they are.
 func withQuickAck(c net.Conn) net.Conn {
 	if tc, ok := c.(*net.TCPConn); ok {
-		return &quickAckConn{TCPConn: tc}
+		return &quickAckConn{Conn: tc, tc: tc}
 	}
 	return c
 }
