@@ -1,6 +1,7 @@
 package mcpserver_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -400,6 +401,11 @@ func TestForwardPort(t *testing.T) {
 	f := newFake(t)
 	if err := f.Serve("demo", 8080, func(c net.Conn) {
 		defer c.Close()
+		// Read the request before answering: closing with it unread
+		// would reset the connection under the client.
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
 		fmt.Fprint(c, "HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
 	}); err != nil {
 		t.Fatal(err)
