@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -355,28 +356,45 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode f
 		return 0, err
 	}
 	defer cl.close()
-	// The reply can come early (a refused path, a full disk); read it
-	// concurrently so the upload stops instead of blocking on a window no
-	// one drains.
+	res, sent, err := upload[WriteResult](ctx, cl, OpWrite, r)
+	if err != nil {
+		if errors.Is(err, errSource) {
+			return sent, fmt.Errorf("write %s: %w", path, err)
+		}
+		return sent, err
+	}
+	return res.Size, nil
+}
+
+// errSource marks an upload that failed reading its local source.
+var errSource = errors.New("reading the source")
+
+// upload sends r as data frames on cl, then the end frame, and returns
+// the agent's result and the bytes sent. The reply is read concurrently:
+// it can come early (a refused path, a full disk), and the upload then
+// stops instead of blocking on a window no one drains. If r fails, the
+// stream is closed (the agent drops what it was writing) and the error
+// wraps errSource.
+func upload[T any](ctx context.Context, cl *call, op string, r io.Reader) (T, int64, error) {
 	type reply struct {
-		res WriteResult
+		res T
 		err error
 	}
 	done := make(chan reply, 1)
-	go func() {
+	go func() { // ends with the stream's next frame, or its close
+		var rep reply
 		t, p, err := cl.fr.Next()
 		switch {
 		case err != nil:
-			done <- reply{err: cl.err(ctx, OpWrite, err)}
+			rep.err = cl.err(ctx, op, err)
 		case t == FrameResult:
-			var res WriteResult
-			err := json.Unmarshal(p, &res)
-			done <- reply{res: res, err: err}
+			rep.err = json.Unmarshal(p, &rep.res)
 		case t == FrameError:
-			done <- reply{err: decodeError(p)}
+			rep.err = decodeError(p)
 		default:
-			done <- reply{err: fmt.Errorf("write: unexpected frame %d", t)}
+			rep.err = fmt.Errorf("%s: unexpected frame %d", op, t)
 		}
+		done <- rep
 		cl.st.SetWriteDeadline(time.Now()) // unblock a pending upload
 	}()
 	buf := make([]byte, DataChunk)
@@ -395,21 +413,20 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode f
 			break
 		}
 		if err != nil {
-			// The local source failed: abandon the upload. Closing the
-			// stream makes the agent drop its temporary file.
 			cl.close()
 			<-done
-			return sent, fmt.Errorf("write %s: reading the source: %w", path, err)
+			var zero T
+			return zero, sent, fmt.Errorf("%w: %w", errSource, err)
 		}
 	}
 	rep := <-done
 	if rep.err != nil {
-		return sent, rep.err
+		return rep.res, sent, rep.err
 	}
 	if werr != nil {
-		return sent, cl.err(ctx, OpWrite, werr)
+		return rep.res, sent, cl.err(ctx, op, werr)
 	}
-	return rep.res.Size, nil
+	return rep.res, sent, nil
 }
 
 // Output is a piece of an execution's output.
@@ -667,54 +684,11 @@ func (c *Client) Unpack(ctx context.Context, path string, r io.Reader) (TreeResu
 		return TreeResult{}, err
 	}
 	defer cl.close()
-	type reply struct {
-		res TreeResult
-		err error
+	res, _, err := upload[TreeResult](ctx, cl, OpUnpack, r)
+	if errors.Is(err, errSource) {
+		return res, fmt.Errorf("unpack into %s: %w", path, err)
 	}
-	done := make(chan reply, 1)
-	go func() {
-		t, p, err := cl.fr.Next()
-		switch {
-		case err != nil:
-			done <- reply{err: cl.err(ctx, OpUnpack, err)}
-		case t == FrameResult:
-			var res TreeResult
-			err := json.Unmarshal(p, &res)
-			done <- reply{res: res, err: err}
-		case t == FrameError:
-			done <- reply{err: decodeError(p)}
-		default:
-			done <- reply{err: fmt.Errorf("unpack: unexpected frame %d", t)}
-		}
-		cl.st.SetWriteDeadline(time.Now()) // unblock a pending upload
-	}()
-	buf := make([]byte, DataChunk)
-	var werr error
-	for werr == nil {
-		n, err := io.ReadFull(r, buf)
-		if n > 0 {
-			if werr = cl.send(FrameData, buf[:n]); werr != nil {
-				break
-			}
-		}
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
-			werr = cl.send(FrameEnd, nil)
-			break
-		}
-		if err != nil {
-			cl.close() // the agent drops the file it was writing
-			<-done
-			return TreeResult{}, fmt.Errorf("unpack into %s: reading the source: %w", path, err)
-		}
-	}
-	rep := <-done
-	if rep.err != nil {
-		return rep.res, rep.err
-	}
-	if werr != nil {
-		return rep.res, cl.err(ctx, OpUnpack, werr)
-	}
-	return rep.res, nil
+	return res, err
 }
 
 // Pack streams the tree (or file) at path as a tar. The reader's Close
