@@ -361,6 +361,9 @@ func TestInterruptedUploadKeepsOldContent(t *testing.T) {
 	if err == nil {
 		t.Fatal("upload with a failing source succeeded")
 	}
+	if !strings.Contains(err.Error(), "write f: reading the source") {
+		t.Errorf("error %q does not say the source failed", err)
+	}
 	time.Sleep(100 * time.Millisecond)
 	if b, _ := os.ReadFile(filepath.Join(dir, "f")); string(b) != "old" {
 		t.Fatalf("content = %d bytes, want the old content", len(b))
