@@ -41,9 +41,13 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
-# The suite boots real VMs (TCG here); packages run two at a time.
+# The suite boots real VMs (TCG here); packages run two at a time. Every
+# test binary is built with the lock-order checker (-tags lockcheck: see
+# session's package doc); the engine's lock stress test runs once more under
+# the race detector.
 test: deps build vet
-	$(GO) test -count=1 -timeout 25m ./...
+	$(GO) test -count=1 -timeout 25m -tags lockcheck ./...
+	$(GO) test -count=1 -timeout 5m -race -tags lockcheck -run 'TestLockStress' ./session/
 
 bench: deps build
 	BERTH_BENCH=1 $(GO) test -count=1 -p 1 -timeout 40m -run 'TestBench' -v ./... 2>&1 | grep -E 'BENCH|^(--- FAIL|FAIL)' || true

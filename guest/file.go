@@ -29,7 +29,9 @@ type File struct {
 	ctx    context.Context // Open's, made cancellable: Close ends it
 	cancel context.CancelFunc
 
-	mu      sync.Mutex // serialises sending a request with queueing its waiter
+	// mu serialises sending a request with queueing its waiter. Lock order:
+	// mu → the call's wmu (sendLocked); the reader never takes mu.
+	mu      sync.Mutex
 	closed  bool
 	waiters chan *waiter  // in the order their requests were sent
 	dead    chan struct{} // closed when the reader has ended; err says why

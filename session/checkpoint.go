@@ -422,7 +422,11 @@ func (s *sess) frozenCopy(ctx context.Context, by, step string, dc *diskCopier, 
 	}
 	release := func() {
 		if paused {
-			vm.Resume(context.Background())
+			// Bounded, as the thaw is: a wedged QEMU must not keep the
+			// session's lifecycle lock forever.
+			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			vm.Resume(rctx)
+			cancel()
 			paused = false
 		}
 		tctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -635,10 +639,10 @@ func (s *sess) swapIn(ctx context.Context, ck ckptMeta) error {
 	if ck.Memory {
 		s.rec.SnapshotPath, s.rec.SnapshotBytes, s.rec.Accel = snapPath, allocated(snapPath), ck.Accel
 	}
-	if !ck.System {
-		os.Remove(s.sysPath())
-	}
 	s.mu.Unlock()
+	if !ck.System {
+		os.Remove(s.sysPath()) // not under mu: a file system call can wait
+	}
 	if err := s.setState(StateStopped, "restored to checkpoint "+ck.ID, ""); err != nil {
 		return err
 	}

@@ -13,11 +13,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/session/internal/lock"
 )
 
 // NetConfig configures sessions' networking. Zero values take the
@@ -61,7 +61,7 @@ type netState struct {
 	fwd      atomic.Int64 // open forwarded connections
 	rx, tx   atomic.Int64 // egress bytes received from and sent to the network
 
-	mu         sync.Mutex
+	mu         lock.Mutex
 	lastNote   time.Time
 	suppressed int
 	fwdPorts   map[int]int // open forwarded connections per guest port

@@ -3,6 +3,8 @@ package session
 import (
 	"context"
 	"sync"
+
+	"github.com/berthvm/berth/session/internal/lock"
 )
 
 // hub fans events out to watchers. Publishing never blocks: each watcher
@@ -10,12 +12,12 @@ import (
 // coalesced per session (only the newest figures matter), so a thousand
 // sessions refreshing their stats cannot make the queue grow without bound.
 type hub struct {
-	mu       sync.Mutex
+	mu       lock.Mutex
 	watchers map[*watcher]struct{}
 }
 
 type watcher struct {
-	mu     sync.Mutex
+	mu     lock.Mutex
 	queue  []Event
 	stats  map[string]int // session → index of its pending stats event
 	wake   chan struct{}

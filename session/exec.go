@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"io"
 	"sort"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/session/internal/lock"
 	"github.com/berthvm/berth/store"
 )
 
@@ -25,7 +25,7 @@ type run struct {
 	s  *sess
 	id string
 
-	mu      sync.Mutex
+	mu      lock.Mutex
 	rec     store.Exec
 	gx      *guest.Exec   // current stream; nil while reattaching
 	changed chan struct{} // closed and replaced whenever output or state changes
@@ -33,6 +33,12 @@ type run struct {
 	why     string
 	timer   *time.Timer
 	held    string // why output is not being stored now, or ""
+}
+
+func (m *Manager) newRun(s *sess, rec store.Exec) *run {
+	r := &run{m: m, s: s, id: rec.ID, rec: rec, changed: make(chan struct{})}
+	r.mu.Watch(m.locks, "run.mu "+rec.ID)
+	return r
 }
 
 // execution is the run's record as the Service shows it.
@@ -69,16 +75,33 @@ func toExecution(e store.Exec) Execution {
 	}
 }
 
-func (m *Manager) runningCount(name string) int {
+// runningCount is how many of the session's executions are being
+// recorded. It takes no lock: snapshotLocked reads it with s.mu held.
+func (m *Manager) runningCount(s *sess) int {
+	return int(s.running.Load())
+}
+
+// addRun makes r one of the executions being recorded, unless one with its
+// id already is; it reports whether it did.
+func (m *Manager) addRun(r *run) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := 0
-	for _, r := range m.runs {
-		if r.s.name == name {
-			n++
-		}
+	if _, ok := m.runs[r.id]; ok {
+		return false
 	}
-	return n
+	m.runs[r.id] = r
+	r.s.running.Add(1)
+	return true
+}
+
+// dropRun ends r's recording, once.
+func (m *Manager) dropRun(r *run) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.runs[r.id] == r {
+		delete(m.runs, r.id)
+		r.s.running.Add(-1)
+	}
 }
 
 func (m *Manager) runsOf(name string) []*run {
@@ -142,10 +165,8 @@ func (m *Manager) Exec(ctx context.Context, name string, req ExecRequest) (Proce
 	if err := m.st.PutExec(rec); err != nil {
 		return nil, fmt.Errorf("record execution: %w", err)
 	}
-	r := &run{m: m, s: s, id: rec.ID, rec: rec, changed: make(chan struct{})}
-	m.mu.Lock()
-	m.runs[r.id] = r
-	m.mu.Unlock()
+	r := m.newRun(s, rec)
+	m.addRun(r)
 	m.addRunExec(name, runID, rec.ID)
 
 	gx, err := c.Exec(m.ctx, guest.ExecRequest{
@@ -401,9 +422,7 @@ func (r *run) finish(state ExecState, code *int, signal, why string) {
 	if err := r.m.st.PutExec(rec); err != nil {
 		r.m.log.Error("record execution end", "exec", r.id, "err", err)
 	}
-	r.m.mu.Lock()
-	delete(r.m.runs, r.id)
-	r.m.mu.Unlock()
+	r.m.dropRun(r)
 	r.m.cfg.Observer.ExecEnded(state)
 	ex := toExecution(rec)
 	msg := string(state)
@@ -495,23 +514,15 @@ func (m *Manager) resumeRuns(s *sess) {
 		if ExecState(e.State).Done() {
 			continue
 		}
-		m.mu.Lock()
-		_, live := m.runs[e.ID]
-		m.mu.Unlock()
-		if live {
-			continue
+		r := m.newRun(s, e)
+		if !m.addRun(r) {
+			continue // already being recorded
 		}
-		r := &run{m: m, s: s, id: e.ID, rec: e, changed: make(chan struct{})}
-		m.mu.Lock()
-		m.runs[r.id] = r
-		m.mu.Unlock()
 		m.wg.Go(func() {
 			gx, err := r.reattach(errors.New("daemon restarted"))
 			if err != nil {
 				if errors.Is(err, errPaused) {
-					m.mu.Lock()
-					delete(m.runs, r.id)
-					m.mu.Unlock()
+					m.dropRun(r)
 					return
 				}
 				r.finish(ExecLost, nil, "", err.Error())
@@ -536,7 +547,7 @@ func (m *Manager) Attach(ctx context.Context, execID string, fromSeq uint64) (Pr
 			return nil, fmt.Errorf("execution %q: %w", execID, ErrNotFound)
 		}
 		s, _ := m.get(rec.Session)
-		r = &run{m: m, s: s, id: execID, rec: rec, changed: make(chan struct{})}
+		r = m.newRun(s, rec)
 	}
 	if fromSeq == 0 {
 		rec, _ := r.snapshot()

@@ -14,11 +14,11 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/session/internal/lock"
 	"github.com/berthvm/berth/vmm"
 )
 
@@ -98,7 +98,7 @@ func fromBuild(b image.Image) Image {
 
 // imageBuilds serialises builds: two of the same image would race for its
 // name, and on two cores two mmdebstraps only make both slow.
-type imageBuilds struct{ mu sync.Mutex }
+type imageBuilds struct{ mu lock.Mutex }
 
 // resolveImage returns the build of name a session uses: digest, or the
 // current build, built now if name is a shipped image never built here.
@@ -167,12 +167,7 @@ type imageUser struct{ session, digest string }
 
 // imageUsers maps image names to the sessions using them.
 func (m *Manager) imageUsers() map[string][]imageUser {
-	m.mu.Lock()
-	ss := make([]*sess, 0, len(m.sessions))
-	for _, s := range m.sessions {
-		ss = append(ss, s)
-	}
-	m.mu.Unlock()
+	ss := m.all()
 	users := map[string][]imageUser{}
 	for _, s := range ss {
 		s.mu.Lock()
@@ -415,7 +410,9 @@ func runStep(ctx context.Context, c *guest.Client, b image.StepBuild, i int, ste
 	info, err := x.Result()
 	switch {
 	case sctx.Err() != nil && ctx.Err() == nil:
-		c.Signal(context.Background(), id, 9)
+		kctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c.Signal(kctx, id, 9) // bounded: builds.mu is held
+		cancel()
 		return fmt.Errorf("setup %s timed out after %s (step_timeout in the recipe): %s", label, b.Timeout, last)
 	case err != nil:
 		return fmt.Errorf("setup %s: %w", label, err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/session/internal/lock"
 	"github.com/berthvm/berth/store"
 	"github.com/berthvm/berth/vmm"
 )
@@ -125,7 +126,11 @@ type Config struct {
 	Net NetConfig
 	// CrashAt names a step at which the daemon kills itself (tests only).
 	CrashAt string
-	Logger  *slog.Logger
+	// LockWatch, when positive, logs every hold of the Manager's, the
+	// sessions', the executions' and the harness's locks longer than it,
+	// with the stack that took the lock (berth serve -v).
+	LockWatch time.Duration
+	Logger    *slog.Logger
 }
 
 // Manager runs sessions: it owns their VMs, agent connections and
@@ -141,15 +146,17 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // every goroutine the Manager starts
 
-	tmplMu sync.Mutex // serialises template builds
+	tmplMu lock.Mutex // serialises template builds
 	builds imageBuilds
 	space  space
 
-	mu       sync.Mutex
+	mu       lock.Mutex
 	sessions map[string]*sess
 	runs     map[string]*run // executions being recorded, by id
 
 	hx *harness // agent runs and schedules (runs.go, schedule.go)
+
+	locks *lock.Watch // nil unless Config.LockWatch
 }
 
 var _ Service = (*Manager)(nil)
@@ -179,6 +186,10 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 	}
 	m := &Manager{cfg: cfg, st: st, log: cfg.Logger.With("component", "session"), hub: newHub(), sessions: map[string]*sess{}, runs: map[string]*run{}}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
+	if cfg.LockWatch > 0 {
+		m.locks = lock.NewWatch(cfg.LockWatch, m.log)
+		m.mu.Watch(m.locks, "Manager.mu")
+	}
 	recs, err := st.ListSessions()
 	if err != nil {
 		return nil, err
@@ -195,6 +206,9 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 		wg.Go(func() { s.recover(ctx) })
 	}
 	wg.Wait()
+	if m.locks != nil {
+		m.wg.Go(func() { m.locks.Run(m.ctx) })
+	}
 	m.wg.Go(m.idleLoop)
 	m.wg.Go(m.spaceLoop)
 	m.wg.Go(m.runLoop)
@@ -206,12 +220,7 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 // commands in them keep running; a new Manager re-attaches.
 func (m *Manager) Close() error {
 	m.cancel()
-	m.mu.Lock()
-	ss := make([]*sess, 0, len(m.sessions))
-	for _, s := range m.sessions {
-		ss = append(ss, s)
-	}
-	m.mu.Unlock()
+	ss := m.all()
 	for _, s := range ss {
 		s.detach()
 	}
@@ -221,6 +230,18 @@ func (m *Manager) Close() error {
 
 func (m *Manager) sessionDir(name string) string {
 	return filepath.Join(m.cfg.DataDir, "sessions", name)
+}
+
+// all returns every session, in no order. m.mu is not held on return, so
+// the caller may take each session's locks.
+func (m *Manager) all() []*sess {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ss := make([]*sess, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		ss = append(ss, s)
+	}
+	return ss
 }
 
 func (m *Manager) get(name string) (*sess, error) {
@@ -259,12 +280,7 @@ func (m *Manager) event(ev Event) {
 
 // List returns every session, by name.
 func (m *Manager) List(ctx context.Context) ([]Session, error) {
-	m.mu.Lock()
-	ss := make([]*sess, 0, len(m.sessions))
-	for _, s := range m.sessions {
-		ss = append(ss, s)
-	}
-	m.mu.Unlock()
+	ss := m.all()
 	out := make([]Session, 0, len(ss))
 	for _, s := range ss {
 		out = append(out, s.snapshot())

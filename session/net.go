@@ -80,6 +80,8 @@ func (m *Manager) SetNet(ctx context.Context, name, policy string) (Session, err
 	case StateCreating, StateDeleting:
 		return Session{}, CheckTransition(name, "change the network of", st)
 	}
+	s.putMu.Lock()
+	defer s.putMu.Unlock()
 	s.mu.Lock()
 	old := s.rec.Net
 	if old == "" {

@@ -7,9 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
+	"github.com/berthvm/berth/session/internal/lock"
 	"github.com/berthvm/berth/store"
 )
 
@@ -27,14 +27,14 @@ var _ Harness = (*Manager)(nil)
 // without reading it: open runs, which run each of their executions is in,
 // and the schedules with their parsed timetables.
 type harness struct {
-	mu      sync.Mutex
+	mu      lock.Mutex
 	sessOf  map[string]string     // run id → session, every run
 	open    map[string]*store.Run // open runs by id
 	execRun map[string]string     // exec id → its open run
 	scheds  map[string]*schedState
 	// putMu orders the store writes of schedules with their removal, so
 	// a write racing a remove cannot bring the record back.
-	putMu    sync.Mutex
+	putMu    lock.Mutex
 	poke     chan struct{} // wakes the schedule loop
 	openedAt time.Time     // when this Manager started
 }
@@ -60,6 +60,7 @@ func (m *Manager) loadHarness() error {
 		sessOf: map[string]string{}, open: map[string]*store.Run{}, execRun: map[string]string{},
 		scheds: map[string]*schedState{}, poke: make(chan struct{}, 1), openedAt: time.Now(),
 	}
+	h.mu.Watch(m.locks, "harness.mu")
 	m.hx = h
 	for name := range m.sessions {
 		runs, err := m.st.ListRuns(name)

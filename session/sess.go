@@ -7,11 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/session/internal/lock"
 	"github.com/berthvm/berth/store"
 	"github.com/berthvm/berth/vmm"
 )
@@ -23,9 +23,13 @@ type sess struct {
 
 	// op serialises lifecycle changes; held for their whole duration, so
 	// a pause during a boot waits instead of racing it.
-	op sync.Mutex
+	op lock.Mutex
 
-	mu       sync.Mutex
+	// putMu orders the writes of the record: held from the copy under mu
+	// through its store write and its event, so an older copy never lands
+	// after a newer one (a state change racing a policy change or a crash).
+	putMu    lock.Mutex
+	mu       lock.Mutex
 	rec      store.Session
 	vm       vmm.VM
 	agent    *guest.Client
@@ -34,17 +38,22 @@ type sess struct {
 	stats    guest.Stats
 	statsAt  time.Time
 	sampler  sampler    // host and guest figures, and their history
-	agentMu  sync.Mutex // serialises (re)connecting the agent
+	agentMu  lock.Mutex // serialises (re)connecting the agent
 	// files counts the Handles files open on the session's agent; the
 	// idle loop does not put a session holding any to sleep.
 	files atomic.Int32
-	ckpt  ckptTotals // guarded by mu; see refreshCheckpoints
-	net   netState
-	note  func(string) // where egress refusals are noted; nil: the timeline
+	// running counts the session's executions being recorded (Manager.addRun
+	// and dropRun, under m.mu); read without a lock.
+	running atomic.Int32
+	ckpt    ckptTotals // guarded by mu; see refreshCheckpoints
+	net     netState
+	note    func(string) // where egress refusals are noted; nil: the timeline
 }
 
 func (m *Manager) newSess(rec store.Session) *sess {
-	return &sess{m: m, name: rec.Name, rec: rec}
+	s := &sess{m: m, name: rec.Name, rec: rec}
+	s.mu.Watch(m.locks, "sess.mu "+rec.Name)
+	return s
 }
 
 func (s *sess) dir() string   { return s.m.sessionDir(s.name) }
@@ -101,13 +110,15 @@ func (s *sess) snapshotLocked() Session {
 	if out.Net == "" {
 		out.Net = DefaultNet
 	}
-	out.Running = s.m.runningCount(s.name)
+	out.Running = s.m.runningCount(s)
 	out.Checkpoints, out.CheckpointBytes = s.ckpt.n, s.ckpt.bytes
 	return out
 }
 
 // setState records a transition with its cause and publishes it.
 func (s *sess) setState(st State, cause, by string) error {
+	s.putMu.Lock()
+	defer s.putMu.Unlock()
 	s.mu.Lock()
 	s.rec.State, s.rec.Cause = string(st), cause
 	if st != StateRunning && st != StatePaused {

@@ -57,7 +57,7 @@ func (s *sess) sleep(ctx context.Context, by string) error {
 	if err := m.checkFloor("put session " + s.name + " to sleep (its memory snapshot needs room)"); err != nil {
 		return err
 	}
-	if n := m.runningCount(s.name); n > 0 {
+	if n := m.runningCount(s); n > 0 {
 		return fmt.Errorf("cannot sleep session %q: %d command(s) still running: %w", s.name, n, ErrInvalidState)
 	}
 	vm, err := s.currentVM()
@@ -74,8 +74,14 @@ func (s *sess) sleep(ctx context.Context, by string) error {
 	}
 	start := time.Now()
 	abandon := func(step string, cause error) error {
-		vm.Resume(context.Background())
-		c.Thaw(context.Background())
+		// Bounded: a QEMU or guest that stopped answering must not keep
+		// the session's lifecycle lock (and the idle loop) forever.
+		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		vm.Resume(rctx)
+		cancel()
+		tctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		c.Thaw(tctx)
+		cancel()
 		os.RemoveAll(s.snapshotDir())
 		m.event(Event{Kind: EventNote, Name: s.name, By: by, Message: fmt.Sprintf("sleep abandoned while %s: %v; the session keeps running", step, cause)})
 		return fmt.Errorf("sleep %q: %s: %w", s.name, step, cause)
@@ -247,12 +253,7 @@ func (m *Manager) idleLoop() {
 			return
 		case <-t.C:
 		}
-		m.mu.Lock()
-		ss := make([]*sess, 0, len(m.sessions))
-		for _, s := range m.sessions {
-			ss = append(ss, s)
-		}
-		m.mu.Unlock()
+		ss := m.all()
 		for _, s := range ss {
 			s.mu.Lock()
 			limit := s.idleTimeoutLocked()
@@ -260,11 +261,15 @@ func (m *Manager) idleLoop() {
 			s.mu.Unlock()
 			// An open file is a client at work (an sftp upload, an
 			// sshfs mount's open file): sleeping would end its handle.
-			if !idle || m.runningCount(s.name) > 0 || s.files.Load() > 0 || s.net.fwd.Load() > 0 {
+			if !idle || m.runningCount(s) > 0 || s.files.Load() > 0 || s.net.fwd.Load() > 0 {
 				continue
 			}
-			s.op.Lock()
-			if s.state() == StateRunning && m.runningCount(s.name) == 0 {
+			// A session busy with a lifecycle change is not idle; waiting
+			// for it here would hold up every other session's sleep.
+			if !s.op.TryLock() {
+				continue
+			}
+			if s.state() == StateRunning && m.runningCount(s) == 0 {
 				if err := s.sleep(m.ctx, "idle"); err != nil {
 					m.log.Info("idle sleep", "session", s.name, "err", err)
 					s.touch() // do not retry at once

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berthvm/berth/session/internal/lock"
 	"github.com/berthvm/berth/vmm"
 )
 
@@ -56,7 +56,7 @@ var ErrNoSpace = errors.New("no space left on the host")
 
 // space watches the data directory's free space.
 type space struct {
-	mu     sync.Mutex
+	mu     lock.Mutex
 	free   int64      // last measured, kept when a statfs fails
 	status HostStatus // last published
 }
@@ -93,15 +93,13 @@ func (m *Manager) checkFloor(what string) error {
 func (m *Manager) Host(ctx context.Context) (HostStatus, error) {
 	free := m.freeSpace()
 	h := HostStatus{DataDir: m.cfg.DataDir, Free: free, Floor: m.cfg.Floor, Below: m.cfg.Floor > 0 && free < m.cfg.Floor}
-	m.mu.Lock()
-	for name, s := range m.sessions {
+	for _, s := range m.all() {
 		s.mu.Lock()
 		if s.rec.State == string(StatePaused) && s.rec.PauseReason == pauseDiskFull {
-			h.DiskFullPaused = append(h.DiskFullPaused, name)
+			h.DiskFullPaused = append(h.DiskFullPaused, s.name)
 		}
 		s.mu.Unlock()
 	}
-	m.mu.Unlock()
 	sort.Strings(h.DiskFullPaused)
 	return h, nil
 }
@@ -152,12 +150,7 @@ const diskFullMargin = 32 << 20
 
 // pauseUnguarded pauses running VMs that do not implement vmm.Stopper.
 func (m *Manager) pauseUnguarded(h HostStatus) {
-	m.mu.Lock()
-	ss := make([]*sess, 0, len(m.sessions))
-	for _, s := range m.sessions {
-		ss = append(ss, s)
-	}
-	m.mu.Unlock()
+	ss := m.all()
 	for _, s := range ss {
 		s.mu.Lock()
 		vm := s.vm
@@ -193,7 +186,15 @@ func (s *sess) watchStops(ctx context.Context, st vmm.Stopper) {
 // diskFull records a session stopped by a failed disk write. When
 // pauseIt, berth pauses the VM itself (a VMM that would not).
 func (s *sess) diskFull(stop vmm.Stop, pauseIt bool) {
-	s.op.Lock()
+	if pauseIt {
+		// From the space loop, for every session: a busy one is paused
+		// at the next tick (a second later) rather than waited for.
+		if !s.op.TryLock() {
+			return
+		}
+	} else {
+		s.op.Lock()
+	}
 	defer s.op.Unlock()
 	if s.state() != StateRunning {
 		return
@@ -241,7 +242,11 @@ func (s *sess) check(action Action) error {
 
 // resumeAfterDiskFull continues a session a full disk paused.
 func (s *sess) resumeAfterDiskFull(ctx context.Context, h HostStatus) {
-	s.op.Lock()
+	// Called from the space loop for every session: one busy with a
+	// lifecycle change is retried at the next tick rather than waited for.
+	if !s.op.TryLock() {
+		return
+	}
 	defer s.op.Unlock()
 	s.mu.Lock()
 	paused := s.rec.State == string(StatePaused) && s.rec.PauseReason == pauseDiskFull

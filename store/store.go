@@ -95,6 +95,13 @@ type Store struct {
 	seg    *segments
 	budget *budget
 
+	// Lock order: closeMu (shared by every operation, exclusive only in
+	// Close) → budget.trimMu → one stripe (never two) → the leaves sessMu,
+	// space.mu, budget.mu, and a segment's lock → segments.mu. ReadOutput
+	// holds closeMu then a segment's lock shared and takes no stripe. The
+	// store calls nothing outside itself while holding any of them, so the
+	// engine may call it under its own locks.
+	//
 	// closeMu is held shared by every operation and exclusively by Close,
 	// because badger panics (not errors) when iterating a closed DB.
 	closeMu sync.RWMutex

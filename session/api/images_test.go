@@ -222,3 +222,47 @@ func TestNewRoutesBadRequests(t *testing.T) {
 		}
 	}
 }
+
+// A client that stops reading (a suspended `berth image build`) never
+// holds up the build: the builder reports from inside the engine's build
+// lock, so a report that waited on the socket would hold every build.
+func TestBuildImageSlowClientDoesNotBlockTheBuild(t *testing.T) {
+	built := make(chan time.Duration, 1)
+	im := &imaging{build: func(ctx context.Context, _ session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+		start := time.Now()
+		line := strings.Repeat("x", 60<<10)
+		for range 2000 { // 120 MB of reports: far beyond any socket buffer
+			progress(session.BuildProgress{Phase: "setup", Line: line})
+		}
+		built <- time.Since(start)
+		return session.ImageInfo{Name: "slow", Digest: "s1"}, nil
+	}}
+	h := start(t, im)
+	release := make(chan struct{})
+	type answer struct {
+		info session.ImageInfo
+		err  error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		first := true
+		info, err := h.client.BuildImage(t.Context(), session.BuildRequest{Name: "slow"}, func(session.BuildProgress) {
+			if first {
+				first = false
+				<-release // the client stops reading
+			}
+		})
+		answered <- answer{info, err}
+	}()
+	select {
+	case d := <-built:
+		t.Logf("the build reported 2000 lines in %s with its client stalled", d)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the build waited on a client that stopped reading")
+	}
+	close(release)
+	a := <-answered
+	if a.err != nil || a.info.Digest != "s1" {
+		t.Fatalf("after the client read again: %+v, %v", a.info, a.err)
+	}
+}

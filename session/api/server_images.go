@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
-	"sync"
+	"sync/atomic"
 
 	"github.com/berthvm/berth/session"
 )
@@ -60,31 +60,61 @@ func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
 	if err := out.rc.Flush(); err != nil { // headers out now: a build takes a while
 		return
 	}
-	// The builder may report from more than one goroutine, and must not
-	// write to the response once BuildImage returned.
-	var mu sync.Mutex
+	// The builder reports from inside the engine's build lock, from more
+	// than one goroutine: a report must never wait on this client's socket
+	// (a suspended `berth image build` would hold every build and every
+	// cold start of an unbuilt image). Reports queue here and are dropped
+	// when the client does not keep up; the handler alone writes.
+	type result struct {
+		info session.ImageInfo
+		err  error
+	}
+	reports := make(chan session.BuildProgress, 256)
+	var dropped atomic.Int64
+	done := make(chan result, 1)
+	go func() {
+		info, err := s.img.BuildImage(r.Context(), req, func(p session.BuildProgress) {
+			select {
+			case reports <- p:
+			default:
+				dropped.Add(1)
+			}
+		})
+		done <- result{info, err}
+	}()
 	open := true
-	progress := func(p session.BuildProgress) {
-		mu.Lock()
-		defer mu.Unlock()
-		if open && out.send(buildFrame{Progress: &p}) != nil {
+	send := func(f buildFrame) {
+		if open && out.send(f) != nil {
 			open = false // the client is gone; r.Context() ends the build
 		}
 	}
-	info, err := s.img.BuildImage(r.Context(), req, progress)
-	mu.Lock()
-	defer mu.Unlock()
+	var res result
+wait:
+	for {
+		select {
+		case p := <-reports:
+			send(buildFrame{Progress: &p})
+		case res = <-done:
+			break wait
+		}
+	}
+	for len(reports) > 0 { // what the build reported before it returned
+		p := <-reports
+		send(buildFrame{Progress: &p})
+	}
+	if n := dropped.Load(); n > 0 {
+		s.log.Info("image build progress dropped: the client read too slowly", "image", req.Name, "lines", n)
+	}
 	if !open {
 		return
 	}
-	open = false
-	if err != nil {
-		status, body := toWire(err)
+	if res.err != nil {
+		status, body := toWire(res.err)
 		if status >= 500 && status != http.StatusServiceUnavailable {
-			s.log.Warn("image build failed", "image", req.Name, "recipe", req.Recipe, "err", err)
+			s.log.Warn("image build failed", "image", req.Name, "recipe", req.Recipe, "err", res.err)
 		}
-		out.send(buildFrame{Error: &body})
+		send(buildFrame{Error: &body})
 		return
 	}
-	out.send(buildFrame{Image: &info})
+	send(buildFrame{Image: &res.info})
 }

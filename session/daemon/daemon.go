@@ -65,6 +65,10 @@ type Options struct {
 	Metrics       string
 	MetricsPublic bool
 
+	// LockWatch, when positive, logs every hold of the engine's locks
+	// longer than it, with the holder's stack (berth serve -v).
+	LockWatch time.Duration
+
 	// Test knobs, passed to session.Config as they are.
 	CrashAt     string // a step at which the daemon kills itself
 	NoTemplates bool   // every create boots cold
@@ -211,7 +215,7 @@ func Run(ctx context.Context, o Options) (err error) {
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
 		IdleTimeout: cfg.IdleTimeout, RunTimeout: cfg.RunTimeout, Floor: cfg.Floor,
 		CheckpointLimit: cfg.CheckpointLimit, CheckpointBytes: cfg.CheckpointBytes, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,
-		Logger: log, Observer: obs, Net: netConfig(cfg, o),
+		Logger: log, Observer: obs, Net: netConfig(cfg, o), LockWatch: o.LockWatch,
 	})
 	if err != nil {
 		return err
@@ -268,7 +272,8 @@ func Run(ctx context.Context, o Options) (err error) {
 		if err := obs.Sessions(mgr); err != nil {
 			return err
 		}
-		h := obs.Handler(func(ctx context.Context) (any, error) { return Health(ctx, mgr, o.Version) })
+		prober := NewProber(mgr, o.Version, ManagerBound)
+		h := obs.Handler(func(ctx context.Context) (any, error) { return prober.Check(ctx) })
 		wg.Go(func() {
 			if err := metrics.Serve(life, mln, h, log); err != nil {
 				failed <- err

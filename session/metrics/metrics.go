@@ -88,7 +88,9 @@ func (m *Metrics) Handler(health func(ctx context.Context) (any, error)) http.Ha
 		ErrorHandling:       promhttp.ContinueOnError,
 	}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		// health bounds its own wait for the Manager (and says so); this
+		// bound is for a health func that does not.
+		ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 		defer cancel()
 		rep, err := health(ctx)
 		w.Header().Set("Content-Type", "application/json")

@@ -208,24 +208,25 @@ func serveCmd(version string) *cli.Command {
 	return &cli.Command{
 		Name: "serve", Group: local, Usage: "[--ssh ADDR] [--metrics ADDR [--metrics-public]] [--ch-binary PATH] [-v]",
 		Summary: "run the daemon in the foreground",
-		Help:    "Runs the daemon in the foreground: it owns the store and the VMs and serves\nthe API on <data>/berth.sock. SIGTERM stops it; VMs keep running.\nWith --metrics it also serves /metrics (Prometheus text format: per-session CPU,\nmemory, disk and execution figures, and the daemon's own) and /healthz over HTTP.",
+		Help:    "Runs the daemon in the foreground: it owns the store and the VMs and serves\nthe API on <data>/berth.sock. SIGTERM stops it; VMs keep running. SIGQUIT\nwrites every goroutine's stack to its log and exits (VMs keep running): attach it\nto a bug report about a daemon that stopped answering.\nWith --metrics it also serves /metrics (Prometheus text format: per-session CPU,\nmemory, disk and execution figures, and the daemon's own) and /healthz over HTTP.",
 		Example: "berth serve --ssh :2222",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
 			sshAddr := fs.String("ssh", "", "also serve the TUI, commands and sftp over SSH on `ADDR` (e.g. :2222)")
 			metricsAddr := fs.String("metrics", "", "serve /metrics and /healthz on `ADDR` (a bare port such as 9464 means 127.0.0.1)")
 			metricsPublic := fs.Bool("metrics-public", false, "allow a --metrics address other hosts can reach (every session's name and figures are shown)")
 			ch := fs.String("ch-binary", "", "run cloud-hypervisor from `PATH` (default: cloud-hypervisor on PATH)")
-			verbose := fs.Bool("v", false, "debug logging")
+			verbose := fs.Bool("v", false, "debug logging, and a line with the holder's stack for every engine lock held over 1 s")
 			return func(ctx context.Context, c *cli.Call, _ []string) error {
 				g, stderr := globals(c), c.Env().Stderr
 				level := slog.LevelInfo
+				var lockWatch time.Duration
 				if *verbose {
-					level = slog.LevelDebug
+					level, lockWatch = slog.LevelDebug, time.Second
 				}
 				log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 				o := daemon.Options{
 					DataDir: g.Data, CacheDir: g.Cache, CHBinary: *ch, Version: version, Logger: log, Out: stderr,
-					Metrics: *metricsAddr, MetricsPublic: *metricsPublic,
+					Metrics: *metricsAddr, MetricsPublic: *metricsPublic, LockWatch: lockWatch,
 					// The end-to-end tests set these on the berth serve they start.
 					CrashAt: os.Getenv("BERTH_CRASH_AT"), NoTemplates: os.Getenv("BERTH_NO_TEMPLATES") != "",
 					Hosts: os.Getenv("BERTH_TEST_HOSTS"),

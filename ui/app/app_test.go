@@ -27,7 +27,7 @@ func TestDoctor(t *testing.T) {
 		}
 		names = append(names, m[1])
 	}
-	want := []string{"qemu", "image mini", "kvm", "tcg", "cloud-hypervisor", "mkfs.ext4", "apt-get", "dpkg-deb", "berth-agent", "data directory"}
+	want := []string{"qemu", "image mini", "kvm", "tcg", "cloud-hypervisor", "mkfs.ext4", "apt-get", "dpkg-deb", "berth-agent", "daemon", "data directory"}
 	if !slices.Equal(names, want) {
 		t.Errorf("checks %q, want %q", names, want)
 	}

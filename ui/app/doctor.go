@@ -13,8 +13,10 @@ import (
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/session/api"
 	"github.com/berthvm/berth/session/daemon"
 	"github.com/berthvm/berth/ui/cli"
 	"github.com/berthvm/berth/vmm"
@@ -26,8 +28,8 @@ func doctorCmd() *cli.Command {
 	return &cli.Command{
 		Name: "doctor", Group: local, Usage: "[--json]",
 		Summary: "which hypervisors and accelerators work here, and why not",
-		Help: "Checks QEMU, the mini image, KVM (a test boot of the mini image; the verdict is\nkept until the host reboots), TCG, Cloud Hypervisor, the tools image builds need\nand the guest agent, a line each.\n" +
-			"--json prints {\"ok\": …, \"checks\": [{\"name\", \"ok\", \"detail\"}…]} for service managers\nand scripts; ok is false when a check berth needs (qemu, tcg, berth-agent, the data\ndirectory) fails, and the exit code is then 1.",
+		Help: "Checks QEMU, the mini image, KVM (a test boot of the mini image; the verdict is\nkept until the host reboots), TCG, Cloud Hypervisor, the tools image builds need\nand the guest agent, a line each; and, when a daemon runs on the data directory,\nthat its session manager answers within 5 s (a daemon that does not is frozen:\nthe line says how to get its goroutines for a bug report).\n" +
+			"--json prints {\"ok\": …, \"checks\": [{\"name\", \"ok\", \"detail\"}…]} for service managers\nand scripts; ok is false when a check berth needs (qemu, tcg, berth-agent, the daemon,\nthe data directory) fails, and the exit code is then 1.",
 		Example: "berth doctor\nberth doctor --json | jq '.checks[] | select(.ok | not)'",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
 			asJSON := fs.Bool("json", false, "print JSON")
@@ -131,10 +133,43 @@ func doctor(ctx context.Context, g cli.Globals) Report {
 	} else {
 		ok("berth-agent", nil, daemon.DefaultAgent(), true)
 	}
+	derr, dgood := daemonAnswers(ctx, g.Data)
+	ok("daemon", derr, dgood, true)
 	spaceErr, space := dataDirSpace(g.Data)
 	ok("data directory", spaceErr, space, true)
 	rep.OK = len(rep.failed()) == 0
 	return rep
+}
+
+// daemonAnswers checks that the data directory's daemon, if one runs,
+// answers, and that its session manager answers within
+// daemon.ManagerBound: a daemon whose API answers while its Manager does
+// not is frozen.
+func daemonAnswers(ctx context.Context, data string) (error, string) {
+	sock := daemon.SocketPath(data)
+	if _, err := os.Stat(sock); err != nil {
+		return nil, "not running (berth starts it when needed)"
+	}
+	c := api.Dial(sock)
+	defer c.Close()
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	version, err := c.Ping(pctx)
+	switch {
+	case err != nil && version != "":
+		return err, "" // another berth's daemon
+	case err != nil:
+		return nil, fmt.Sprintf("not running (%s does not answer)", sock)
+	}
+	rep, err := daemon.NewProber(c, version, daemon.ManagerBound).Check(ctx)
+	if err != nil {
+		return fmt.Errorf("berth serve %s answers on %s, but %w", version, sock, err), ""
+	}
+	n := 0
+	for _, c := range rep.Sessions {
+		n += c
+	}
+	return nil, fmt.Sprintf("berth serve %s answers on %s (%d sessions)", version, sock, n)
 }
 
 // dataDirSpace reports the data directory's free space against the floor

@@ -67,6 +67,9 @@ type Server struct {
 	read bool // read tools only
 	fwd  *forwards
 
+	// mu is held across the Manager's StartRun (which takes the harness's
+	// and the store's locks): the engine never calls back into this
+	// server, and forwards.mu is never taken under it.
 	mu     sync.Mutex
 	runs   map[string]string // session → the connection's run in it
 	own    map[string]bool   // runs this server opened (and ends)

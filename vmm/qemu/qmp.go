@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -33,18 +33,25 @@ type Event struct {
 // Monitor is a QMP connection. Commands run one at a time, in order; QEMU
 // answers them in order too (no out-of-band execution is used). A reader
 // goroutine, stopped by Close or the socket's end, routes replies and
-// events.
+// events. Each command carries an id and only the reply with that id
+// answers it: the late reply of a command whose caller gave up is dropped,
+// never taken for the next command's.
 type Monitor struct {
 	conn   net.Conn
 	events chan Event
 
-	mu      sync.Mutex // serialises commands
+	// turn serialises commands: a one-slot semaphore, so that waiting for
+	// it honours the caller's ctx (a wedged QEMU must not hold up a Kill).
+	turn    chan struct{}
+	next    uint64        // the last id sent; guarded by turn
+	want    atomic.Uint64 // the id whose reply is awaited; 0: none
 	replies chan reply
 	done    chan struct{}
 	err     error // why the reader stopped; set before done closes
 }
 
 type reply struct {
+	ID     uint64          `json:"id"`
 	Return json.RawMessage `json:"return"`
 	Error  *struct {
 		Class string `json:"class"`
@@ -58,7 +65,7 @@ const maxQMPLine = 4 << 20
 // NewMonitor negotiates QMP on conn: it reads the greeting and sends
 // qmp_capabilities, bounded by ctx.
 func NewMonitor(ctx context.Context, conn net.Conn) (*Monitor, error) {
-	m := &Monitor{conn: conn, events: make(chan Event, 64), replies: make(chan reply, 1), done: make(chan struct{})}
+	m := &Monitor{conn: conn, events: make(chan Event, 64), turn: make(chan struct{}, 1), replies: make(chan reply, 1), done: make(chan struct{})}
 	sc := bufio.NewScanner(conn)
 	sc.Buffer(make([]byte, 64<<10), maxQMPLine)
 	if d, ok := ctx.Deadline(); ok {
@@ -107,9 +114,12 @@ func (m *Monitor) read(sc *bufio.Scanner) {
 		if err := json.Unmarshal(line, &r); err != nil {
 			continue
 		}
+		if r.ID == 0 || r.ID != m.want.Load() {
+			continue // a reply to a command whose caller gave up
+		}
 		select {
 		case m.replies <- r:
-		default: // a reply to a command whose caller gave up
+		default: // a duplicate: the awaited reply is already queued
 		}
 	}
 	m.err = sc.Err()
@@ -124,16 +134,26 @@ func (m *Monitor) Events() <-chan Event { return m.events }
 // Done is closed when the connection ends (QEMU exited).
 func (m *Monitor) Done() <-chan struct{} { return m.done }
 
-// Execute runs a command and decodes its return value into out.
+// Execute runs a command and decodes its return value into out. ctx
+// bounds the wait for the previous command as well as for the reply.
 func (m *Monitor) Execute(ctx context.Context, cmd string, args, out any) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	// Drop a stale reply from a command whose caller timed out.
 	select {
+	case m.turn <- struct{}{}:
+	case <-m.done:
+		return fmt.Errorf("qmp %s: %w", cmd, m.err)
+	case <-ctx.Done():
+		return fmt.Errorf("qmp %s: waiting for the previous command: %w", cmd, ctx.Err())
+	}
+	defer func() { <-m.turn }()
+	m.next++
+	id := m.next
+	m.want.Store(id)
+	defer m.want.Store(0)
+	select { // a reply queued for an earlier id just before want moved on
 	case <-m.replies:
 	default:
 	}
-	msg := map[string]any{"execute": cmd}
+	msg := map[string]any{"execute": cmd, "id": id}
 	if args != nil {
 		msg["arguments"] = args
 	}
@@ -142,19 +162,24 @@ func (m *Monitor) Execute(ctx context.Context, cmd string, args, out any) error 
 	if _, err := m.conn.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("qmp %s: %w", cmd, err)
 	}
-	select {
-	case r := <-m.replies:
-		if r.Error != nil {
-			return &QMPError{Command: cmd, Class: r.Error.Class, Desc: r.Error.Desc}
+	for {
+		select {
+		case r := <-m.replies:
+			if r.ID != id {
+				continue
+			}
+			if r.Error != nil {
+				return &QMPError{Command: cmd, Class: r.Error.Class, Desc: r.Error.Desc}
+			}
+			if out != nil && len(r.Return) > 0 {
+				return json.Unmarshal(r.Return, out)
+			}
+			return nil
+		case <-m.done:
+			return fmt.Errorf("qmp %s: %w", cmd, m.err)
+		case <-ctx.Done():
+			return fmt.Errorf("qmp %s: %w", cmd, ctx.Err())
 		}
-		if out != nil && len(r.Return) > 0 {
-			return json.Unmarshal(r.Return, out)
-		}
-		return nil
-	case <-m.done:
-		return fmt.Errorf("qmp %s: %w", cmd, m.err)
-	case <-ctx.Done():
-		return fmt.Errorf("qmp %s: %w", cmd, ctx.Err())
 	}
 }
 
