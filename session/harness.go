@@ -209,6 +209,11 @@ func ParseSpec(spec string) (cron.Schedule, error) {
 	if err != nil {
 		return nil, fmt.Errorf("schedule %q: %v: %w", spec, err, ErrInvalid)
 	}
+	// The parser looks five years ahead and answers the zero time when no
+	// date matches (30 February): such a spec would never come due.
+	if s.Next(time.Now()).IsZero() {
+		return nil, fmt.Errorf("schedule %q never comes due: no date in the next five years matches its fields (check the day of month against the month): %w", spec, ErrInvalid)
+	}
 	return s, nil
 }
 

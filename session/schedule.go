@@ -180,11 +180,20 @@ func (m *Manager) scheduleLoop() {
 		case <-t.C:
 		case <-m.hx.poke:
 		}
-		next := m.fireDue(time.Now())
-		wait := time.Until(next)
-		wait = min(max(wait, 0), time.Minute)
-		t.Reset(wait)
+		now := time.Now()
+		t.Reset(scheduleWait(now, m.fireDue(now)))
 	}
+}
+
+// minScheduleWait is the shortest pause of the schedule loop: whatever a
+// timetable says, the loop never spins. (Schedules are whole seconds
+// apart; a queued run starts early through the poke.)
+const minScheduleWait = 250 * time.Millisecond
+
+// scheduleWait is how long the schedule loop sleeps at now when the next
+// schedule is due at next: at least minScheduleWait, at most a minute.
+func scheduleWait(now, next time.Time) time.Duration {
+	return min(max(next.Sub(now), minScheduleWait), time.Minute)
 }
 
 // liveOf counts, per schedule, its commands being recorded or starting.
@@ -225,10 +234,14 @@ func (m *Manager) fireDue(now time.Time) time.Time {
 	h.mu.Lock()
 	next := now.Add(time.Minute)
 	for id, st := range h.scheds {
-		due := !st.rec.Next.After(now)
+		// A zero Next never comes due (a record from before specs that
+		// match no date were refused); it must not read as overdue.
+		due := !st.rec.Next.IsZero() && !st.rec.Next.After(now)
 		queued := st.queued && live[id] == 0
 		if !due && !queued {
-			next = minTime(next, st.rec.Next)
+			if !st.rec.Next.IsZero() {
+				next = minTime(next, st.rec.Next)
+			}
 			continue
 		}
 		name := st.rec.Session
@@ -243,7 +256,9 @@ func (m *Manager) fireDue(now time.Time) time.Time {
 			// held) are not made up one by one: the next is after now.
 			st.rec.Next = st.spec.Next(now)
 		}
-		next = minTime(next, st.rec.Next)
+		if !st.rec.Next.IsZero() {
+			next = minTime(next, st.rec.Next)
+		}
 		if why := heldBy(s.state()); why != "" {
 			if st.held != why {
 				notes = append(notes, Event{Kind: EventNote, Name: name, By: "schedule", Message: "schedule " + id + " " + why})
