@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"github.com/mdlayher/vsock"
 	"bytes"
 	"context"
 	"encoding/hex"
@@ -185,60 +186,22 @@ func FindPort(name string, timeout time.Duration) (string, error) {
 }
 
 // ListenVsock listens on the agent's vsock port, or fails when the VM has
-// no vsock device. The standard library has no vsock support, so the
-// listener is a thin wrapper over the socket calls.
+// no vsock device. mdlayher/vsock's listener sits on the runtime poller, so
+// Close unblocks an Accept in progress (a raw accept(2) would not return).
 func ListenVsock() (net.Listener, error) {
 	if _, err := os.Stat("/dev/vsock"); err != nil {
 		return nil, fmt.Errorf("no vsock device: %w", err)
 	}
-	fd, err := unix.Socket(unix.AF_VSOCK, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	return listenVsock(guest.VsockPort)
+}
+
+func listenVsock(port uint32) (net.Listener, error) {
+	l, err := vsock.Listen(port, nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("listen on vsock port %d: %w", port, err)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrVM{CID: unix.VMADDR_CID_ANY, Port: guest.VsockPort}); err != nil {
-		unix.Close(fd)
-		return nil, err
-	}
-	if err := unix.Listen(fd, 8); err != nil {
-		unix.Close(fd)
-		return nil, err
-	}
-	return &vsockListener{fd: fd}, nil
+	return l, nil
 }
-
-type vsockListener struct{ fd int }
-
-func (l *vsockListener) Accept() (net.Conn, error) {
-	for {
-		nfd, _, err := unix.Accept4(l.fd, unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		// A non-blocking fd in an os.File uses the runtime poller, so
-		// deadlines work on it.
-		return &vsockConn{File: os.NewFile(uintptr(nfd), "vsock")}, nil
-	}
-}
-
-func (l *vsockListener) Close() error {
-	unix.Shutdown(l.fd, unix.SHUT_RDWR)
-	return unix.Close(l.fd)
-}
-
-func (l *vsockListener) Addr() net.Addr { return vsockAddr{} }
-
-type vsockAddr struct{}
-
-func (vsockAddr) Network() string { return "vsock" }
-func (vsockAddr) String() string  { return fmt.Sprintf("vsock:%d", guest.VsockPort) }
-
-type vsockConn struct{ *os.File }
-
-func (c *vsockConn) LocalAddr() net.Addr  { return vsockAddr{} }
-func (c *vsockConn) RemoteAddr() net.Addr { return vsockAddr{} }
 
 // ServeVsock accepts host connections on l until ctx ends; each new
 // connection replaces the previous session.
