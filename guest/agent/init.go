@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"github.com/mdlayher/vsock"
 	"bytes"
 	"context"
 	"encoding/hex"
@@ -14,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mdlayher/vsock"
 	"golang.org/x/sys/unix"
 
 	"github.com/berthvm/berth/guest"
