@@ -10,7 +10,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 APT_PKGS := qemu-system-x86 qemu-utils e2fsprogs busybox-static openssh-client tmux mmdebstrap sshfs rsync git fuse3
 APT_BINS := qemu-system-x86_64 qemu-img mkfs.ext4 busybox ssh sftp tmux mmdebstrap sshfs rsync git
 
-.PHONY: all build deps image run test bench vet clean
+.PHONY: all build deps image run test bench vet clean install
 
 all: build
 
@@ -53,6 +53,18 @@ bench: deps build
 	BERTH_BENCH=1 $(GO) test -count=1 -p 1 -timeout 40m -run 'TestBench' -v ./... 2>&1 | grep -E 'BENCH|^(--- FAIL|FAIL)' || true
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./ui/ ./ui/components/output/ 2>&1 | grep -E 'Benchmark|ok' || true
 	$(GO) test -run '^$$' -bench . ./store/ 2>&1 | grep -E 'Benchmark|ok' || true
+
+# install puts berth and its guest agent side by side (berth finds the
+# agent next to itself) and the shell completion scripts where bash, zsh
+# and fish look for them.
+PREFIX ?= /usr/local
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
+		$(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
+	install -m 0755 $(BIN)/berth $(BIN)/berth-agent $(DESTDIR)$(PREFIX)/bin/
+	$(BIN)/berth completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/berth
+	$(BIN)/berth completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_berth
+	$(BIN)/berth completion fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/berth.fish
 
 clean:
 	rm -rf $(BIN)

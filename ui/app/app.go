@@ -140,6 +140,14 @@ func CLIEnv(g *cli.Globals) cli.Env {
 		Term: os.Getenv("TERM"), Who: "cli", Globals: g,
 	}
 	env.Connect = func(ctx context.Context) (session.Service, error) { return Connect(ctx, *g, "cli", false) }
+	env.ConnectRunning = func(ctx context.Context) (session.Service, error) {
+		c := api.Dial(daemon.SocketPath(g.Data), api.WithActor("cli"))
+		if _, err := c.Ping(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
+	}
 	if w, h, err := term.GetSize(out); err == nil {
 		env.Size = cli.TermSize{Rows: h, Cols: w}
 	}

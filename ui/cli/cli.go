@@ -36,6 +36,10 @@ type Env struct {
 	// Connect returns the service to use. Run calls it at most once, only
 	// for commands that need it.
 	Connect func(ctx context.Context) (session.Service, error)
+	// ConnectRunning, if set, returns the service only when it already
+	// runs: shell completion uses it, so a Tab never starts a daemon. Nil:
+	// Connect is used.
+	ConnectRunning func(ctx context.Context) (session.Service, error)
 
 	// Whether Stdin, Stdout and Stderr are terminals.
 	StdinTTY, StdoutTTY, StderrTTY bool

@@ -33,6 +33,9 @@ type Command struct {
 	Summary string
 	Help    string
 	Example string
+	// Hidden leaves the command out of the overview and completion (the
+	// completion scripts' own helper).
+	Hidden bool
 	// Setup binds the command's flags to fs and returns its run function;
 	// each Run gets fresh flags.
 	Setup func(fs *flag.FlagSet) RunFunc
@@ -108,6 +111,7 @@ func commands() []*Command {
 		flushCmd(), replaceCmd(), deleteCmd(), eventsCmd(), statsCmd(), netCmd(),
 		execCmd(), shellCmd(), logsCmd(), psCmd(),
 		filesCmd(), catCmd(), putCmd(), getCmd(), cpCmd(), rmCmd(), mkdirCmd(),
+		completionCmd(), completeCmd(),
 	}, append(harnessCommands(), checkpointCmds()...)...)
 }
 
@@ -215,7 +219,7 @@ Usage:
 	fmt.Fprintf(w, "  %-26s%s\n", "berth COMMAND [ARGS]", "run one command against the daemon")
 	var groups []string
 	for _, cmd := range c.table {
-		if cmd.Name != "" && !slices.Contains(groups, cmd.Group) {
+		if cmd.Name != "" && !cmd.Hidden && !slices.Contains(groups, cmd.Group) {
 			groups = append(groups, cmd.Group)
 		}
 	}
@@ -223,7 +227,7 @@ Usage:
 		fmt.Fprintf(w, "\n%s:\n", g)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		for _, cmd := range c.table {
-			if cmd.Name != "" && cmd.Group == g {
+			if cmd.Name != "" && !cmd.Hidden && cmd.Group == g {
 				fmt.Fprintf(tw, "  %s\t%s\n", cmd.Name, cmd.Summary)
 			}
 		}
