@@ -45,6 +45,13 @@ func Commands(version string) []*cli.Command {
 	return []*cli.Command{tuiCmd(), serveCmd(version), portForwardCmd(), imageBuildCmd(), imageLsCmd(), imageRmCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
 }
 
+// The daemon's log in the background is rotated at logMax, logKeep old
+// ones kept.
+const (
+	logMax  = 16 << 20
+	logKeep = 3
+)
+
 // local is the group the overview lists these commands under.
 const local = "This host"
 
@@ -97,7 +104,7 @@ func Connect(ctx context.Context, g cli.Globals, who string, quiet bool) (*api.C
 		return nil, err
 	}
 	defer logf.Close()
-	d := exec.Command(exe, "--data", g.Data, "--cache", g.Cache, "serve")
+	d := exec.Command(exe, "--data", g.Data, "--cache", g.Cache, "serve", "--log", logPath)
 	d.Stdout, d.Stderr = logf, logf
 	d.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := d.Start(); err != nil {
@@ -214,7 +221,7 @@ func tuiCmd() *cli.Command {
 
 func serveCmd(version string) *cli.Command {
 	return &cli.Command{
-		Name: "serve", Group: local, Usage: "[--ssh ADDR] [--metrics ADDR [--metrics-public]] [--ch-binary PATH] [-v]",
+		Name: "serve", Group: local, Usage: "[--ssh ADDR] [--metrics ADDR [--metrics-public]] [--ch-binary PATH] [--log FILE] [-v]",
 		Summary: "run the daemon in the foreground",
 		Help:    "Runs the daemon in the foreground: it owns the store and the VMs and serves\nthe API on <data>/berth.sock. SIGTERM stops it; VMs keep running. SIGQUIT\nwrites every goroutine's stack to its log and exits (VMs keep running): attach it\nto a bug report about a daemon that stopped answering.\nWith --metrics it also serves /metrics (Prometheus text format: per-session CPU,\nmemory, disk and execution figures, and the daemon's own) and /healthz over HTTP.",
 		Example: "berth serve --ssh :2222",
@@ -224,8 +231,17 @@ func serveCmd(version string) *cli.Command {
 			metricsPublic := fs.Bool("metrics-public", false, "allow a --metrics address other hosts can reach (every session's name and figures are shown)")
 			ch := fs.String("ch-binary", "", "run cloud-hypervisor from `PATH` (default: cloud-hypervisor on PATH)")
 			verbose := fs.Bool("v", false, "debug logging, and a line with the holder's stack for every engine lock held over 1 s")
+			logPath := fs.String("log", "", "write the log to `FILE`, also the process's stderr, rotated at 16 MiB with three old ones kept (FILE.1 …)")
 			return func(ctx context.Context, c *cli.Call, _ []string) error {
 				g, stderr := globals(c), c.Env().Stderr
+				if *logPath != "" {
+					lf, err := openLogFile(*logPath, logMax, logKeep)
+					if err != nil {
+						return cli.Exit(cli.ExitFailed, err.Error())
+					}
+					defer lf.Close()
+					stderr = lf
+				}
 				level := slog.LevelInfo
 				var lockWatch time.Duration
 				if *verbose {
