@@ -195,7 +195,7 @@ func actionTable() []action {
 			m.sessions.SetFilter(c.rest)
 			return nil
 		}},
-		{verbs: []string{"help", "h"}, run: func(m *Model, c call) tea.Cmd { m.showHelp = true; return nil }},
+		{verbs: []string{"help", "h"}, run: func(m *Model, c call) tea.Cmd { m.openHelp(); return nil }},
 		{verbs: []string{"quit", "q", "q!"}, run: func(m *Model, c call) tea.Cmd { return m.quit() }},
 	}
 }

@@ -45,6 +45,7 @@ func TestGolden(t *testing.T) {
 			}
 		}},
 		{"sessions_help", 100, 30, func(h *harness) { h.press("?") }},
+		{"sessions_help_80x24", 80, 24, func(h *harness) { h.press("?") }},
 		{"sessions_cmdline", 100, 30, func(h *harness) { h.press(":"); h.typeText("create web cpus=2") }},
 		{"sessions_flash", 100, 30, func(h *harness) {
 			h.press("f")
@@ -74,6 +75,16 @@ func TestGolden(t *testing.T) {
 			h.waitFor("loaded", func() bool { return !h.m.output.Loading() })
 		}},
 		{"output_help", 100, 30, func(h *harness) { openExec(h, 1); h.press("?") }},
+		{"executions_help_80x24", 80, 24, func(h *harness) {
+			h.press("enter")
+			h.waitFor("executions", func() bool { return h.m.execs.Len() == 4 })
+			h.press("?")
+		}},
+		{"executions_help_80x24_bottom", 80, 24, func(h *harness) {
+			h.press("enter")
+			h.waitFor("executions", func() bool { return h.m.execs.Len() == 4 })
+			h.press("?", "pgdown")
+		}},
 		{"workspace", 100, 30, func(h *harness) {
 			h.press("enter", "3")
 			h.waitFor("listing", func() bool { return len(h.m.files.Entries()) > 0 })

@@ -16,6 +16,7 @@ import (
 	"charm.land/bubbles/v2/key"
 	"charm.land/bubbles/v2/spinner"
 	"charm.land/bubbles/v2/textinput"
+	"charm.land/bubbles/v2/viewport"
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
 
@@ -143,6 +144,8 @@ type Model struct {
 	cmdline   textinput.Model
 	showHelp  bool
 	help      help.Model
+	helpKeys  HelpKeys
+	helpVP    viewport.Model // the help's scrolling list
 
 	flash    flash
 	flashSeq int
@@ -202,10 +205,12 @@ func newModel(svc session.Service, opts Options) *Model {
 		info:     info.New(c, svc),
 		sparks:   sparks.New(c, svc),
 		help:     help.New(),
+		helpKeys: DefaultHelpKeys(),
 		pending:  map[int]string{},
 		forwards: &tuiForwards{},
 		spinner:  spinner.New(spinner.WithSpinner(spinner.MiniDot)),
 	}
+	m.helpVP = newHelpViewport(m.helpKeys)
 	m.info.SetForwards(m.forwards.list)
 	m.cmdline = textinput.New()
 	m.cmdline.Prompt = ":"
@@ -288,6 +293,9 @@ func (m *Model) setSize(w, h int) {
 	m.info.SetSize(w, dh)
 	if m.dialog != nil {
 		m.dialog.SetSize(w, h)
+	}
+	if m.showHelp {
+		m.layoutHelp(m.bodyHeight())
 	}
 }
 
@@ -436,9 +444,7 @@ func (m *Model) handleKey(k tea.KeyPressMsg) tea.Cmd {
 		return m.updateCmdline(k)
 	}
 	if m.showHelp {
-		// Any key closes the help; it does nothing else.
-		m.showHelp = false
-		return nil
+		return m.updateHelp(k)
 	}
 	comp := m.active()
 	if c, ok := comp.(common.Capturer); ok && c.Capturing() {
@@ -520,7 +526,7 @@ func (m *Model) handleGlobal(k tea.KeyPressMsg) tea.Cmd {
 	case key.Matches(k, m.keys.Quit):
 		return m.quit()
 	case key.Matches(k, m.keys.Help):
-		m.showHelp = true
+		m.openHelp()
 	case key.Matches(k, m.keys.Command):
 		m.cmdActive = true
 		m.cmdline.SetValue("")
@@ -599,8 +605,11 @@ func (m *Model) handleMouse(msg tea.MouseMsg) tea.Cmd {
 	}
 	ms := msg.Mouse()
 	if m.showHelp {
-		if _, ok := msg.(tea.MouseClickMsg); ok {
+		switch msg := msg.(type) {
+		case tea.MouseClickMsg:
 			m.showHelp = false
+		case tea.MouseWheelMsg:
+			m.helpVP, _ = m.helpVP.Update(msg)
 		}
 		return nil
 	}

@@ -327,3 +327,44 @@ func quoteAll(args []string) []string {
 	}
 	return out
 }
+
+// TestOpenSSHTUIHelp80x24: in a real 80x24 terminal the executions tab's
+// help is longer than the screen: it opens at its top, ignores a key of
+// the view, scrolls to its end (K), and q closes it without quitting.
+func TestOpenSSHTUIHelp80x24(t *testing.T) {
+	needBinary(t, "tmux")
+	op := newKey(t, "op@openssh", Operator)
+	w := newWorld(t, worldOpts{}, op)
+	w.create("alpha")
+	o := newOpenSSH(t, w, op)
+	x := &tmux{t: t, sock: filepath.Join(o.dir, "tmux.sock")}
+	sshLine := "HOME=" + o.dir + " ssh " + strings.Join(quoteAll(append(o.opts(), "-t", "-p", o.port, "127.0.0.1")), " ") +
+		"; echo ssh-exit=$?; sleep 30"
+	if out, err := x.run("-f", "/dev/null", "new-session", "-d", "-s", "tui", "-x", "80", "-y", "24", sshLine); err != nil {
+		t.Fatalf("tmux: %v: %s", err, out)
+	}
+	t.Cleanup(func() { x.run("kill-server") })
+	x.run("set-option", "-t", "tui", "window-size", "manual")
+
+	x.waitScreen("alpha", 15*time.Second)
+	x.run("send-keys", "-t", "tui", "Enter")
+	x.waitScreen("1 Executions", 5*time.Second)
+	x.run("send-keys", "-t", "tui", "?")
+	screen := x.waitScreen("Keys: executions tab", 5*time.Second)
+	if strings.Contains(screen, "cancel execution") || !strings.Contains(screen, "lines 1-") {
+		t.Errorf("the help's first screen shows its end, or not that it scrolls:\n%s", screen)
+	}
+	x.run("send-keys", "-t", "tui", "x")
+	x.run("send-keys", "-t", "tui", "NPage")
+	screen = x.waitScreen("K  cancel execution", 5*time.Second)
+	if !strings.Contains(screen, "Keys: executions tab") || strings.Contains(screen, "Run in alpha") {
+		t.Errorf("x with the help open did something:\n%s", screen)
+	}
+	x.run("send-keys", "-t", "tui", "q")
+	screen = x.waitScreen("COMMAND", 5*time.Second)
+	if strings.Contains(screen, "Keys:") || strings.Contains(screen, "ssh-exit=") {
+		t.Errorf("q did not close the help, or quit the TUI:\n%s", screen)
+	}
+	x.run("send-keys", "-t", "tui", "q")
+	x.waitScreen("ssh-exit=0", 10*time.Second)
+}
