@@ -186,7 +186,7 @@ func actionTable() []action {
 		{verbs: []string{"open"}, target: onSession, run: func(m *Model, c call) tea.Cmd { return m.openDetail(c.s.Name) }},
 		{verbs: []string{"sort"}, args: "COLUMN", run: func(m *Model, c call) tea.Cmd {
 			if !m.sessions.SortByName(c.arg) {
-				return m.setFlash(common.FlashError, "no column "+c.arg+" (name, state, vcpu, mem, workspace, dirty, run, uptime, activity)")
+				return m.setFlash(common.FlashError, "no column "+c.arg+" (name, state, vcpu, cpu, mem, workspace, dirty, run, uptime, activity)")
 			}
 			return nil
 		}},

@@ -40,7 +40,7 @@ func TestGolden(t *testing.T) {
 		{"sessions_80x24", 80, 24, func(h *harness) {}},
 		{"sessions_filter", 100, 30, func(h *harness) { h.press("/"); h.typeText("state:r,p"); h.press("enter") }},
 		{"sessions_sort_dirty", 100, 30, func(h *harness) {
-			for range 5 {
+			for range 6 { // STATE, VCPU, CPU, MEM, WORKSPACE, DIRTY: left to right
 				h.press("o")
 			}
 		}},
