@@ -75,11 +75,11 @@ func (o *openSSH) command(ctx context.Context, name string, args ...string) *exe
 	return cmd
 }
 
-// ssh runs ssh with a remote command line.
+// ssh runs ssh with a remote command line on the workbench.
 func (o *openSSH) ssh(ctx context.Context, extra []string, remote string) *exec.Cmd {
 	args := append(o.opts(), "-p", o.port)
 	args = append(args, extra...)
-	args = append(args, "127.0.0.1", remote)
+	args = append(args, "berth@127.0.0.1", remote)
 	return o.command(ctx, "ssh", args...)
 }
 
@@ -146,7 +146,7 @@ func TestOpenSSHAuthBypass(t *testing.T) {
 	os.WriteFile(pubOnly+".pub", pub, 0o600)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	args := append(o.opts(pubOnly, o.key), "-v", "-p", o.port, "127.0.0.1", "pause demo")
+	args := append(o.opts(pubOnly, o.key), "-v", "-p", o.port, "berth@127.0.0.1", "pause demo")
 	cmd := o.command(ctx, "ssh", args...)
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
