@@ -104,6 +104,12 @@ func TestGolden(t *testing.T) {
 		{"dialog_stop", 100, 30, func(h *harness) { h.press("s") }},
 		{"dialog_new", 100, 30, func(h *harness) { h.press("n"); h.typeText("web") }},
 		{"dialog_exec", 80, 24, func(h *harness) { h.press("x"); h.typeText("make test") }},
+		{"restore_unknown_checkpoint_80x24", 80, 24, func(h *harness) {
+			h.press(":")
+			h.typeText("restore alpha c9")
+			h.press("enter")
+			h.waitFor("the refusal", func() bool { return h.flash() != "" })
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

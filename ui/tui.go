@@ -44,6 +44,11 @@ type Options struct {
 	DaemonStatus func() string
 	// Logger receives action failures and stream reconnects; nil discards.
 	Logger *slog.Logger
+	// Permit, when set, says whether the operator may do a kind of action
+	// now (over SSH: the key's current role). An action that asks for
+	// confirmation asks Permit first, so a refusal comes before the
+	// question, not after the answer; the service still enforces its own.
+	Permit func(ctx context.Context, a session.Action) error
 	// Context bounds the program's background work: the event stream,
 	// output followers and pending calls end when it is done. Nil means
 	// they end when the operator quits; a server that ends programs from
@@ -151,8 +156,12 @@ type Model struct {
 	flashSeq int
 	pending  map[int]string
 	opSeq    int
-	spinner  spinner.Model
-	spinning bool
+	// vetting is the pending entry of the checks before a confirmation
+	// (0: none); typeahead holds the keys typed meanwhile.
+	vetting   int
+	typeahead []tea.KeyPressMsg
+	spinner   spinner.Model
+	spinning  bool
 
 	watchGen      int
 	watchCancel   context.CancelFunc
@@ -349,6 +358,8 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, m.setFlash(msg.Kind, msg.Text)
 	case opDoneMsg:
 		return m, m.handleOpDone(msg)
+	case vettedMsg:
+		return m, m.handleVetted(msg)
 	case flashExpireMsg:
 		if msg.id == m.flash.id {
 			m.flash = flash{}
@@ -439,6 +450,9 @@ func (m *Model) handleKey(k tea.KeyPressMsg) tea.Cmd {
 			m.dialog = nil
 		}
 		return cmd
+	}
+	if m.vetting != 0 {
+		return m.holdKey(k)
 	}
 	if m.cmdActive {
 		return m.updateCmdline(k)

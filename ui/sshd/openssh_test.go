@@ -368,3 +368,42 @@ func TestOpenSSHTUIHelp80x24(t *testing.T) {
 	x.run("send-keys", "-t", "tui", "q")
 	x.waitScreen("ssh-exit=0", 10*time.Second)
 }
+
+// TestOpenSSHTUIChecksRoleFirst: an operator's d and R over SSH are
+// refused at once with the role's reason, not after the name was typed;
+// what the role may do (stop) still asks.
+func TestOpenSSHTUIChecksRoleFirst(t *testing.T) {
+	needBinary(t, "tmux")
+	op := newKey(t, "op@openssh", Operator)
+	w := newWorld(t, worldOpts{}, op)
+	w.create("alpha")
+	o := newOpenSSH(t, w, op)
+	x := &tmux{t: t, sock: filepath.Join(o.dir, "tmux.sock")}
+	sshLine := "HOME=" + o.dir + " ssh " + strings.Join(quoteAll(append(o.opts(), "-t", "-p", o.port, "berth@127.0.0.1")), " ") +
+		"; echo ssh-exit=$?; sleep 30"
+	if out, err := x.run("-f", "/dev/null", "new-session", "-d", "-s", "tui", "-x", "80", "-y", "24", sshLine); err != nil {
+		t.Fatalf("tmux: %v: %s", err, out)
+	}
+	t.Cleanup(func() { x.run("kill-server") })
+	x.run("set-option", "-t", "tui", "window-size", "manual")
+
+	x.waitScreen("alpha", 15*time.Second)
+	for _, c := range []struct{ key, refusal, dialog string }{
+		{"d", "may not delete sessions", "permanently?"},
+		{"R", "may not replace session VMs", "Replace the VM"},
+	} {
+		x.run("send-keys", "-t", "tui", c.key)
+		screen := x.waitScreen(c.refusal, 5*time.Second)
+		if strings.Contains(screen, c.dialog) {
+			t.Errorf("%s asked for confirmation although the role may not:\n%s", c.key, screen)
+		}
+	}
+	x.run("send-keys", "-t", "tui", ":stop alpha", "Enter")
+	x.waitScreen("Stop alpha?", 5*time.Second)
+	x.run("send-keys", "-t", "tui", "n")
+	if n := w.fake.Calls("Delete") + w.fake.Calls("Replace") + w.fake.Calls("Stop"); n != 0 {
+		t.Errorf("%d calls reached the service", n)
+	}
+	x.run("send-keys", "-t", "tui", "q")
+	x.waitScreen("ssh-exit=0", 10*time.Second)
+}

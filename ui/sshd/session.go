@@ -166,8 +166,10 @@ func (s *Server) runTUI(sess ssh.Session, ak AuthorizedKey, pty ssh.Pty, sizes <
 	ctx, cancel := context.WithCancel(sess.Context())
 	defer cancel()
 	env := append(sess.Environ(), "TERM="+pty.Term)
-	m := ui.New(s.serviceFor(ak), ui.Options{
+	g := s.guardFor(ak)
+	m := ui.New(g, ui.Options{
 		ReadOnly:     ak.Role == Viewer,
+		Permit:       g.permit,
 		Who:          ak.Actor() + " (" + ak.Role.String() + ")",
 		DaemonStatus: s.opts.DaemonStatus,
 		Logger:       s.log,
