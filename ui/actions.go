@@ -81,7 +81,10 @@ func (m *Model) refuse(what string) tea.Cmd {
 // actionTable; the key bindings, the help, read-only mode, key dispatch,
 // the command line and its suggestions are all computed from it. The TUI
 // does not predict the service's refusals: it asks, and shows the answer,
-// which says what to do instead.
+// which says what to do instead. An action that asks for confirmation
+// asks the service first what can be known before (the role's permission,
+// the session's state now, that the checkpoint exists), so a refusal never
+// comes after the operator typed a name to confirm.
 
 // confirmKind is what an action asks before it runs.
 type confirmKind int
@@ -124,7 +127,14 @@ type action struct {
 	// body.
 	confirm confirmKind
 	prompt  func(m *Model, c call) (title string, body []string)
-	run     func(m *Model, c call) tea.Cmd
+	// act is the transition-table action it is, if any: before the
+	// confirmation, the operator's permission (Options.Permit) and the
+	// session's state are checked for it.
+	act session.Action
+	// vet, if set, checks more before the confirmation (off the UI
+	// goroutine), filling in what it found.
+	vet func(ctx context.Context, svc session.Service, c call) (call, error)
+	run func(m *Model, c call) tea.Cmd
 }
 
 // call is one invocation of an action.
@@ -137,6 +147,7 @@ type call struct {
 	rest string // what follows the verb
 	s    session.Session
 	e    session.Execution
+	ck   session.Checkpoint // restore's, found by vetRestore
 }
 
 func bind(k, help string) key.Binding {
@@ -166,16 +177,16 @@ func actionTable() []action {
 			run: func(m *Model, c call) tea.Cmd {
 				return m.do(pick(c.s.State, session.ActionStart, session.ActionStop), c)
 			}},
-		{verbs: []string{"stop"}, mutates: true, target: onSession, confirm: confirmYes, prompt: stopPrompt, run: (*Model).stop},
+		{verbs: []string{"stop"}, mutates: true, target: onSession, confirm: confirmYes, prompt: stopPrompt, act: session.ActionStop, run: (*Model).stop},
 		{verbs: []string{"start"}, mutates: true, target: onSession, run: (*Model).start},
 		{key: bind("R", "replace VM (keeps /workspace)"), verbs: []string{"replace"}, mutates: true, target: onSession,
-			confirm: confirmName, prompt: replacePrompt, run: (*Model).replace},
+			confirm: confirmName, prompt: replacePrompt, act: session.ActionReplace, run: (*Model).replace},
 		{key: bind("c", "checkpoint (disks, or memory too)"), verbs: []string{"checkpoint"}, args: "[--memory] [LABEL]", mutates: true, target: onSession, run: (*Model).checkpoint},
 		{key: bind("u", "restore latest checkpoint"), verbs: []string{"restore"}, args: "[ID]", mutates: true, target: onSession,
-			confirm: confirmName, prompt: restorePrompt, run: (*Model).restore},
+			confirm: confirmName, prompt: restorePrompt, act: session.ActionRestore, vet: vetRestore, run: (*Model).restore},
 		{key: bind("F", "fork into a new session"), verbs: []string{"fork"}, args: "NEW", mutates: true, target: onSession, run: (*Model).fork},
 		{key: bind("d", "delete session"), verbs: []string{"delete"}, mutates: true, target: onSession,
-			confirm: confirmName, prompt: deletePrompt, run: (*Model).delete},
+			confirm: confirmName, prompt: deletePrompt, act: session.ActionDelete, run: (*Model).delete},
 		{key: bind("n", "new session"), verbs: []string{"create", "new"}, args: "NAME [cpus=N] [mem=SIZE] [disk=SIZE] [image=NAME]",
 			mutates: true, run: (*Model).create},
 		{key: bind("x", "run command"), verbs: []string{"exec", "x"}, args: "COMMAND", mutates: true, target: onSession, run: (*Model).execAction},
@@ -186,7 +197,7 @@ func actionTable() []action {
 		{verbs: []string{"open"}, target: onSession, run: func(m *Model, c call) tea.Cmd { return m.openDetail(c.s.Name) }},
 		{verbs: []string{"sort"}, args: "COLUMN", run: func(m *Model, c call) tea.Cmd {
 			if !m.sessions.SortByName(c.arg) {
-				return m.setFlash(common.FlashError, "no column "+c.arg+" (name, state, vcpu, mem, workspace, dirty, run, uptime, activity)")
+				return m.setFlash(common.FlashError, "no column "+c.arg+" (name, state, vcpu, cpu, mem, workspace, dirty, run, uptime, activity)")
 			}
 			return nil
 		}},
@@ -195,7 +206,7 @@ func actionTable() []action {
 			m.sessions.SetFilter(c.rest)
 			return nil
 		}},
-		{verbs: []string{"help", "h"}, run: func(m *Model, c call) tea.Cmd { m.showHelp = true; return nil }},
+		{verbs: []string{"help", "h"}, run: func(m *Model, c call) tea.Cmd { m.openHelp(); return nil }},
 		{verbs: []string{"quit", "q", "q!"}, run: func(m *Model, c call) tea.Cmd { return m.quit() }},
 	}
 }
@@ -316,8 +327,109 @@ func (m *Model) invoke(a *action, c call) tea.Cmd {
 	return m.proceed(c)
 }
 
-// proceed asks c.a's confirmation, if any, then runs it.
+// proceed asks c.a's confirmation, if any, then runs it. What can be
+// checked is checked before the confirmation.
 func (m *Model) proceed(c call) tea.Cmd {
+	if c.a.confirm != noConfirm && (c.a.act != "" || c.a.vet != nil) {
+		return m.vetCall(c)
+	}
+	return m.confirm(c)
+}
+
+// vettedMsg is the outcome of vetCall.
+type vettedMsg struct {
+	id  int // the pending entry
+	c   call
+	err error
+}
+
+// vetCall checks c off the UI goroutine; the confirmation opens when the
+// checks pass (handleVetted).
+func (m *Model) vetCall(c call) tea.Cmd {
+	m.opSeq++
+	id := m.opSeq
+	m.pending[id] = "checking " + c.s.Name
+	m.vetting, m.typeahead = id, nil
+	svc, permit := m.c.Svc, m.opts.Permit
+	ctx, cancel := m.c.Call()
+	vet := func() tea.Msg {
+		defer cancel()
+		c, err := vet(ctx, svc, permit, c)
+		return vettedMsg{id: id, c: c, err: err}
+	}
+	var tick tea.Cmd
+	if !m.spinning {
+		m.spinning = true
+		tick = m.spinner.Tick
+	}
+	return tea.Batch(vet, tick)
+}
+
+// vet runs c's checks: the permission, then the session's state now, then
+// the action's own.
+func vet(ctx context.Context, svc session.Service, permit func(context.Context, session.Action) error, c call) (call, error) {
+	a := c.a
+	if a.act != "" {
+		if permit != nil {
+			if err := permit(ctx, a.act); err != nil {
+				return c, err
+			}
+		}
+		if a.target == onSession {
+			s, err := svc.Get(ctx, c.s.Name)
+			if err != nil {
+				return c, err
+			}
+			if err := session.CheckTransition(s.Name, a.act, s.State); err != nil {
+				return c, err
+			}
+			c.s = s
+		}
+	}
+	if a.vet != nil {
+		return a.vet(ctx, svc, c)
+	}
+	return c, nil
+}
+
+func (m *Model) handleVetted(msg vettedMsg) tea.Cmd {
+	delete(m.pending, msg.id)
+	if msg.id != m.vetting {
+		return nil // given up with esc
+	}
+	typed := m.typeahead
+	m.vetting, m.typeahead = 0, nil
+	if msg.err != nil {
+		return m.setFlash(common.FlashError, common.ErrorText(msg.err))
+	}
+	cmds := []tea.Cmd{m.confirm(msg.c)}
+	for _, k := range typed {
+		if m.dialog == nil {
+			break
+		}
+		cmds = append(cmds, m.dialog.Update(k))
+		if m.dialog.Done() {
+			m.dialog = nil
+		}
+	}
+	return tea.Batch(cmds...)
+}
+
+// holdKey keeps a key typed while a confirmation is being checked: it is
+// meant for the dialog (a name typed ahead), not for the view beneath,
+// where "alpha" would pause. esc gives the action up.
+func (m *Model) holdKey(k tea.KeyPressMsg) tea.Cmd {
+	if k.String() == "esc" {
+		delete(m.pending, m.vetting)
+		m.vetting, m.typeahead = 0, nil
+		return nil
+	}
+	m.typeahead = append(m.typeahead, k)
+	return nil
+}
+
+// confirm asks c.a's confirmation, if any, then runs it.
+func (m *Model) confirm(c call) tea.Cmd {
 	a := c.a
 	run := func() tea.Cmd { return a.run(m, c) }
 	switch a.confirm {

@@ -59,40 +59,41 @@ func (m *Model) takeCheckpoint(name string, opts session.CheckpointOptions) tea.
 	})
 }
 
-// restoreTarget is the checkpoint a restore names: the command line's ID,
-// else the newest the Info tab knows ("" when it knows none: the newest
-// at the time of the restore).
-func (m *Model) restoreTarget(c call) (id string, ck *session.Checkpoint) {
+// vetRestore finds the checkpoint a restore names: the command line's
+// ID, else the newest. One that does not exist is said before the
+// confirmation.
+func vetRestore(ctx context.Context, svc session.Service, c call) (call, error) {
+	id := ""
 	if c.line {
 		id, _, _ = strings.Cut(c.tail, " ")
 	}
-	var list []session.Checkpoint
-	if m.info != nil && m.info.Session().Name == c.s.Name {
-		list = m.info.Checkpoints()
+	list, err := svc.Checkpoints(ctx, c.s.Name)
+	if err != nil {
+		return c, err
 	}
-	for i := range list {
-		if list[i].ID == id || (id == "" && i == len(list)-1) {
-			ck = &list[i]
+	if id == "" {
+		if len(list) == 0 {
+			return c, fmt.Errorf("%s has no checkpoints (c takes one)", c.s.Name)
+		}
+		c.ck = list[len(list)-1]
+		return c, nil
+	}
+	for _, ck := range list {
+		if ck.ID == id {
+			c.ck = ck
+			return c, nil
 		}
 	}
-	if ck != nil {
-		id = ck.ID
-	}
-	return id, ck
+	return c, fmt.Errorf("%s has no checkpoint %q (the Info tab lists its checkpoints)", c.s.Name, id)
 }
 
 func restorePrompt(m *Model, c call) (string, []string) {
-	id, ck := m.restoreTarget(c)
-	what := "its newest checkpoint"
-	if ck != nil {
-		what = "checkpoint " + ck.ID + " (" + ck.Holds() + ", taken " + ck.CreatedAt.In(m.c.Now().Location()).Format("Jan _2 15:04:05")
-		if ck.Label != "" {
-			what += ", «" + common.SanitizeLine(ck.Label) + "»"
-		}
-		what += ")"
-	} else if id != "" {
-		what = "checkpoint " + id
+	ck := c.ck
+	what := "checkpoint " + ck.ID + " (" + ck.Holds() + ", taken " + ck.CreatedAt.In(m.c.Now().Location()).Format("Jan _2 15:04:05")
+	if ck.Label != "" {
+		what += ", «" + common.SanitizeLine(ck.Label) + "»"
 	}
+	what += ")"
 	body := []string{
 		"Restore stops the VM of " + c.s.Name + " and puts it back on " + what + ".",
 		"Its current disks are kept first as an automatic checkpoint, so this can be undone.",
@@ -104,19 +105,8 @@ func restorePrompt(m *Model, c call) (string, []string) {
 }
 
 func (m *Model) restore(c call) tea.Cmd {
-	svc, name := m.c.Svc, c.s.Name
-	id, _ := m.restoreTarget(c)
+	svc, name, id := m.c.Svc, c.s.Name, c.ck.ID
 	return m.runOp("restoring "+name, func(ctx context.Context) (string, tea.Msg, error) {
-		if id == "" {
-			list, err := svc.Checkpoints(ctx, name)
-			if err != nil {
-				return "", nil, err
-			}
-			if len(list) == 0 {
-				return "", nil, fmt.Errorf("%s has no checkpoints (c takes one): %w", name, session.ErrNotFound)
-			}
-			id = list[len(list)-1].ID
-		}
 		r, err := svc.Restore(ctx, name, id)
 		if err != nil {
 			return "", nil, err

@@ -1,6 +1,8 @@
 package ui
 
 import (
+	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -160,5 +162,104 @@ func TestReadOnlyRefusesEveryMutatingVerb(t *testing.T) {
 	}
 	if len(h.m.Pending()) > 0 {
 		t.Errorf("pending %v", h.m.Pending())
+	}
+}
+
+// deny is a Permit that refuses the actions named, as an SSH key's role
+// would.
+func deny(refused ...session.Action) func(context.Context, session.Action) error {
+	return func(_ context.Context, a session.Action) error {
+		if slices.Contains(refused, a) {
+			return fmt.Errorf("role operator may not %s sessions (needs admin): %w", a, session.ErrPermission)
+		}
+		return nil
+	}
+}
+
+// TestChecksComeBeforeConfirmation: what can be known before an action
+// asks for confirmation is checked first — the role's permission, the
+// session's state, the checkpoint a restore names — so a refusal comes
+// instead of the question, not after the name was typed.
+func TestChecksComeBeforeConfirmation(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		permit func(context.Context, session.Action) error
+		keys   []string
+		line   string
+		flash  string // the refusal; "" when the dialog must open
+		dialog string
+	}{
+		{name: "restore an unknown checkpoint", line: "restore alpha c9", flash: `alpha has no checkpoint "c9" (the Info tab lists its checkpoints)`},
+		{name: "restore without checkpoints", keys: []string{"u"}, flash: "alpha has no checkpoints (c takes one)"},
+		{name: "stop a stopped session", line: "stop docs", flash: `cannot stop session "docs": it is stopped (start it first)`},
+		{name: "delete refused by the role", permit: deny(session.ActionDelete), keys: []string{"d"},
+			flash: "not allowed: role operator may not delete sessions (needs admin): permission denied"},
+		{name: "replace refused by the role", permit: deny(session.ActionReplace), keys: []string{"R"}, flash: "role operator may not replace sessions"},
+		{name: "the role before the checkpoint", permit: deny(session.ActionRestore), line: "restore alpha c9", flash: "role operator may not restore sessions"},
+		{name: "stop allowed by the role", permit: deny(session.ActionDelete), line: "stop alpha", dialog: "Stop alpha?"},
+		{name: "delete allowed", keys: []string{"d"}, dialog: "Delete alpha permanently?"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := fixture()
+			h := newHarness(t, f, Options{Permit: c.permit})
+			h.press(c.keys...)
+			if c.line != "" {
+				h.press(":")
+				h.typeText(c.line)
+				h.press("enter")
+			}
+			h.waitFor("the checks", func() bool { return len(h.m.Pending()) == 0 })
+			if c.flash == "" {
+				if h.m.dialog == nil || !strings.Contains(h.screen(), c.dialog) {
+					t.Fatalf("no dialog %q:\n%s", c.dialog, h.screen())
+				}
+				return
+			}
+			if h.m.dialog != nil || !strings.Contains(h.flash(), c.flash) {
+				t.Fatalf("dialog %v, flash %q; want no dialog and %q:\n%s", h.m.dialog != nil, h.flash(), c.flash, h.screen())
+			}
+			for _, call := range []string{"Restore", "Delete", "Stop", "Replace"} {
+				if n := f.Calls(call); n != 0 {
+					t.Errorf("%d %s calls", n, call)
+				}
+			}
+		})
+	}
+}
+
+// TestTypeAheadGoesToTheConfirmation: keys typed while the checks run are
+// the name typed ahead: they go to the dialog once it opens, never to the
+// view beneath (where "alpha" would pause alpha); esc gives up.
+func TestTypeAheadGoesToTheConfirmation(t *testing.T) {
+	t.Parallel()
+	f := fixture()
+	release := make(chan struct{})
+	h := newHarness(t, f, Options{Permit: func(ctx context.Context, _ session.Action) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}})
+	h.press("d")
+	h.typeText("alpha")
+	if h.m.dialog != nil || f.Calls("Pause") != 0 || !slices.Contains(h.m.Pending(), "checking alpha") {
+		t.Fatalf("while checking: dialog %v, %d pauses, pending %v", h.m.dialog != nil, f.Calls("Pause"), h.m.Pending())
+	}
+	close(release)
+	h.waitFor("the dialog", func() bool { return h.m.dialog != nil })
+	h.press("enter")
+	h.waitFor("deleted", func() bool { _, ok := h.m.sessions.Get("alpha"); return !ok })
+	if f.Calls("Pause") != 0 {
+		t.Fatal("a key typed ahead reached the sessions view")
+	}
+
+	h.press("d", "esc")
+	h.waitFor("the checks", func() bool { return len(h.m.Pending()) == 0 })
+	if h.m.dialog != nil {
+		t.Fatal("the dialog opened after esc")
 	}
 }

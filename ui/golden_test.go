@@ -40,11 +40,12 @@ func TestGolden(t *testing.T) {
 		{"sessions_80x24", 80, 24, func(h *harness) {}},
 		{"sessions_filter", 100, 30, func(h *harness) { h.press("/"); h.typeText("state:r,p"); h.press("enter") }},
 		{"sessions_sort_dirty", 100, 30, func(h *harness) {
-			for range 5 {
+			for range 6 { // STATE, VCPU, CPU, MEM, WORKSPACE, DIRTY: left to right
 				h.press("o")
 			}
 		}},
 		{"sessions_help", 100, 30, func(h *harness) { h.press("?") }},
+		{"sessions_help_80x24", 80, 24, func(h *harness) { h.press("?") }},
 		{"sessions_cmdline", 100, 30, func(h *harness) { h.press(":"); h.typeText("create web cpus=2") }},
 		{"sessions_flash", 100, 30, func(h *harness) {
 			h.press("f")
@@ -74,6 +75,16 @@ func TestGolden(t *testing.T) {
 			h.waitFor("loaded", func() bool { return !h.m.output.Loading() })
 		}},
 		{"output_help", 100, 30, func(h *harness) { openExec(h, 1); h.press("?") }},
+		{"executions_help_80x24", 80, 24, func(h *harness) {
+			h.press("enter")
+			h.waitFor("executions", func() bool { return h.m.execs.Len() == 4 })
+			h.press("?")
+		}},
+		{"executions_help_80x24_bottom", 80, 24, func(h *harness) {
+			h.press("enter")
+			h.waitFor("executions", func() bool { return h.m.execs.Len() == 4 })
+			h.press("?", "pgdown")
+		}},
 		{"workspace", 100, 30, func(h *harness) {
 			h.press("enter", "3")
 			h.waitFor("listing", func() bool { return len(h.m.files.Entries()) > 0 })
@@ -93,6 +104,12 @@ func TestGolden(t *testing.T) {
 		{"dialog_stop", 100, 30, func(h *harness) { h.press("s") }},
 		{"dialog_new", 100, 30, func(h *harness) { h.press("n"); h.typeText("web") }},
 		{"dialog_exec", 80, 24, func(h *harness) { h.press("x"); h.typeText("make test") }},
+		{"restore_unknown_checkpoint_80x24", 80, 24, func(h *harness) {
+			h.press(":")
+			h.typeText("restore alpha c9")
+			h.press("enter")
+			h.waitFor("the refusal", func() bool { return h.flash() != "" })
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -16,8 +16,8 @@ type KeyMap struct {
 	Tab3    key.Binding
 	Tab4    key.Binding
 	Tab5    key.Binding // the Runs tab, once there are runs
-	// Tabs is how help shows Tab1…Tab5: one line, so help fits a
-	// terminal of 24 rows.
+	// Tabs is how help shows Tab1…Tab5: one short line, so the global
+	// keys sit beside the others at 80 columns.
 	Tabs key.Binding
 }
 
@@ -35,7 +35,7 @@ func DefaultKeyMap() KeyMap {
 		Tab3:    key.NewBinding(key.WithKeys("3"), key.WithHelp("3", "workspace")),
 		Tab4:    key.NewBinding(key.WithKeys("4"), key.WithHelp("4", "info")),
 		Tab5:    key.NewBinding(key.WithKeys("5"), key.WithHelp("5", "runs")),
-		Tabs:    key.NewBinding(key.WithKeys("1", "2", "3", "4", "5"), key.WithHelp("1-5", "executions, output, workspace, info, runs")),
+		Tabs:    key.NewBinding(key.WithKeys("1", "2", "3", "4", "5"), key.WithHelp("1-5", "go to tab (numbered above)")),
 	}
 }
 
@@ -51,4 +51,39 @@ func DefaultCmdKeys() CmdKeys {
 		Run:    key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "run command")),
 		Cancel: key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "close command line")),
 	}
+}
+
+// HelpKeys apply while the help is open. Only Close closes it, so a key
+// pressed to scroll never closes it, nor does anything else.
+type HelpKeys struct {
+	Up       key.Binding
+	Down     key.Binding
+	PageUp   key.Binding
+	PageDown key.Binding
+	HalfUp   key.Binding
+	HalfDown key.Binding
+	Top      key.Binding
+	Bottom   key.Binding
+	Close    key.Binding
+}
+
+// DefaultHelpKeys returns the help's bindings.
+func DefaultHelpKeys() HelpKeys {
+	return HelpKeys{
+		Up:       key.NewBinding(key.WithKeys("up", "k"), key.WithHelp("↑/k", "scroll up")),
+		Down:     key.NewBinding(key.WithKeys("down", "j"), key.WithHelp("↓/j", "scroll down")),
+		PageUp:   key.NewBinding(key.WithKeys("pgup"), key.WithHelp("pgup", "page up")),
+		PageDown: key.NewBinding(key.WithKeys("pgdown", "space"), key.WithHelp("pgdn", "page down")),
+		HalfUp:   key.NewBinding(key.WithKeys("ctrl+u"), key.WithHelp("ctrl+u", "half page up")),
+		HalfDown: key.NewBinding(key.WithKeys("ctrl+d"), key.WithHelp("ctrl+d", "half page down")),
+		Top:      key.NewBinding(key.WithKeys("g", "home"), key.WithHelp("g", "top")),
+		Bottom:   key.NewBinding(key.WithKeys("G", "end"), key.WithHelp("G", "bottom")),
+		Close:    key.NewBinding(key.WithKeys("?", "esc", "q"), key.WithHelp("?/esc/q", "close help")),
+	}
+}
+
+// footer is what the footer shows while the help is open.
+func (k HelpKeys) footer() []key.Binding {
+	scroll := key.NewBinding(key.WithKeys("up", "down"), key.WithHelp("↑/↓ pgup/pgdn", "scroll"))
+	return []key.Binding{k.Close, scroll}
 }

@@ -13,5 +13,6 @@ func TestMain(m *testing.M) {
 		"ui.KeyMap":     DefaultKeyMap(),
 		"ui.ActionKeys": actionKeys(),
 		"ui.CmdKeys":    DefaultCmdKeys(),
+		"ui.HelpKeys":   DefaultHelpKeys(),
 	})
 }

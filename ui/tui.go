@@ -16,6 +16,7 @@ import (
 	"charm.land/bubbles/v2/key"
 	"charm.land/bubbles/v2/spinner"
 	"charm.land/bubbles/v2/textinput"
+	"charm.land/bubbles/v2/viewport"
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
 
@@ -43,6 +44,11 @@ type Options struct {
 	DaemonStatus func() string
 	// Logger receives action failures and stream reconnects; nil discards.
 	Logger *slog.Logger
+	// Permit, when set, says whether the operator may do a kind of action
+	// now (over SSH: the key's current role). An action that asks for
+	// confirmation asks Permit first, so a refusal comes before the
+	// question, not after the answer; the service still enforces its own.
+	Permit func(ctx context.Context, a session.Action) error
 	// Context bounds the program's background work: the event stream,
 	// output followers and pending calls end when it is done. Nil means
 	// they end when the operator quits; a server that ends programs from
@@ -143,13 +149,19 @@ type Model struct {
 	cmdline   textinput.Model
 	showHelp  bool
 	help      help.Model
+	helpKeys  HelpKeys
+	helpVP    viewport.Model // the help's scrolling list
 
 	flash    flash
 	flashSeq int
 	pending  map[int]string
 	opSeq    int
-	spinner  spinner.Model
-	spinning bool
+	// vetting is the pending entry of the checks before a confirmation
+	// (0: none); typeahead holds the keys typed meanwhile.
+	vetting   int
+	typeahead []tea.KeyPressMsg
+	spinner   spinner.Model
+	spinning  bool
 
 	watchGen      int
 	watchCancel   context.CancelFunc
@@ -202,10 +214,12 @@ func newModel(svc session.Service, opts Options) *Model {
 		info:     info.New(c, svc),
 		sparks:   sparks.New(c, svc),
 		help:     help.New(),
+		helpKeys: DefaultHelpKeys(),
 		pending:  map[int]string{},
 		forwards: &tuiForwards{},
 		spinner:  spinner.New(spinner.WithSpinner(spinner.MiniDot)),
 	}
+	m.helpVP = newHelpViewport(m.helpKeys)
 	m.info.SetForwards(m.forwards.list)
 	m.cmdline = textinput.New()
 	m.cmdline.Prompt = ":"
@@ -289,6 +303,9 @@ func (m *Model) setSize(w, h int) {
 	if m.dialog != nil {
 		m.dialog.SetSize(w, h)
 	}
+	if m.showHelp {
+		m.layoutHelp(m.bodyHeight())
+	}
 }
 
 func (m *Model) quit() tea.Cmd {
@@ -341,6 +358,8 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, m.setFlash(msg.Kind, msg.Text)
 	case opDoneMsg:
 		return m, m.handleOpDone(msg)
+	case vettedMsg:
+		return m, m.handleVetted(msg)
 	case flashExpireMsg:
 		if msg.id == m.flash.id {
 			m.flash = flash{}
@@ -432,13 +451,14 @@ func (m *Model) handleKey(k tea.KeyPressMsg) tea.Cmd {
 		}
 		return cmd
 	}
+	if m.vetting != 0 {
+		return m.holdKey(k)
+	}
 	if m.cmdActive {
 		return m.updateCmdline(k)
 	}
 	if m.showHelp {
-		// Any key closes the help; it does nothing else.
-		m.showHelp = false
-		return nil
+		return m.updateHelp(k)
 	}
 	comp := m.active()
 	if c, ok := comp.(common.Capturer); ok && c.Capturing() {
@@ -520,7 +540,7 @@ func (m *Model) handleGlobal(k tea.KeyPressMsg) tea.Cmd {
 	case key.Matches(k, m.keys.Quit):
 		return m.quit()
 	case key.Matches(k, m.keys.Help):
-		m.showHelp = true
+		m.openHelp()
 	case key.Matches(k, m.keys.Command):
 		m.cmdActive = true
 		m.cmdline.SetValue("")
@@ -599,8 +619,11 @@ func (m *Model) handleMouse(msg tea.MouseMsg) tea.Cmd {
 	}
 	ms := msg.Mouse()
 	if m.showHelp {
-		if _, ok := msg.(tea.MouseClickMsg); ok {
+		switch msg := msg.(type) {
+		case tea.MouseClickMsg:
 			m.showHelp = false
+		case tea.MouseWheelMsg:
+			m.helpVP, _ = m.helpVP.Update(msg)
 		}
 		return nil
 	}

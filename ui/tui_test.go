@@ -2,6 +2,7 @@ package ui
 
 import (
 	"errors"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -322,29 +323,44 @@ func TestCancelExecutionConfirms(t *testing.T) {
 	}
 }
 
+// TestHelpShowsEveryKeyOfTheView: at 100x30 and at 80x24 the help of
+// every view lists each of its keys with its description, scrolling where
+// they do not fit on one screen.
 func TestHelpShowsEveryKeyOfTheView(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, fixture(), Options{})
-	for _, view := range []func(){
-		func() {},
-		func() { h.press("enter") },
-		func() { h.press("2") },
-		func() { h.press("3") },
-		func() { h.press("4") },
-	} {
-		view()
-		h.press("?")
-		scr := h.screen()
-		for _, g := range h.m.helpGroups() {
-			for _, b := range g {
-				if b.Enabled() && !strings.Contains(scr, b.Help().Desc) {
-					t.Errorf("help lacks %q:\n%s", b.Help().Desc, scr)
+	for _, size := range [][2]int{{100, 30}, {80, 24}} {
+		h.resize(size[0], size[1])
+		h.press("esc")
+		for _, view := range []func(){
+			func() {},
+			func() { h.press("enter") },
+			func() { h.press("2") },
+			func() { h.press("3") },
+			func() { h.press("4") },
+		} {
+			view()
+			h.press("?")
+			seen := h.screen()
+			for i := 0; !h.m.helpVP.AtBottom(); i++ {
+				if i > 100 {
+					t.Fatal("the help does not reach its bottom")
+				}
+				h.press("j")
+				seen += h.screen()
+			}
+			for _, g := range h.m.helpGroups() {
+				for _, b := range g {
+					re := regexp.MustCompile(regexp.QuoteMeta(b.Help().Key) + " +" + regexp.QuoteMeta(b.Help().Desc))
+					if b.Enabled() && !re.MatchString(seen) {
+						t.Errorf("%dx%d: help lacks %s %q:\n%s", size[0], size[1], b.Help().Key, b.Help().Desc, seen)
+					}
 				}
 			}
-		}
-		h.press("?") // any key closes
-		if h.m.showHelp {
-			t.Fatal("help did not close")
+			h.press("?")
+			if h.m.showHelp {
+				t.Fatal("help did not close")
+			}
 		}
 	}
 	// In Output, s and n belong to the view, so the actions are hidden.

@@ -41,7 +41,7 @@ func (m *Model) Render() string {
 	bh := m.bodyHeight()
 	var body string
 	if m.showHelp {
-		body = m.fullHelpView(bh)
+		body = m.helpView(bh)
 	} else {
 		// Components render exactly their size; re-fit only if one did
 		// not (measuring every cell twice per frame is not free).
@@ -191,7 +191,7 @@ func (m *Model) footerBindings() []key.Binding {
 	case m.cmdActive:
 		return []key.Binding{m.cmdKeys.Run, m.cmdKeys.Cancel}
 	case m.showHelp:
-		return []key.Binding{key.NewBinding(key.WithKeys("esc"), key.WithHelp("any key", "close help"))}
+		return m.helpKeys.footer()
 	}
 	comp := m.active()
 	bs = append(bs, comp.ShortHelp()...)
@@ -239,63 +239,6 @@ func (m *Model) footerView() string {
 	}
 	m.footer = spread(" "+l, r+" ", m.width)
 	return m.footer
-}
-
-// helpGroups returns every key of the current view, in columns: the
-// component's, then the actions available here, then the global keys.
-func (m *Model) helpGroups() [][]key.Binding {
-	groups := append([][]key.Binding{}, m.active().FullHelp()...)
-	if acts := m.actionBindings(); len(acts) > 0 {
-		groups = append(groups, acts)
-	}
-	return append(groups, m.globalBindings())
-}
-
-// fullHelpView lays the help columns out in rows that fit the width (the
-// bubbles full help drops columns that do not fit; here every key shows).
-func (m *Model) fullHelpView(h int) string {
-	st := m.c.Styles
-	view := "sessions"
-	if m.page == pageDetail {
-		view = strings.ToLower(m.tab.String()) + " tab"
-	}
-	title := st.DialogHead.Render("Keys: "+view) + st.Muted.Render("   (any key closes)")
-	var cols []string
-	for _, g := range m.helpGroups() {
-		g = common.Enabled(g...)
-		if len(g) == 0 {
-			continue
-		}
-		kw := 0
-		for _, b := range g {
-			kw = max(kw, lipgloss.Width(b.Help().Key))
-		}
-		var rows []string
-		for _, b := range g {
-			rows = append(rows, st.Help.FullKey.Render(common.Fit(b.Help().Key, kw))+"  "+st.Help.FullDesc.Render(b.Help().Desc))
-		}
-		cols = append(cols, strings.Join(rows, "\n"))
-	}
-	var rows []string
-	var cur []string
-	width := 0
-	flush := func() {
-		if len(cur) > 0 {
-			rows = append(rows, lipgloss.JoinHorizontal(lipgloss.Top, cur...))
-			cur, width = nil, 0
-		}
-	}
-	for _, c := range cols {
-		w := lipgloss.Width(c) + 4
-		if width+w > m.width-2 {
-			flush()
-		}
-		cur = append(cur, lipgloss.NewStyle().PaddingRight(4).Render(c))
-		width += w
-	}
-	flush()
-	content := title + "\n\n" + strings.Join(rows, "\n\n")
-	return common.Block(lipgloss.NewStyle().Padding(0, 1).Render(content), m.width, h)
 }
 
 // spread puts left and right on one line of width cells, cutting left if

@@ -63,7 +63,7 @@ A line without berth-role is a viewer. The key's comment (or its SHA256
 fingerprint) names it in records: "ssh:alice@laptop". Delete a line to
 revoke a key: its open connections are closed within seconds.
 
-Then: ssh -t -p PORT HOST (the TUI), ssh -p PORT HOST help (commands),
+Then: ssh -t -p PORT HOST (the TUI), ssh -p PORT berth@HOST help (commands),
 sftp -P PORT SESSION@HOST (a session's /workspace).`,
 		Example: "berth ssh add-key --role operator ~/.ssh/id_ed25519.pub",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {

@@ -16,12 +16,12 @@ func mcpCmd() *Command {
 		Help: `Speaks the Model Context Protocol (newline-delimited JSON-RPC) on stdin and stdout, for
 an agent to reach berth sessions: list_sessions, create_session, session_info, exec,
 read_output, read_file, write_file, edit_file, list_files and flush. Over SSH
-('ssh -p 2222 HOST mcp') the key's role applies: a viewer gets the read tools only.
+('ssh -p 2222 berth@HOST mcp') the key's role applies: a viewer gets the read tools only.
 With --session the tools work on that session only and refuse any other. The connection
 is one agent run, titled from the client's name (--run ID uses an existing one); it ends
 when the client disconnects with nothing running in it, else it is ended as abandoned
 after the daemon's run_timeout. Failures are tool errors with berth's one-line messages.`,
-		Example: "berth mcp --session demo\nssh -p 2222 berth-host mcp --session demo",
+		Example: "berth mcp --session demo\nssh -p 2222 berth@HOST mcp --session demo",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			name := fs.String("session", "", "confine the tools to session `NAME`")
 			run := runFlag(fs)

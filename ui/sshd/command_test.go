@@ -101,7 +101,7 @@ func TestShellNoCommandNoPTY(t *testing.T) {
 	if !ok || ee.ExitStatus() != 2 {
 		t.Fatalf("shell without a PTY: %v, want exit 2", err)
 	}
-	want := "berth: the TUI needs a terminal: ssh -t ... (commands work without one: ssh ... help)\n"
+	want := "berth: the TUI needs a terminal: ssh -t ... (commands work without one: ssh berth@HOST help)\n"
 	if errb.String() != want || out.String() != "" {
 		t.Errorf("stdout %q, stderr %q; want stderr %q", out.String(), errb.String(), want)
 	}

@@ -2,8 +2,10 @@ package sshd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 
 	"github.com/gliderlabs/ssh"
@@ -17,24 +19,41 @@ import (
 // own stdin, stdout, stderr and exit status — what rsync, git, scp -O and
 // coding-agent harnesses expect of a remote machine. These run outside
 // berth's coordination and are recorded as such. The workbench (the TUI
-// and berth's commands) answers as berth@HOST and under any user name that
-// names no session.
+// and berth's commands) answers as berth@HOST. A name that is no session
+// reaches the workbench only without a command (`ssh -t HOST` sends the
+// local login name): with one it is a mistyped session name, and running
+// the command on the workbench would act on berth ("typo@HOST stop x"
+// stops session x).
 
 // workbenchUser is the user name that always reaches the workbench; no
 // session may be called so (session.ValidateName refuses it).
 const workbenchUser = session.ReservedName
 
-// sessionFor returns the session the connection's user name names, or
-// false for the workbench.
-func (s *Server) sessionFor(ctx context.Context, user string) (session.Session, bool) {
+// sessionFor returns the session the connection's user name names; false
+// with a nil error means the name is the workbench's or names no session.
+func (s *Server) sessionFor(ctx context.Context, user string) (session.Session, bool, error) {
 	if user == workbenchUser || session.ValidateName(user) != nil {
-		return session.Session{}, false
+		return session.Session{}, false, nil
 	}
 	got, err := s.svc.Get(ctx, user)
-	if err != nil {
-		return session.Session{}, false
+	switch {
+	case errors.Is(err, session.ErrNotFound):
+		return session.Session{}, false, nil
+	case err != nil:
+		return session.Session{}, false, err
 	}
-	return got, true
+	return got, true, nil
+}
+
+// noSession is the answer to a command sent as a user that names no
+// session. SSH does not carry the host name the client typed, so the
+// workbench is named by the address the client reached.
+func noSession(user string, local net.Addr) string {
+	host, _, err := net.SplitHostPort(local.String())
+	if err != nil {
+		host = local.String()
+	}
+	return fmt.Sprintf("no session %q (the workbench is %s@%s)", user, workbenchUser, host)
 }
 
 // loginScript runs the session's login shell: bash where the image has it
@@ -61,9 +80,9 @@ func (s *Server) runInSession(sess ssh.Session, ak AuthorizedKey, sn session.Ses
 	}
 	switch sn.State {
 	case session.StateStopped, session.StateCrashed:
-		return say("session %s is %s: start it first ('ssh HOST start %s', or berth start %s on the daemon's host)", sn.Name, sn.State, sn.Name, sn.Name)
+		return say("session %s is %s: start it first ('ssh berth@HOST start %s', or berth start %s on the daemon's host)", sn.Name, sn.State, sn.Name, sn.Name)
 	case session.StatePaused:
-		return say("session %s is paused (%s): resume it first ('ssh HOST resume %s')", sn.Name, sn.Cause, sn.Name)
+		return say("session %s is paused (%s): resume it first ('ssh berth@HOST resume %s')", sn.Name, sn.Cause, sn.Name)
 	}
 	raw := sess.RawCommand()
 	if isSCP(sess.Command()) {

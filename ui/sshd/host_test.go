@@ -44,8 +44,8 @@ func runCmd(cmd *exec.Cmd) (stdout, stderr string, code int) {
 }
 
 // The user name picks the session: NAME@HOST runs commands in it with
-// their streams apart and their exit status; berth@HOST and names of no
-// session reach the workbench.
+// their streams apart and their exit status; berth@HOST reaches the
+// workbench.
 func TestSessionAsHost(t *testing.T) {
 	op := newKey(t, "op@host", Operator)
 	viewer := newKey(t, "viewer@host", Viewer)
@@ -68,9 +68,6 @@ func TestSessionAsHost(t *testing.T) {
 	}
 	if out, _, code := runCmd(o.sshAs(ctx, "berth", nil, "ls")); code != 0 || !strings.Contains(out, "demo") {
 		t.Errorf("berth@ is not the workbench: %d %q", code, out)
-	}
-	if out, _, code := runCmd(o.sshAs(ctx, "nosuch", nil, "ls")); code != 0 || !strings.Contains(out, "demo") {
-		t.Errorf("a user naming no session is not the workbench: %d %q", code, out)
 	}
 	if _, errs, code := runCmd(o.sshAs(ctx, "idle", nil, "true")); code == 0 || !strings.Contains(errs, "start it first") || strings.Count(errs, "\n") != 1 {
 		t.Errorf("a stopped session: exit %d, %q", code, errs)
@@ -139,4 +136,58 @@ func TestSCPClassic(t *testing.T) {
 	if _, errs, code := runCmd(o.scp(ctx, "-O", filepath.Join(local, "f.bin"), "demo@127.0.0.1:../escape")); code == 0 || errs == "" {
 		t.Errorf("an escaping target: exit %d, %q", code, errs)
 	}
+}
+
+// TestUnknownUserWithCommand: a user name that is no session, with a
+// command, is a typo of a session's name (or a forgotten berth@): it
+// fails with one line naming the workbench, and never runs the command
+// on the workbench, where "stop X" would act on session X. Without a
+// command (ssh -t HOST, the user name being the local login) it opens the
+// workbench, as berth@ does.
+func TestUnknownUserWithCommand(t *testing.T) {
+	needBinary(t, "tmux")
+	op := newKey(t, "op@host", Operator)
+	w := newWorld(t, worldOpts{}, op)
+	w.create("demo", "x")
+	o := newOpenSSH(t, w, op)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	for _, c := range []struct {
+		user, remote string
+		extra        []string
+	}{
+		{"nosuch", "ls", nil},
+		{"typo", "stop x", nil},
+		{"typo", "stop x", []string{"-tt"}},
+		{"Not.A.Name", "ls", nil},
+		{"typo", "tui", []string{"-tt"}},
+	} {
+		out, errs, code := runCmd(o.sshAs(ctx, c.user, c.extra, c.remote))
+		want := `berth: no session "` + c.user + `" (the workbench is berth@127.0.0.1)`
+		if code == 0 || strings.TrimRight(errs, "\r\n") != want || out != "" {
+			t.Errorf("ssh %v %s@ %q: exit %d, stdout %q, stderr %q; want a failure with %q", c.extra, c.user, c.remote, code, out, errs, want)
+		}
+	}
+	if s, _ := w.fake.Get(ctx, "x"); s.State != session.StateRunning {
+		t.Errorf("typo@HOST stop x stopped x: %s", s.State)
+	}
+	if n := w.fake.Calls("Stop"); n != 0 {
+		t.Errorf("%d Stop calls", n)
+	}
+	if out, errs, code := runCmd(o.sshAs(ctx, "berth", nil, "ls")); code != 0 || !strings.Contains(out, "demo") {
+		t.Errorf("berth@ ls: exit %d, %q %q", code, out, errs)
+	}
+
+	// No command: the workbench's TUI, under any name.
+	x := &tmux{t: t, sock: filepath.Join(o.dir, "tmux.sock")}
+	sshLine := "HOME=" + o.dir + " ssh " + strings.Join(quoteAll(append(o.opts(), "-t", "-p", o.port, "nosuch@127.0.0.1")), " ") +
+		"; echo ssh-exit=$?; sleep 30"
+	if out, err := x.run("-f", "/dev/null", "new-session", "-d", "-s", "tui", "-x", "100", "-y", "30", sshLine); err != nil {
+		t.Fatalf("tmux: %v: %s", err, out)
+	}
+	t.Cleanup(func() { x.run("kill-server") })
+	x.waitScreen("berth › sessions", 15*time.Second)
+	x.run("send-keys", "-t", "tui", "q")
+	x.waitScreen("ssh-exit=0", 10*time.Second)
 }

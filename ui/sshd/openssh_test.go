@@ -75,11 +75,11 @@ func (o *openSSH) command(ctx context.Context, name string, args ...string) *exe
 	return cmd
 }
 
-// ssh runs ssh with a remote command line.
+// ssh runs ssh with a remote command line on the workbench.
 func (o *openSSH) ssh(ctx context.Context, extra []string, remote string) *exec.Cmd {
 	args := append(o.opts(), "-p", o.port)
 	args = append(args, extra...)
-	args = append(args, "127.0.0.1", remote)
+	args = append(args, "berth@127.0.0.1", remote)
 	return o.command(ctx, "ssh", args...)
 }
 
@@ -146,7 +146,7 @@ func TestOpenSSHAuthBypass(t *testing.T) {
 	os.WriteFile(pubOnly+".pub", pub, 0o600)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	args := append(o.opts(pubOnly, o.key), "-v", "-p", o.port, "127.0.0.1", "pause demo")
+	args := append(o.opts(pubOnly, o.key), "-v", "-p", o.port, "berth@127.0.0.1", "pause demo")
 	cmd := o.command(ctx, "ssh", args...)
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
@@ -326,4 +326,84 @@ func quoteAll(args []string) []string {
 		out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 	}
 	return out
+}
+
+// TestOpenSSHTUIHelp80x24: in a real 80x24 terminal the executions tab's
+// help is longer than the screen: it opens at its top, ignores a key of
+// the view, scrolls to its end (K), and q closes it without quitting.
+func TestOpenSSHTUIHelp80x24(t *testing.T) {
+	needBinary(t, "tmux")
+	op := newKey(t, "op@openssh", Operator)
+	w := newWorld(t, worldOpts{}, op)
+	w.create("alpha")
+	o := newOpenSSH(t, w, op)
+	x := &tmux{t: t, sock: filepath.Join(o.dir, "tmux.sock")}
+	sshLine := "HOME=" + o.dir + " ssh " + strings.Join(quoteAll(append(o.opts(), "-t", "-p", o.port, "127.0.0.1")), " ") +
+		"; echo ssh-exit=$?; sleep 30"
+	if out, err := x.run("-f", "/dev/null", "new-session", "-d", "-s", "tui", "-x", "80", "-y", "24", sshLine); err != nil {
+		t.Fatalf("tmux: %v: %s", err, out)
+	}
+	t.Cleanup(func() { x.run("kill-server") })
+	x.run("set-option", "-t", "tui", "window-size", "manual")
+
+	x.waitScreen("alpha", 15*time.Second)
+	x.run("send-keys", "-t", "tui", "Enter")
+	x.waitScreen("1 Executions", 5*time.Second)
+	x.run("send-keys", "-t", "tui", "?")
+	screen := x.waitScreen("Keys: executions tab", 5*time.Second)
+	if strings.Contains(screen, "cancel execution") || !strings.Contains(screen, "lines 1-") {
+		t.Errorf("the help's first screen shows its end, or not that it scrolls:\n%s", screen)
+	}
+	x.run("send-keys", "-t", "tui", "x")
+	x.run("send-keys", "-t", "tui", "NPage")
+	screen = x.waitScreen("K  cancel execution", 5*time.Second)
+	if !strings.Contains(screen, "Keys: executions tab") || strings.Contains(screen, "Run in alpha") {
+		t.Errorf("x with the help open did something:\n%s", screen)
+	}
+	x.run("send-keys", "-t", "tui", "q")
+	screen = x.waitScreen("COMMAND", 5*time.Second)
+	if strings.Contains(screen, "Keys:") || strings.Contains(screen, "ssh-exit=") {
+		t.Errorf("q did not close the help, or quit the TUI:\n%s", screen)
+	}
+	x.run("send-keys", "-t", "tui", "q")
+	x.waitScreen("ssh-exit=0", 10*time.Second)
+}
+
+// TestOpenSSHTUIChecksRoleFirst: an operator's d and R over SSH are
+// refused at once with the role's reason, not after the name was typed;
+// what the role may do (stop) still asks.
+func TestOpenSSHTUIChecksRoleFirst(t *testing.T) {
+	needBinary(t, "tmux")
+	op := newKey(t, "op@openssh", Operator)
+	w := newWorld(t, worldOpts{}, op)
+	w.create("alpha")
+	o := newOpenSSH(t, w, op)
+	x := &tmux{t: t, sock: filepath.Join(o.dir, "tmux.sock")}
+	sshLine := "HOME=" + o.dir + " ssh " + strings.Join(quoteAll(append(o.opts(), "-t", "-p", o.port, "berth@127.0.0.1")), " ") +
+		"; echo ssh-exit=$?; sleep 30"
+	if out, err := x.run("-f", "/dev/null", "new-session", "-d", "-s", "tui", "-x", "80", "-y", "24", sshLine); err != nil {
+		t.Fatalf("tmux: %v: %s", err, out)
+	}
+	t.Cleanup(func() { x.run("kill-server") })
+	x.run("set-option", "-t", "tui", "window-size", "manual")
+
+	x.waitScreen("alpha", 15*time.Second)
+	for _, c := range []struct{ key, refusal, dialog string }{
+		{"d", "may not delete sessions", "permanently?"},
+		{"R", "may not replace session VMs", "Replace the VM"},
+	} {
+		x.run("send-keys", "-t", "tui", c.key)
+		screen := x.waitScreen(c.refusal, 5*time.Second)
+		if strings.Contains(screen, c.dialog) {
+			t.Errorf("%s asked for confirmation although the role may not:\n%s", c.key, screen)
+		}
+	}
+	x.run("send-keys", "-t", "tui", ":stop alpha", "Enter")
+	x.waitScreen("Stop alpha?", 5*time.Second)
+	x.run("send-keys", "-t", "tui", "n")
+	if n := w.fake.Calls("Delete") + w.fake.Calls("Replace") + w.fake.Calls("Stop"); n != 0 {
+		t.Errorf("%d calls reached the service", n)
+	}
+	x.run("send-keys", "-t", "tui", "q")
+	x.waitScreen("ssh-exit=0", 10*time.Second)
 }

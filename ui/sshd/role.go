@@ -143,6 +143,52 @@ func (o op) describe() (what string, least Role) {
 	return fmt.Sprintf("op(%d)", int(o)), Admin
 }
 
+// actionOp is the op of a transition-table action; false for one that
+// every role may do (using a session's files is reading them too).
+func actionOp(a session.Action) (op, bool) {
+	switch a {
+	case session.ActionPause:
+		return opPause, true
+	case session.ActionResume:
+		return opResume, true
+	case session.ActionStop:
+		return opStop, true
+	case session.ActionStart:
+		return opStart, true
+	case session.ActionDelete:
+		return opDelete, true
+	case session.ActionFlush:
+		return opFlush, true
+	case session.ActionExec:
+		return opExec, true
+	case session.ActionSleep:
+		return opSleep, true
+	case session.ActionReplace:
+		return opReplace, true
+	case session.ActionCheckpoint:
+		return opCheckpoint, true
+	case session.ActionRestore:
+		return opRestore, true
+	case session.ActionFork:
+		return opFork, true
+	}
+	return 0, false
+}
+
+// permit says whether the caller's current role may do a: what a front
+// end asks before it asks its user to confirm a.
+func (g *guard) permit(ctx context.Context, a session.Action) error {
+	o, ok := actionOp(a)
+	if !ok {
+		return nil
+	}
+	role, err := g.role(ctx)
+	if err != nil {
+		return err
+	}
+	return role.allows(o)
+}
+
 // allows returns nil when role may do o, or a wrapped session.ErrPermission
 // saying which role may.
 func (r Role) allows(o op) error {

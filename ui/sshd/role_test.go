@@ -275,3 +275,32 @@ func TestGuardActsAsTheKey(t *testing.T) {
 		t.Errorf("List after the key was removed: %v, want its error", err)
 	}
 }
+
+// TestPermit: what the TUI asks before a confirmation matches what the
+// guard then enforces, for every transition-table action and role.
+func TestPermit(t *testing.T) {
+	fake := sessiontest.New(sessiontest.Options{})
+	defer fake.Close()
+	ctx := context.Background()
+	acts := []session.Action{session.ActionPause, session.ActionResume, session.ActionStop, session.ActionStart,
+		session.ActionDelete, session.ActionFlush, session.ActionExec, session.ActionFiles, session.ActionSleep,
+		session.ActionReplace, session.ActionCheckpoint, session.ActionRestore, session.ActionFork}
+	least := map[session.Action]Role{session.ActionDelete: Admin, session.ActionReplace: Admin, session.ActionRestore: Admin, session.ActionFiles: Viewer}
+	for role := Viewer; role <= Admin; role++ {
+		g := Restrict(fake, role).(*guard)
+		for _, a := range acts {
+			want, ok := least[a]
+			if !ok {
+				want = Operator
+			}
+			err := g.permit(ctx, a)
+			if (err == nil) != (role >= want) || (err != nil && !errors.Is(err, session.ErrPermission)) {
+				t.Errorf("%s %s: %v; want allowed %v", role, a, err, role >= want)
+			}
+		}
+	}
+	g := Restrict(fake, Operator).(*guard)
+	if err := g.permit(ctx, session.ActionDelete); err == nil || err.Error() != "role operator may not delete sessions (needs admin): permission denied" {
+		t.Errorf("operator delete: %v", err)
+	}
+}

@@ -409,7 +409,9 @@ func (s *Server) identify(sess ssh.Session) (AuthorizedKey, *conn, error) {
 
 // serviceFor returns the Service as the key may use it: its role is looked
 // up on every call, every call is recorded as the key.
-func (s *Server) serviceFor(ak AuthorizedKey) session.Service {
+func (s *Server) serviceFor(ak AuthorizedKey) session.Service { return s.guardFor(ak) }
+
+func (s *Server) guardFor(ak AuthorizedKey) *guard {
 	return &guard{svc: s.svc, who: ak.Actor(), role: func(context.Context) (Role, error) {
 		return s.currentRole(ak.Key)
 	}}

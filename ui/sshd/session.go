@@ -41,7 +41,23 @@ func (s *Server) handleSession(sess ssh.Session) {
 		sess.Exit(1)
 		return
 	}
-	if sn, ok := s.sessionFor(sess.Context(), sess.User()); ok {
+	var stderr io.Writer = sess.Stderr()
+	if isPty {
+		stderr = crlfWriter{stderr} // the client's terminal is raw
+	}
+	sn, ok, err := s.sessionFor(sess.Context(), sess.User())
+	switch {
+	case err != nil:
+		fmt.Fprintf(stderr, "berth: cannot look up session %q: %s\n", sess.User(), oneLine(err))
+		sess.Exit(cli.ExitFailed)
+		return
+	case !ok && sess.User() != workbenchUser && strings.TrimSpace(sess.RawCommand()) != "":
+		s.log.Info("ssh: command for no session refused", "remote", sess.RemoteAddr().String(), "key", ak.Fingerprint, "user", sess.User())
+		fmt.Fprintln(stderr, "berth: "+noSession(sess.User(), sess.LocalAddr()))
+		sess.Exit(cli.ExitUsage)
+		return
+	}
+	if ok {
 		// NAME@HOST: the session is the host.
 		c.busy.Add(1)
 		defer func() {
@@ -63,7 +79,7 @@ func (s *Server) handleSession(sess ssh.Session) {
 		return
 	}
 	if len(args) > 0 && args[0] == "berth" {
-		args = args[1:] // "ssh HOST berth ls" works too
+		args = args[1:] // "ssh berth@HOST berth ls" works too
 	}
 	log := s.log.With("remote", sess.RemoteAddr().String(), "key", ak.Fingerprint, "name", ak.Name(), "role", ak.Role.String())
 	start := time.Now()
@@ -144,14 +160,16 @@ func (s *Server) runCommand(sess ssh.Session, ak AuthorizedKey, args []string, p
 // operator quits, the client goes away or the server shuts down.
 func (s *Server) runTUI(sess ssh.Session, ak AuthorizedKey, pty ssh.Pty, sizes <-chan ssh.Window, isPty bool) int {
 	if !isPty {
-		fmt.Fprintln(sess.Stderr(), "berth: the TUI needs a terminal: ssh -t ... (commands work without one: ssh ... help)")
+		fmt.Fprintln(sess.Stderr(), "berth: the TUI needs a terminal: ssh -t ... (commands work without one: ssh berth@HOST help)")
 		return cli.ExitUsage
 	}
 	ctx, cancel := context.WithCancel(sess.Context())
 	defer cancel()
 	env := append(sess.Environ(), "TERM="+pty.Term)
-	m := ui.New(s.serviceFor(ak), ui.Options{
+	g := s.guardFor(ak)
+	m := ui.New(g, ui.Options{
 		ReadOnly:     ak.Role == Viewer,
+		Permit:       g.permit,
 		Who:          ak.Actor() + " (" + ak.Role.String() + ")",
 		DaemonStatus: s.opts.DaemonStatus,
 		Logger:       s.log,

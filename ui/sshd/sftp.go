@@ -35,7 +35,7 @@ func (s *Server) handleSFTP(sess ssh.Session) {
 	name := sess.User()
 	log := s.log.With("remote", sess.RemoteAddr().String(), "key", ak.Fingerprint, "name", ak.Name(), "role", ak.Role.String(), "session", name)
 	if _, err := svc.Get(ctx, name); err != nil {
-		fmt.Fprintf(sess.Stderr(), "berth: sftp: %s (connect as NAME@HOST, where NAME is a session: 'ssh HOST ls' lists them)\n", oneLine(err))
+		fmt.Fprintf(sess.Stderr(), "berth: sftp: %s (connect as NAME@HOST, where NAME is a session: 'ssh berth@HOST ls' lists them)\n", oneLine(err))
 		sess.Exit(1)
 		return
 	}

@@ -63,7 +63,7 @@ func TestTUI(t *testing.T) {
 	mark := sc.len()
 	io.WriteString(in, "?")
 	sc.waitFor(t, mark, "pause/resume", 5*time.Second)
-	io.WriteString(in, "?") // any key closes the help
+	io.WriteString(in, "?") // ? closes the help
 
 	mark = sc.len()
 	if err := s.WindowChange(8, 30); err != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
@@ -194,18 +195,94 @@ func (m *Model) Update(msg tea.Msg) tea.Cmd {
 	return nil
 }
 
-// Column widths; the command takes the rest.
+// col is one column of the table but the command, which takes the rest.
+type col int
+
 const (
-	wID, wState, wExit, wStart, wDur, wOut, wBy = 8, 10, 6, 8, 7, 11, 8
+	colID col = iota
+	colState
+	colExit
+	colStarted
+	colTook
+	colOut
+	colBy
+	numCols
 )
+
+type colSpec struct {
+	title string
+	width int
+	right bool
+	// drop orders the columns that give way to the command on a narrow
+	// terminal: highest first; 0 never.
+	drop int
+}
+
+var specs = [numCols]colSpec{
+	colID:      {title: "ID", width: 8},
+	colState:   {title: "STATE", width: 9},
+	colExit:    {title: "EXIT", width: 4, right: true},
+	colStarted: {title: "STARTED", width: 8, drop: 1},
+	colTook:    {title: "TOOK", width: 6, right: true},
+	colOut:     {title: "OUT/ERR", width: 11, right: true, drop: 3},
+	colBy:      {title: "BY", width: 8, drop: 2},
+}
+
+const (
+	gap    = 2
+	marker = 2 // "▸ " before each row
+	// minCommand is what the command keeps before a column gives way: a
+	// command line cut to a few characters says nothing.
+	minCommand = 30
+)
+
+// columns returns the columns that leave the command at least minCommand
+// cells of width w (dropping the least useful first), and the command's
+// width.
+func columns(w int) ([]col, int) {
+	cols := make([]col, 0, numCols)
+	for c := range numCols {
+		cols = append(cols, c)
+	}
+	for {
+		rest := w - marker
+		for _, c := range cols {
+			rest -= specs[c].width + gap
+		}
+		if rest >= minCommand {
+			return cols, rest
+		}
+		worst := -1
+		for i, c := range cols {
+			if specs[c].drop > 0 && (worst < 0 || specs[c].drop > specs[cols[worst]].drop) {
+				worst = i
+			}
+		}
+		if worst < 0 {
+			return cols, max(rest, 1)
+		}
+		cols = slices.Delete(cols, worst, worst+1)
+	}
+}
+
+func cell(c col, s string) string {
+	if specs[c].right {
+		return common.FitLeft(s, specs[c].width)
+	}
+	return common.Fit(s, specs[c].width)
+}
 
 // View implements common.Component.
 func (m *Model) View() string {
 	st := m.c.Styles
-	head := common.Fit("  "+common.Fit("ID", wID)+"  "+common.Fit("STATE", wState)+"  "+common.FitLeft("EXIT", wExit)+"  "+
-		common.Fit("STARTED", wStart)+"  "+common.FitLeft("TOOK", wDur)+"  "+common.FitLeft("OUT/ERR", wOut)+"  "+
-		common.Fit("BY", wBy)+"  COMMAND", m.w)
-	lines := []string{st.TableHead.Render(head)}
+	cols, _ := columns(m.w)
+	var hb strings.Builder
+	hb.WriteString(strings.Repeat(" ", marker))
+	for _, c := range cols {
+		hb.WriteString(cell(c, specs[c].title) + strings.Repeat(" ", gap))
+	}
+	hb.WriteString("COMMAND")
+	lines := []string{st.TableHead.Render(common.Fit(hb.String(), m.w))}
 	switch {
 	case m.err != "":
 		lines = append(lines, "", "  "+st.FlashErr.Render(m.err))
@@ -219,63 +296,81 @@ func (m *Model) View() string {
 		lines = append(lines, "", "  "+st.Muted.Render(msg))
 	}
 	now := m.c.Now()
-	loc := now.Location()
 	for i := m.offset; i < len(m.list) && i < m.offset+m.page(); i++ {
-		e := &m.list[i]
-		sel := i == m.cursor
-		exit := "—"
-		switch {
-		case e.ExitCode != nil:
-			exit = strconv.Itoa(*e.ExitCode)
-		case e.Signal != "":
-			exit = strings.TrimPrefix(e.Signal, "SIG")
-		case e.State == session.ExecLost:
-			exit = "?"
-		}
-		end := e.EndedAt
-		if end.IsZero() {
-			end = now
-		}
-		took := "—"
-		if !e.StartedAt.IsZero() {
-			took = session.FormatDuration(end.Sub(e.StartedAt))
-		}
-		started := "—"
-		if !e.StartedAt.IsZero() {
-			started = e.StartedAt.In(loc).Format("15:04:05")
-		}
-		state := string(e.State)
-		if e.Outside {
-			state = "outside"
-		}
-		if e.Held != "" {
-			state = "held" // output waits in the guest for host disk space
-		}
-		stateCell := common.Fit(state, wState)
-		exitCell := common.FitLeft(exit, wExit)
-		if !sel {
-			stateCell = lipgloss.NewStyle().Foreground(st.ExecColor(e.State)).Render(stateCell)
-			if e.ExitCode != nil && *e.ExitCode != 0 {
-				exitCell = st.FlashErr.Render(exitCell)
-			}
-		}
-		mark := "  "
-		if sel {
-			mark = "▸ "
-		}
-		by := common.SanitizeLine(e.By)
-		row := mark + common.Fit(common.ShortID(e.ID), wID) + "  " + stateCell + "  " + exitCell + "  " +
-			common.Fit(started, wStart) + "  " + common.FitLeft(took, wDur) + "  " +
-			common.FitLeft(session.FormatBytesShort(e.StdoutBytes)+"/"+session.FormatBytesShort(e.StderrBytes), wOut) + "  " +
-			common.Fit(by, wBy) + "  " + common.ExecLabel(*e)
-		if e.Held != "" {
-			row += "  (" + common.SanitizeLine(e.Held) + ")"
-		}
-		row = common.Fit(row, m.w)
-		if sel {
-			row = st.Selected.Render(row)
-		}
-		lines = append(lines, row)
+		lines = append(lines, m.row(&m.list[i], cols, i == m.cursor, now))
 	}
 	return common.Block(strings.Join(lines, "\n"), m.w, m.h)
+}
+
+func (m *Model) row(e *session.Execution, cols []col, sel bool, now time.Time) string {
+	st := m.c.Styles
+	var b strings.Builder
+	if sel {
+		b.WriteString("▸ ")
+	} else {
+		b.WriteString("  ")
+	}
+	for _, c := range cols {
+		var v string
+		switch c {
+		case colID:
+			v = cell(c, common.ShortID(e.ID))
+		case colState:
+			state := string(e.State)
+			if e.Outside {
+				state = "outside"
+			}
+			if e.Held != "" {
+				state = "held" // output waits in the guest for host disk space
+			}
+			v = cell(c, state)
+			if !sel {
+				v = lipgloss.NewStyle().Foreground(st.ExecColor(e.State)).Render(v)
+			}
+		case colExit:
+			exit := "—"
+			switch {
+			case e.ExitCode != nil:
+				exit = strconv.Itoa(*e.ExitCode)
+			case e.Signal != "":
+				exit = strings.TrimPrefix(e.Signal, "SIG")
+			case e.State == session.ExecLost:
+				exit = "?"
+			}
+			v = cell(c, exit)
+			if !sel && e.ExitCode != nil && *e.ExitCode != 0 {
+				v = st.FlashErr.Render(v)
+			}
+		case colStarted:
+			started := "—"
+			if !e.StartedAt.IsZero() {
+				started = e.StartedAt.In(now.Location()).Format("15:04:05")
+			}
+			v = cell(c, started)
+		case colTook:
+			end := e.EndedAt
+			if end.IsZero() {
+				end = now
+			}
+			took := "—"
+			if !e.StartedAt.IsZero() {
+				took = session.FormatDuration(end.Sub(e.StartedAt))
+			}
+			v = cell(c, took)
+		case colOut:
+			v = cell(c, session.FormatBytesShort(e.StdoutBytes)+"/"+session.FormatBytesShort(e.StderrBytes))
+		case colBy:
+			v = cell(c, common.SanitizeLine(e.By))
+		}
+		b.WriteString(v + strings.Repeat(" ", gap))
+	}
+	b.WriteString(common.ExecLabel(*e))
+	if e.Held != "" {
+		b.WriteString("  (" + common.SanitizeLine(e.Held) + ")")
+	}
+	row := common.Fit(b.String(), m.w)
+	if sel {
+		row = st.Selected.Render(row)
+	}
+	return row
 }

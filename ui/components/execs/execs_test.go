@@ -97,3 +97,40 @@ func TestEmptyAndError(t *testing.T) {
 		t.Fatalf("no error:\n%s", ansi.Strip(m.View()))
 	}
 }
+
+// TestCommandKeepsItsWidth: the command is the column that says what an
+// execution is; at 80 columns it keeps at least minCommand cells and the
+// least useful columns give way (OUT/ERR, then BY), at 130 all show.
+func TestCommandKeepsItsWidth(t *testing.T) {
+	m, f, d := setup(t, 0)
+	long := "go test -run TestSomethingLong ./session/... ./ui/..."
+	if err := f.AddExecution(session.Execution{ID: "xlong", Session: "s", Argv: []string{"/bin/sh", "-c", long}, By: "tui",
+		State: session.ExecRunning, StartedAt: t0}); err != nil {
+		t.Fatal(err)
+	}
+	d.Send(keys.Key("r"))
+	for _, c := range []struct {
+		w          int
+		shown, not []string
+	}{
+		{80, []string{"ID", "STATE", "EXIT", "STARTED", "TOOK", "COMMAND"}, []string{"OUT/ERR", "BY"}},
+		{130, []string{"ID", "STATE", "EXIT", "STARTED", "TOOK", "OUT/ERR", "BY", "COMMAND", long}, nil},
+	} {
+		m.SetSize(c.w, 8)
+		lines := strings.Split(ansi.Strip(m.View()), "\n")
+		for _, s := range c.shown {
+			if !strings.Contains(lines[0]+lines[1], s) {
+				t.Errorf("%d columns: no %q:\n%s\n%s", c.w, s, lines[0], lines[1])
+			}
+		}
+		for _, s := range c.not {
+			if strings.Contains(lines[0], s) {
+				t.Errorf("%d columns: %s still shown:\n%s", c.w, s, lines[0])
+			}
+		}
+		at := strings.Index(lines[0], "COMMAND")
+		if got := ansi.StringWidth(strings.TrimRight(ansi.Cut(lines[1], at, c.w), " ")); got < min(minCommand, len(long)) {
+			t.Errorf("%d columns: the command has %d cells:\n%s\n%s", c.w, got, lines[0], lines[1])
+		}
+	}
+}

@@ -23,7 +23,7 @@ import (
 // Column identifies a table column.
 type Column int
 
-// Columns, in display order.
+// Columns; display gives their order on screen.
 const (
 	ColName Column = iota
 	ColState
@@ -279,6 +279,25 @@ func (m *Model) Sort() (Column, bool) { return m.sortCol, m.desc }
 func (m *Model) SetSort(c Column, desc bool) {
 	m.sortCol, m.desc = c, desc
 	m.rebuild()
+}
+
+// nextSort is the column after the sort column as the header shows them,
+// left to right, wrapping to the first: o walks the header the operator
+// reads, not the order the columns were added in. Columns a narrow
+// terminal dropped are skipped (a sort by a column not shown would
+// look like no order at all); :sort still reaches them.
+func (m *Model) nextSort() Column {
+	shown := m.cols
+	if len(shown) == 0 {
+		shown = display[:]
+	}
+	i := slices.Index(display[:], m.sortCol)
+	for n := 1; n <= len(display); n++ {
+		if c := display[(i+n)%len(display)]; slices.Contains(shown, c) {
+			return c
+		}
+	}
+	return ColName
 }
 
 // SortByName sorts by a column named like its header ("dirty", "name").
@@ -579,7 +598,7 @@ func (m *Model) Update(msg tea.Msg) tea.Cmd {
 		case key.Matches(msg, m.keys.ClearFilter):
 			m.SetFilter("")
 		case key.Matches(msg, m.keys.Sort):
-			next := (m.sortCol + 1) % numColumns
+			next := m.nextSort()
 			m.SetSort(next, spec(next).desc)
 		case key.Matches(msg, m.keys.Reverse):
 			m.SetSort(m.sortCol, !m.desc)

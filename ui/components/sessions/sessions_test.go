@@ -272,3 +272,23 @@ func TestCreatedAnswerRacesTheEvents(t *testing.T) {
 		})
 	}
 }
+
+// TestSortKeyCyclesLeftToRight: o moves the sort to the next column as
+// the header shows them, left to right, skipping the columns a narrow
+// terminal dropped, and wraps to NAME.
+func TestSortKeyCyclesLeftToRight(t *testing.T) {
+	for _, w := range []int{100, 80, 60} {
+		m := newTable(t, w, 20, some()...)
+		header := strings.Fields(ansi.Strip(strings.Split(m.View(), "\n")[0]))
+		var got []string
+		for range len(header) {
+			press(m, "o")
+			c, _ := m.Sort()
+			got = append(got, spec(c).title)
+		}
+		want := append(append([]string{}, header[1:]...), "NAME")
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("%d columns: o cycles %v, want %v (the header: %v)", w, got, want, header)
+		}
+	}
+}
