@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,7 +106,7 @@ func TestDiskFull(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots VMs")
 	}
-	mnt := smallFS(t, 448<<20)
+	mnt := smallFS(t, 512<<20)
 	e := &env{t: t, berth: vmmtest.Berth(t), data: vmmtest.DataDirIn(t, filepath.Join(mnt, "data"))}
 	t.Cleanup(func() {
 		e.killDaemon()
@@ -137,12 +138,37 @@ func TestDiskFull(t *testing.T) {
 		fill(t, mnt, filler, 160<<20)
 		id := strings.TrimSpace(e.ok("exec", "a", "--detach", "--", "cat", "block", "block", "block", "block", "block", "block", "block", "block"))
 		x := e.waitExec("a", id, 3*time.Minute, func(x session.Execution) bool { return x.Held != "" || x.State.Done() })
-		if x.State.Done() || !strings.Contains(x.Held, "host disk full") {
+		if x.State.Done() || !strings.HasPrefix(x.Held, "output held: host disk") {
 			t.Fatalf("the output was not held: %+v", x)
 		}
-		// The daemon answers, and so do other sessions.
+		// The daemon answers, and so do other sessions: the noisy one is
+		// held first, so a quiet one's small output is still stored.
 		e.ok("ls")
-		e.ok("exec", "b", "--", "true")
+		if out := e.ok("exec", "b", "--", "echo", "alive"); out != "alive\n" {
+			t.Errorf("a quiet session's echo with the noisy one held: %q", out)
+		}
+		// Whoever follows the held command is told at once, on stderr;
+		// ls and info say which session is held.
+		follow := e.cmd("logs", "a", id, "-f")
+		var notice lockedBuffer
+		follow.Stdout, follow.Stderr = io.Discard, &notice
+		if err := follow.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(30 * time.Second); !strings.Contains(notice.String(), "berth: output held: host disk") && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+		follow.Process.Kill()
+		follow.Wait()
+		if !strings.Contains(notice.String(), "berth: output held: host disk") {
+			t.Errorf("logs -f of the held command said %q, want the held notice", notice.String())
+		}
+		if r := e.run("ls"); !strings.Contains(r.stderr, "output held") || !strings.Contains(r.stderr, ": a") {
+			t.Errorf("ls with a held session: stderr %q", r.stderr)
+		}
+		if out := e.ok("info", "a"); !strings.Contains(out, "Output held:") {
+			t.Errorf("info of the held session:\n%s", out)
+		}
 		held := x.StdoutBytes
 		time.Sleep(2 * time.Second)
 		if x := e.execution("a", id); x.StdoutBytes > held+8<<20 || x.State.Done() {
@@ -240,7 +266,7 @@ func TestBenchDiskFull(t *testing.T) {
 	if os.Getenv("BERTH_BENCH") == "" {
 		t.Skip("set BERTH_BENCH=1 (make bench)")
 	}
-	mnt := smallFS(t, 448<<20)
+	mnt := smallFS(t, 512<<20)
 	e := &env{t: t, berth: vmmtest.Berth(t), data: vmmtest.DataDirIn(t, filepath.Join(mnt, "data"))}
 	t.Cleanup(e.killDaemon)
 	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"48M\"\nidle_timeout = \"0\"\nretention = \"1G\"\nfree_space_floor = \"96M\"\noutput_budget = \"0\"\n"), 0o644)

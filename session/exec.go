@@ -285,7 +285,7 @@ func (r *run) drain(gx *guest.Exec) (*guest.ExecInfo, error) {
 // lost, nothing stored twice. The execution shows why meanwhile.
 func (r *run) hold(gx *guest.Exec, batch []guest.Output, cause error) error {
 	start := time.Now()
-	r.setHeld(fmt.Sprintf("output held: host disk full (%s free under %s)", FormatBytes(r.m.freeSpace()), r.m.cfg.DataDir))
+	r.setHeld(heldMessage(cause, r.m.freeSpace()))
 	r.m.log.Warn("output held: the host disk is full", "exec", r.id, "err", cause)
 	wait := 50 * time.Millisecond
 	for {
@@ -307,11 +307,38 @@ func (r *run) hold(gx *guest.Exec, batch []guest.Output, cause error) error {
 	}
 }
 
+// heldMessage says why output is held, with the store's figures when it
+// gave them: `output held: host disk full (N free of the M kept free)`.
+func heldMessage(cause error, free int64) string {
+	var se *store.SpaceError
+	if !errors.As(cause, &se) {
+		return fmt.Sprintf("output held: host disk full (%s free)", FormatBytes(free))
+	}
+	if se.Noisy {
+		return fmt.Sprintf("output held: host disk filling, and this session wrote the most (%s in the last 10s): held first (%s free of the %s kept free for the others)",
+			FormatBytes(se.Recent), FormatBytes(se.Free), FormatBytes(se.Floor))
+	}
+	return fmt.Sprintf("output held: host disk full (%s free of the %s kept free)", FormatBytes(se.Free), FormatBytes(se.Floor))
+}
+
+func (r *run) heldWhy() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.held
+}
+
 func (r *run) setHeld(why string) {
 	r.mu.Lock()
+	was := r.held
 	r.held = why
 	r.notifyLocked()
 	r.mu.Unlock()
+	switch {
+	case was == "" && why != "":
+		r.s.heldOut.Add(1)
+	case was != "" && why == "":
+		r.s.heldOut.Add(-1)
+	}
 	x := r.execution()
 	r.m.hub.publish(Event{Time: time.Now(), Kind: EventExec, Name: r.s.name, Exec: &x, Message: why})
 }
@@ -658,16 +685,33 @@ func (m *Manager) follow(ctx context.Context, r *run, from uint64) *process {
 		defer stop()
 		defer close(p.out)
 		next := from
+		var told string // the held notice last sent
+		send := func(c Chunk) bool {
+			select {
+			case p.out <- c:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
 		for {
 			rec, changed := r.snapshot()
+			if held := r.heldWhy(); held != told {
+				msg := held
+				if held == "" {
+					msg = "output stored again: the host disk has room"
+				}
+				if !send(Chunk{Exec: r.id, Stream: Notice, Time: time.Now(), Data: []byte(msg)}) {
+					return
+				}
+				told = held
+			}
 			page, err := m.Output(ctx, r.id, next, 256)
 			if err != nil {
 				return
 			}
 			for _, c := range page.Chunks {
-				select {
-				case p.out <- c:
-				case <-ctx.Done():
+				if !send(c) {
 					return
 				}
 			}

@@ -105,6 +105,9 @@ type Session struct {
 	DirtyBytes    int64 `json:"dirty_bytes"` // what a crash of the VM would lose now
 	MemUsedBytes  int64 `json:"mem_used_bytes,omitempty"`
 	Running       int   `json:"running"` // executions in starting/running state
+	// OutputHeld counts the session's commands whose output is held for
+	// lack of room on the host (they block on their pipe; nothing is lost).
+	OutputHeld int `json:"output_held,omitempty"`
 	// Live holds the sampled CPU, memory and I/O figures while running.
 	Live *Live `json:"live,omitempty"`
 
@@ -178,11 +181,18 @@ type Stream uint8
 const (
 	Stdout Stream = 1
 	Stderr Stream = 2
+	// Notice is berth's word about the execution to whoever follows it
+	// live (Seq 0, never stored): its output held for lack of room, or
+	// stored again. Clients show it apart from the command's output.
+	Notice Stream = 3
 )
 
 func (s Stream) String() string {
-	if s == Stderr {
+	switch s {
+	case Stderr:
 		return "stderr"
+	case Notice:
+		return "notice"
 	}
 	return "stdout"
 }

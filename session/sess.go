@@ -45,6 +45,9 @@ type sess struct {
 	// running counts the session's executions being recorded (Manager.addRun
 	// and dropRun, under m.mu); read without a lock.
 	running atomic.Int32
+	// heldOut counts the session's executions whose output is held for
+	// lack of room (run.setHeld); read without a lock, as running is.
+	heldOut atomic.Int32
 	ckpt    ckptTotals // guarded by mu; see refreshCheckpoints
 	net     netState
 	note    func(string) // where egress refusals are noted; nil: the timeline
@@ -111,6 +114,7 @@ func (s *sess) snapshotLocked() Session {
 		out.Net = DefaultNet
 	}
 	out.Running = s.m.runningCount(s)
+	out.OutputHeld = int(s.heldOut.Load())
 	out.Checkpoints, out.CheckpointBytes = s.ckpt.n, s.ckpt.bytes
 	return out
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -41,14 +43,26 @@ type HostStatus struct {
 	// DiskFullPaused are the sessions paused because a disk write found
 	// the host disk full.
 	DiskFullPaused []string `json:"disk_full_paused,omitempty"`
+	// OutputHeld are the sessions whose commands' output is held for
+	// lack of room, whether or not free space is below the floor (the
+	// store keeps its own reserve under it).
+	OutputHeld []string `json:"output_held,omitempty"`
 }
 
 // Message says the condition in one line, or "" when there is none.
 func (h HostStatus) Message() string {
-	if !h.Below && len(h.DiskFullPaused) == 0 {
-		return ""
+	var msg string
+	if h.Below || len(h.DiskFullPaused) > 0 {
+		msg = fmt.Sprintf("host disk low: %s free under %s, below the %s floor (free_space_floor)", FormatBytes(h.Free), h.DataDir, FormatBytes(h.Floor))
 	}
-	return fmt.Sprintf("host disk low: %s free under %s, below the %s floor (free_space_floor)", FormatBytes(h.Free), h.DataDir, FormatBytes(h.Floor))
+	if len(h.OutputHeld) > 0 {
+		held := fmt.Sprintf("output held for lack of room on %s (%s free): %s", h.DataDir, FormatBytes(h.Free), strings.Join(h.OutputHeld, ", "))
+		if msg != "" {
+			msg += "; "
+		}
+		msg += held
+	}
+	return msg
 }
 
 // ErrNoSpace is the class of refusals for lack of space on the host.
@@ -99,8 +113,12 @@ func (m *Manager) Host(ctx context.Context) (HostStatus, error) {
 			h.DiskFullPaused = append(h.DiskFullPaused, s.name)
 		}
 		s.mu.Unlock()
+		if s.heldOut.Load() > 0 {
+			h.OutputHeld = append(h.OutputHeld, s.name)
+		}
 	}
 	sort.Strings(h.DiskFullPaused)
+	sort.Strings(h.OutputHeld)
 	return h, nil
 }
 
@@ -120,7 +138,8 @@ func (m *Manager) spaceLoop() {
 		}
 		h, _ := m.Host(m.ctx)
 		m.space.mu.Lock()
-		changed := h.Below != m.space.status.Below || len(h.DiskFullPaused) != len(m.space.status.DiskFullPaused)
+		changed := h.Below != m.space.status.Below || len(h.DiskFullPaused) != len(m.space.status.DiskFullPaused) ||
+			!slices.Equal(h.OutputHeld, m.space.status.OutputHeld)
 		m.space.status = h
 		m.space.mu.Unlock()
 		if changed {

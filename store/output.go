@@ -180,7 +180,7 @@ func (s *Store) appendLocked(session, execID string, chunks []Chunk, outBytes, e
 	var t *trimmer
 	var delta int64
 	var more, indexed bool
-	err := s.updateNeed(data, func(txn *badger.Txn) error {
+	err := s.updateNeed(session, data, func(txn *badger.Txn) error {
 		var err error
 		e, st, err = loadExec(txn, execID)
 		if err != nil {

@@ -28,9 +28,18 @@ type SpaceError struct {
 	Free  int64 // bytes available to the store when it checked
 	Need  int64 // bytes the write would have taken, 0 for records
 	Floor int64 // bytes the store keeps free for this kind of write
+	// Noisy is set when the output was held early because its session
+	// filled the disk fastest: Recent is what it wrote in the last
+	// noisyWindow; the band above the reserve is kept for the others.
+	Noisy  bool
+	Recent int64
 }
 
 func (e *SpaceError) Error() string {
+	if e.Noisy {
+		return fmt.Sprintf("store %s: %d bytes free; output of a session that wrote %d bytes in the last %s is held first, above %d kept free for the others: %v",
+			e.Dir, e.Free, e.Recent, noisyWindow, e.Floor, syscall.ENOSPC)
+	}
 	if e.Need > 0 {
 		return fmt.Sprintf("store %s: %d bytes free, %d more would leave less than the %d kept free: %v",
 			e.Dir, e.Free, e.Need, e.Floor, syscall.ENOSPC)
@@ -87,11 +96,72 @@ type space struct {
 	// allocated to; noAlloc is set when the filesystem cannot fallocate.
 	files   map[string]int64
 	noAlloc bool
+	// recent is each session's output offered (stored or held) in the
+	// current and the previous noisyWindow, to tell the session filling
+	// the disk from the others.
+	recent map[string]*outRate
 }
 
-func newSpace(dir string, reserve int64, log *slog.Logger) *space {
-	return &space{dir: dir, reserve: reserve, log: log, files: make(map[string]int64)}
+// outRate counts a session's output in two consecutive windows.
+type outRate struct {
+	start     time.Time // of the current window
+	cur, prev int64
 }
+
+// The fairness of a full disk: a session that stored more than noisyBytes
+// of output in the last noisyWindow is noisy, and its output is held once
+// free space falls below the reserve plus a quiet share (half the
+// reserve), which is left to the others' smaller output.
+const (
+	noisyWindow = 10 * time.Second
+	noisyBytes  = 4 << 20
+)
+
+func newSpace(dir string, reserve int64, log *slog.Logger) *space {
+	return &space{dir: dir, reserve: reserve, log: log, files: make(map[string]int64), recent: make(map[string]*outRate)}
+}
+
+// recentLocked is what session stored in about the last noisyWindow (the
+// current window and the overlapping part of the previous one).
+func (sp *space) recentLocked(session string, now time.Time) int64 {
+	r := sp.recent[session]
+	if r == nil {
+		return 0
+	}
+	r.roll(now)
+	left := noisyWindow - now.Sub(r.start)
+	return r.cur + r.prev*int64(left)/int64(noisyWindow)
+}
+
+func (r *outRate) roll(now time.Time) {
+	switch d := now.Sub(r.start); {
+	case d >= 2*noisyWindow:
+		r.start, r.cur, r.prev = now, 0, 0
+	case d >= noisyWindow:
+		r.start, r.cur, r.prev = r.start.Add(noisyWindow), 0, r.cur
+	}
+}
+
+// note counts n bytes of output stored for session.
+func (sp *space) noteLocked(session string, n int64, now time.Time) {
+	r := sp.recent[session]
+	if r == nil {
+		if len(sp.recent) >= maxRates {
+			for k, v := range sp.recent { // forget the idle
+				if now.Sub(v.start) >= 2*noisyWindow {
+					delete(sp.recent, k)
+				}
+			}
+		}
+		r = &outRate{start: now}
+		sp.recent[session] = r
+	}
+	r.roll(now)
+	r.cur += n
+}
+
+// maxRates bounds the sessions tracked before idle ones are dropped.
+const maxRates = 4096
 
 // recordFloor is what badger may need at once by itself; see Store.
 func (sp *space) recordFloor() int64 { return sp.reserve / 2 }
@@ -99,7 +169,11 @@ func (sp *space) recordFloor() int64 { return sp.reserve / 2 }
 // room checks that a write may go ahead: need bytes of output (kept above
 // the whole reserve), or, when need is 0, a database write (kept above
 // half of it). It allocates badger's new files first.
-func (sp *space) room(need int64) error {
+func (sp *space) room(need int64) error { return sp.roomFor("", need) }
+
+// roomFor is room for output of session: a noisy session's output is held
+// above the reserve plus a quiet share, so the others' keeps being stored.
+func (sp *space) roomFor(session string, need int64) error {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	now := time.Now()
@@ -116,6 +190,17 @@ func (sp *space) room(need int64) error {
 	floor := sp.recordFloor()
 	if need > 0 {
 		floor = sp.reserve
+		if session != "" {
+			// Demand counts, stored or not: a session whose output is
+			// held retries, and stays noisy while it does.
+			recent := sp.recentLocked(session, now)
+			sp.noteLocked(session, need, now)
+			if recent+need > noisyBytes {
+				if noisy := sp.reserve + sp.reserve/2; sp.free-need < noisy {
+					return &SpaceError{Dir: sp.dir, Free: sp.free, Need: need, Floor: noisy, Noisy: true, Recent: recent}
+				}
+			}
+		}
 	}
 	if sp.free-need < floor {
 		return &SpaceError{Dir: sp.dir, Free: sp.free, Need: need, Floor: floor}

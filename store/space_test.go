@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -307,8 +308,10 @@ func testFullDisk(t *testing.T, kind string) {
 	m.exec(t, "e", "s", t0)
 	rng := rand.New(rand.NewPCG(14, 14))
 
-	// Output fills the disk down to the reserve.
-	fill(t, root, fillers[0], DefaultReserve+8<<20)
+	// A noisy session's output fills the disk down to the reserve plus
+	// the quiet share, and is held there.
+	quietShare := DefaultReserve / 2
+	fill(t, root, fillers[0], DefaultReserve+quietShare+8<<20)
 	time.Sleep(statEvery + 10*time.Millisecond)
 	var held pending
 	var err error
@@ -319,18 +322,50 @@ func testFullDisk(t *testing.T, kind string) {
 			break
 		}
 		if stored++; stored > 1000 {
-			t.Fatalf("%d MiB stored on a disk with 8 MiB above the reserve", stored/16)
+			t.Fatalf("%d MiB stored on a disk with 8 MiB above the reserve and share", stored/16)
 		}
 	}
 	var se *SpaceError
-	if !errors.Is(err, syscall.ENOSPC) || !errors.As(err, &se) || se.Floor != DefaultReserve {
-		t.Fatalf("AppendOutput on a full disk: %v, want a SpaceError at the reserve", err)
+	if !errors.Is(err, syscall.ENOSPC) || !errors.As(err, &se) || !se.Noisy || se.Floor != DefaultReserve+quietShare || !strings.Contains(err.Error(), "held first") {
+		t.Fatalf("AppendOutput of the noisy session on a filling disk: %v, want it held first, above the reserve and the quiet share", err)
 	}
 	if stored < 64 {
 		t.Errorf("only %d chunks stored before the reserve", stored)
 	}
 	t.Logf("%d chunks stored, then: %v", stored, err)
 	m.check(t, "s", 1<<30)
+
+	// Another session's small output is still stored, down to the reserve
+	// itself; below it, it is held too.
+	if err := s.PutSession(Session{Name: "q", State: "running", Retention: 1 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	m.exec(t, "qx", "q", t0)
+	if err := m.store(t, m.prepare(rng, "qx", 100)); err != nil {
+		t.Fatalf("a quiet session's output with the noisy one held: %v", err)
+	}
+	fill(t, root, "filler-q", DefaultReserve+4<<20)
+	time.Sleep(statEvery + 10*time.Millisecond)
+	if err := m.store(t, m.prepare(rng, "qx", 100)); err != nil {
+		t.Fatalf("a quiet session's output 4 MiB above the reserve: %v", err)
+	}
+	if err := m.store(t, held); !errors.As(err, &se) || !se.Noisy {
+		t.Fatalf("the noisy session's held output 4 MiB above the reserve: %v, want it still held", err)
+	}
+	fill(t, root, "filler-q", DefaultReserve-1<<20)
+	time.Sleep(statEvery + 10*time.Millisecond)
+	quiet := m.prepare(rng, "qx", 100)
+	if err := m.store(t, quiet); !errors.As(err, &se) || se.Noisy || se.Floor != DefaultReserve {
+		t.Fatalf("a quiet session's output below the reserve: %v, want held at the reserve", err)
+	}
+	if err := os.Remove(filepath.Join(root, "filler-q")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(statEvery + 10*time.Millisecond)
+	if err := m.store(t, quiet); err != nil {
+		t.Fatalf("the quiet session's held output once space returned: %v", err)
+	}
+	m.check(t, "q", 1<<30)
 	// Records still go in: the daemon can say why output is held.
 	if err := s.PutSession(Session{Name: "s", State: "running", Retention: 1 << 30, Cause: "output held"}); err != nil {
 		t.Errorf("PutSession above half the reserve: %v", err)

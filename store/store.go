@@ -329,13 +329,13 @@ func (s *Store) stripe(session string) *sync.Mutex {
 // one does, retrying is correct because fn re-reads what it depends on.
 // It refuses with a SpaceError when the disk is too full (see Store).
 func (s *Store) update(fn func(txn *badger.Txn) error) error {
-	return s.updateNeed(0, fn)
+	return s.updateNeed("", 0, fn)
 }
 
-// updateNeed is update for a write that also puts need bytes of output in
-// segments.
-func (s *Store) updateNeed(need int64, fn func(txn *badger.Txn) error) error {
-	if err := s.space.room(need); err != nil {
+// updateNeed is update for a write that also puts need bytes of session's
+// output in segments.
+func (s *Store) updateNeed(session string, need int64, fn func(txn *badger.Txn) error) error {
+	if err := s.space.roomFor(session, need); err != nil {
 		return err
 	}
 	var err error

@@ -88,6 +88,8 @@ func (m *Model) headerView() string {
 			banner = fmt.Sprintf("host disk full: %d session(s) paused, %s free", n, session.FormatBytesShort(h.Free))
 		}
 		right = append(right, st.FlashErr.Render("⚠ "+banner))
+	} else if n := len(h.OutputHeld); n > 0 {
+		right = append(right, st.FlashErr.Render(fmt.Sprintf("⚠ output held: %d session(s), %s free", n, session.FormatBytesShort(h.Free))))
 	}
 	if m.c.ReadOnly {
 		right = append(right, st.DialogWarn.Render("read-only"))

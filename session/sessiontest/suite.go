@@ -359,9 +359,11 @@ func Run(t testing.TB, ctx context.Context, svc session.Service, name string, re
 	}
 	var out, errOut bytes.Buffer
 	for c := range p.Output() {
-		if c.Stream == session.Stderr {
+		switch c.Stream {
+		case session.Notice: // berth's word, not the command's
+		case session.Stderr:
 			errOut.Write(c.Data)
-		} else {
+		default:
 			out.Write(c.Data)
 		}
 	}

@@ -207,8 +207,12 @@ func forwardStdin(p session.Process, r io.Reader) {
 func (c *Call) copyOutput(p session.Process) error {
 	for ch := range p.Output() {
 		w := c.env.Stdout
-		if ch.Stream == session.Stderr {
+		switch ch.Stream {
+		case session.Stderr:
 			w = c.env.Stderr
+		case session.Notice:
+			fmt.Fprintf(c.env.Stderr, "berth: %s\n", ch.Data)
+			continue
 		}
 		if _, err := w.Write(ch.Data); err != nil {
 			return fmt.Errorf("writing the output of %s: %w", p.ID(), err)

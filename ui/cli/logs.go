@@ -35,6 +35,10 @@ until it ends.`,
 					return err
 				}
 				show := func(ch session.Chunk) error {
+					if ch.Stream == session.Notice {
+						_, err := fmt.Fprintf(c.env.Stderr, "berth: %s\n", ch.Data)
+						return err
+					}
 					if stream.value != "" && stream.value != ch.Stream.String() {
 						return nil
 					}

@@ -203,6 +203,9 @@ func writeInfo(w io.Writer, c *Call, s session.Session) {
 		t.row("Checkpoints:", fmt.Sprintf("%d, %s on disk ('berth checkpoints %s' lists them)", s.Checkpoints, session.FormatBytes(s.CheckpointBytes), s.Name))
 	}
 	t.row("Running:", plural(s.Running, "command"))
+	if s.OutputHeld > 0 {
+		t.row("Output held:", plural(s.OutputHeld, "command")+" blocked: the host disk has no room for their output (nothing is lost; they go on once space returns)")
+	}
 	if s.Net != "" {
 		t.row("Network:", s.Net)
 	}

@@ -82,6 +82,9 @@ type execOut struct {
 	Truncated   bool  `json:"truncated,omitempty"`
 	StdoutBytes int64 `json:"stdout_bytes"`
 	StderrBytes int64 `json:"stderr_bytes"`
+	// Notices are berth's words while it ran (its output held for lack of
+	// room on the host, then stored again), not the command's.
+	Notices []string `json:"notices,omitempty"`
 }
 
 type readOutputIn struct {
@@ -306,9 +309,14 @@ collect:
 			if !ok {
 				break collect
 			}
-			if c.Stream == session.Stderr {
+			switch c.Stream {
+			case session.Notice:
+				if len(out.Notices) < 16 {
+					out.Notices = append(out.Notices, string(c.Data))
+				}
+			case session.Stderr:
 				stderr.write(c.Data)
-			} else {
+			default:
 				stdout.write(c.Data)
 			}
 		case <-ctx.Done():

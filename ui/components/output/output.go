@@ -965,6 +965,11 @@ func (m *Model) handleChunks(msg chunksMsg) tea.Cmd {
 	added, appended, gap := 0, 0, false
 	for i := range msg.chunks {
 		c := &msg.chunks[i]
+		if c.Stream == session.Notice {
+			// berth's word, not output: the executions' HELD column and
+			// the header say it; it has no place among the lines.
+			continue
+		}
 		if c.Seq > m.lastSeq && !m.exec.State.Done() {
 			// The record's byte counts lag (it is refreshed on state
 			// changes); count live output as it arrives.
