@@ -77,9 +77,11 @@ func fixtureWith(opts sessiontest.Options) *sessiontest.Fake {
 	must(f.AddExecution(session.Execution{ID: "x0000002bcdefa", Session: "alpha", Argv: []string{"/bin/sh", "-c", "go test ./..."}, By: "tui",
 		State: session.ExecExited, ExitCode: &code2, StartedAt: now.Add(-20 * time.Minute), EndedAt: now.Add(-18*time.Minute - 30*time.Second),
 		StdoutBytes: 800, StderrBytes: 210},
-		session.Chunk{Stream: session.Stdout, Time: now.Add(-20 * time.Minute), Data: []byte("=== RUN   TestParse\n--- PASS: TestParse (0.00s)\n=== RUN   TestFlush\n")},
-		session.Chunk{Stream: session.Stderr, Time: now.Add(-19 * time.Minute), Data: []byte("flush_test.go:42: dirty bytes = 4096, want 0\n\x1b[31mFAIL\x1b[0m\tTestFlush\n")},
-		session.Chunk{Stream: session.Stdout, Time: now.Add(-19 * time.Minute), Data: []byte("--- FAIL: TestFlush (1.20s)\nFAIL\tgithub.com/example/ws\t1.204s\n")},
+		// Coloured as a test runner colours it: basic, bold, 256 and
+		// 24-bit colours (';' and ':' forms), one never reset.
+		session.Chunk{Stream: session.Stdout, Time: now.Add(-20 * time.Minute), Data: []byte("=== RUN   TestParse\n--- \x1b[32mPASS\x1b[0m: TestParse (0.00s)\n=== RUN   TestFlush\n")},
+		session.Chunk{Stream: session.Stderr, Time: now.Add(-19 * time.Minute), Data: []byte("\x1b[1mflush_test.go:42\x1b[22m: dirty bytes = \x1b[38;5;208m4096\x1b[39m, want 0\n\x1b[31mFAIL\x1b[0m\tTestFlush\n")},
+		session.Chunk{Stream: session.Stdout, Time: now.Add(-19 * time.Minute), Data: []byte("--- \x1b[1;31mFAIL\x1b[0m: TestFlush (1.20s)\n\x1b[38:2::255:95:95mFAIL\tgithub.com/example/ws\t1.204s\n")},
 	))
 	must(f.AddExecution(session.Execution{ID: "x0000003cdefab", Session: "alpha", Argv: []string{"/bin/sh", "-c", "./serve --port 8080"}, By: "ssh:alice",
 		State: session.ExecRunning, StartedAt: now.Add(-5 * time.Minute), StdoutBytes: 96},

@@ -133,3 +133,17 @@ func TestGoldenANSI256(t *testing.T) {
 	w.WriteString(h.m.Render())
 	uitest.Golden(t, "sessions_ansi256", b.String(), *update)
 }
+
+// TestGoldenOutputColour pins the output view with a command's own
+// colours (kept SGR, each row reset) at 80x24 with 256 colours.
+func TestGoldenOutputColour(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, fixture(), Options{Who: "alice@host"})
+	h.resize(80, 24)
+	h.d.Send(tea.ColorProfileMsg{Profile: colorprofile.ANSI256})
+	openExec(h, 1)
+	var b strings.Builder
+	w := colorprofile.Writer{Forward: &b, Profile: colorprofile.ANSI256}
+	w.WriteString(h.m.Render())
+	uitest.Golden(t, "output_colour_80x24", b.String(), *update)
+}

@@ -4,12 +4,21 @@ import (
 	"strconv"
 	"unicode/utf8"
 
-	"github.com/mattn/go-runewidth"
+	"github.com/charmbracelet/x/ansi"
 )
 
 // MaxLineBytes bounds one displayed line of untrusted output. A command that
 // prints megabytes without a newline must not make every frame scan them.
+// The bound counts the input's escape sequences too.
 const MaxLineBytes = 16 << 10
+
+// MaxSGRBytes bounds one kept SGR sequence, ESC [ and the final m
+// included; a longer one is dropped like any other escape sequence.
+const MaxSGRBytes = 64
+
+// SGRReset is what ends a line of output that sets colours, so they never
+// leak past it.
+const SGRReset = "\x1b[m"
 
 const tabWidth = 8
 
@@ -27,7 +36,24 @@ const tabWidth = 8
 //   - expands tabs to 8-column stops, replaces invalid UTF-8 with U+FFFD,
 //     drops bidi overrides that would reorder neighbouring text;
 //   - bounds the line to MaxLineBytes, marking the cut with "…".
-func SanitizeLine(s string) string {
+func SanitizeLine(s string) string { return sanitize(s, false) }
+
+// SanitizeOutputLine is SanitizeLine for a line of command output shown in
+// the output view: it keeps colours. Well-formed SGR sequences (ESC [, then
+// only digits, ';' and ':', then m; at most MaxSGRBytes; the 8-bit CSI
+// form is rewritten as ESC [) are kept; every other escape sequence is
+// dropped as by SanitizeLine (cursor movement, erase, modes, OSC titles and
+// hyperlinks, DCS/SOS/PM/APC strings). A line whose colours are still set
+// at its end gets SGRReset appended (before a truncation mark), so a
+// line's style never reaches the next row or the surrounding view. Colours
+// set before a carriage return still apply to the text after it, as on a
+// terminal.
+func SanitizeOutputLine(s string) string { return sanitize(s, true) }
+
+// span is the byte range of a kept SGR sequence in the output.
+type span struct{ start, end int }
+
+func sanitize(s string, keepSGR bool) string {
 	for len(s) > 0 && (s[len(s)-1] == '\n' || s[len(s)-1] == '\r') {
 		s = s[:len(s)-1]
 	}
@@ -46,52 +72,63 @@ func SanitizeLine(s string) string {
 		}
 		return s
 	}
+	out := make([]byte, 0, len(s)+8)
+	var sgrs []span // kept SGR sequences in out, in order
 	// A carriage return restarts the line; what follows the last one wins.
 	// (Partial overwrites, where the new text is shorter, are rare enough
-	// that showing only the newest text is the more useful choice.)
+	// that showing only the newest text is the more useful choice.) The
+	// colours set before it still apply.
 	for i := len(s) - 1; i >= 0; i-- {
 		if s[i] == '\r' {
+			if keepSGR {
+				out, sgrs = appendSGRs(out, sgrs, s[:i])
+			}
 			s = s[i+1:]
 			break
 		}
 	}
-	out := make([]byte, 0, len(s)+8)
-	col := 0
+	// col is the column at mark: the width of out[mark:] is not yet
+	// counted. It is needed only for tab stops, so it is brought up to
+	// date at each tab rather than per rune.
+	col, mark := 0, len(out)
 	for i := 0; i < len(s); {
 		b := s[i]
 		switch {
 		case b == 0x1b:
+			if keepSGR && i+1 < len(s) && s[i+1] == '[' {
+				if n := sgrLen(s, i+2); n > 0 {
+					sgrs = append(sgrs, span{len(out), len(out) + 2 + n})
+					out = append(out, s[i:i+2+n]...)
+					i += 2 + n
+					continue
+				}
+			}
 			i = skipEscape(s, i+1)
 			continue
 		case b == '\t':
+			col += ansi.StringWidth(string(out[mark:]))
 			n := tabWidth - col%tabWidth
 			for range n {
 				out = append(out, ' ')
 			}
 			col += n
+			mark = len(out)
 			i++
 			continue
 		case b == '\b':
-			if len(out) > 0 {
-				r, size := utf8.DecodeLastRune(out)
-				out = out[:len(out)-size]
-				col -= runewidth.RuneWidth(r)
-			}
+			out, sgrs, col, mark = backspace(out, sgrs, col, mark)
 			i++
 			continue
 		case b < 0x20:
 			out = utf8.AppendRune(out, rune(0x2400+int(b)))
-			col++
 			i++
 			continue
 		case b == 0x7f:
 			out = utf8.AppendRune(out, '\u2421')
-			col++
 			i++
 			continue
 		case b < 0x80:
 			out = append(out, b)
-			col++
 			i++
 			continue
 		}
@@ -100,12 +137,20 @@ func SanitizeLine(s string) string {
 		switch {
 		case r == utf8.RuneError && size == 1:
 			out = utf8.AppendRune(out, utf8.RuneError)
-			col++
 		case r >= 0x80 && r <= 0x9f:
 			// C1 controls: 8-bit forms of CSI, OSC and the string
 			// introducers are sequences; the rest are dropped.
 			switch r {
 			case 0x9b:
+				if keepSGR {
+					if n := sgrLen(s, i); n > 0 {
+						sgrs = append(sgrs, span{len(out), len(out) + 2 + n})
+						out = append(out, "\x1b["...)
+						out = append(out, s[i:i+n]...)
+						i += n
+						continue
+					}
+				}
 				i = skipCSI(s, i)
 			case 0x9d, 0x90, 0x98, 0x9e, 0x9f:
 				i = skipString(s, i)
@@ -114,13 +159,111 @@ func SanitizeLine(s string) string {
 			// Bidi embeddings and isolates.
 		default:
 			out = utf8.AppendRune(out, r)
-			col += runewidth.RuneWidth(r)
 		}
+	}
+	if n := len(sgrs); n > 0 && !isReset(out[sgrs[n-1].start:sgrs[n-1].end]) {
+		out = append(out, SGRReset...)
 	}
 	if truncated > 0 {
 		out = append(out, "…[+"+strconv.Itoa(truncated)+" bytes]"...)
 	}
 	return string(out)
+}
+
+// sgrLen returns the length of a well-formed SGR sequence's parameters and
+// final m, starting at s[i] just after its CSI, or 0 if there is none
+// there: only digits, ';' and ':', then 'm', within MaxSGRBytes.
+func sgrLen(s string, i int) int {
+	for j := i; j < len(s) && j-i+2 < MaxSGRBytes; j++ {
+		switch c := s[j]; {
+		case c == 'm':
+			return j - i + 1
+		case c >= '0' && c <= '9', c == ';', c == ':':
+		default:
+			return 0
+		}
+	}
+	return 0
+}
+
+// isReset reports whether an SGR sequence (ESC [ … m) resets every
+// attribute: no parameters, or a single 0.
+func isReset(seq []byte) bool {
+	p := seq[2 : len(seq)-1]
+	for _, c := range p {
+		if c != '0' {
+			return false
+		}
+	}
+	return true
+}
+
+// appendSGRs appends the well-formed SGR sequences of s (text before a
+// carriage return) that are still in effect at its end: those after the
+// last full reset.
+func appendSGRs(out []byte, sgrs []span, s string) ([]byte, []span) {
+	for i := 0; i < len(s); {
+		switch {
+		case s[i] == 0x1b:
+			if i+1 < len(s) && s[i+1] == '[' {
+				if n := sgrLen(s, i+2); n > 0 {
+					out, sgrs = addSGR(out, sgrs, s[i+2:i+2+n])
+					i += 2 + n
+					continue
+				}
+			}
+			i = skipEscape(s, i+1)
+		case s[i] == 0xc2 && i+1 < len(s) && s[i+1] == 0x9b:
+			if n := sgrLen(s, i+2); n > 0 {
+				out, sgrs = addSGR(out, sgrs, s[i+2:i+2+n])
+				i += 2 + n
+				continue
+			}
+			i = skipCSI(s, i+2)
+		case s[i] == 0xc2 && i+1 < len(s) && (s[i+1] == 0x9d || s[i+1] == 0x90 || s[i+1] == 0x98 || s[i+1] == 0x9e || s[i+1] == 0x9f):
+			i = skipString(s, i+2)
+		default:
+			i++
+		}
+	}
+	return out, sgrs
+}
+
+// addSGR appends one SGR sequence (its parameters and final m) that
+// precedes a carriage return; a full reset drops those before it.
+func addSGR(out []byte, sgrs []span, params string) ([]byte, []span) {
+	start := len(out)
+	out = append(out, "\x1b["...)
+	out = append(out, params...)
+	if isReset(out[start:]) {
+		return out[:0], sgrs[:0]
+	}
+	return out, append(sgrs, span{start, len(out)})
+}
+
+// backspace removes the last shown character from out, stepping over the
+// kept SGR sequences after it (they still apply to what follows).
+func backspace(out []byte, sgrs []span, col, mark int) ([]byte, []span, int, int) {
+	end, k := len(out), len(sgrs)
+	for k > 0 && sgrs[k-1].end == end {
+		k--
+		end = sgrs[k].start
+	}
+	if end == 0 {
+		return out, sgrs, col, mark
+	}
+	r, size := utf8.DecodeLastRune(out[:end])
+	if end <= mark {
+		// Already counted in col (a tab's space or what precedes it).
+		col -= ansi.StringWidth(string(r))
+		mark -= size
+	}
+	out = append(out[:end-size], out[end:]...)
+	for j := k; j < len(sgrs); j++ {
+		sgrs[j].start -= size
+		sgrs[j].end -= size
+	}
+	return out, sgrs, col, mark
 }
 
 // clean reports whether s is printable ASCII only, the common case that

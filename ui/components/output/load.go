@@ -6,6 +6,7 @@ import (
 	"time"
 
 	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/ansi"
 
 	"github.com/berthvm/berth/session"
 )
@@ -152,10 +153,15 @@ func lastSeq(ctx context.Context, svc session.Execer, id string) (uint64, error)
 }
 
 // scan looks for needle in the store from seq in direction dir and
-// returns the first chunk (in that direction) containing it. Matches
-// split across chunks are not found; the window search finds those.
+// returns the first chunk (in that direction) containing it, ignoring
+// escape sequences. Matches split across chunks are not found; the window
+// search finds those.
 func scan(ctx context.Context, svc session.Execer, id string, from uint64, dir int, needle []byte, fold bool) (uint64, bool, error) {
 	has := func(data []byte) bool {
+		if bytes.IndexByte(data, ansi.ESC) >= 0 {
+			// Match the text, not its colours: "\x1b[32mok\x1b[0m" has "ok".
+			data = []byte(ansi.Strip(string(data)))
+		}
 		if fold {
 			data = bytes.ToLower(data)
 		}

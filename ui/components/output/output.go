@@ -544,11 +544,14 @@ func (m *Model) needle() string {
 	return m.query
 }
 
+// hay is the text of line i that search matches: what is shown, without
+// colours, folded to lower case for a case-insensitive search.
 func (m *Model) hay(i int) string {
+	v := visible(m.win.lines[i].text)
 	if m.fold {
-		return strings.ToLower(m.win.lines[i].text)
+		return strings.ToLower(v)
 	}
-	return m.win.lines[i].text
+	return v
 }
 
 // findMatch moves to the next match in direction dir: first in the

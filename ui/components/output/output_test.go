@@ -115,7 +115,8 @@ func TestWindowJoinsPartialLinesAndSplitEscapes(t *testing.T) {
 	for i, d := range []string{"hel", "lo\nwor", "ld\nabc\x1b[3", "1mred\x1b[0m\n", "10%\r", "20%\r100%\n"} {
 		w.appendChunk(&session.Chunk{Seq: uint64(i + 1), Stream: session.Stdout, Data: []byte(d)})
 	}
-	want := []string{"hello", "world", "abcred", "100%"}
+	// The colour split across chunks is kept whole.
+	want := []string{"hello", "world", "abc\x1b[31mred\x1b[0m", "100%"}
 	if len(w.lines) != len(want) {
 		t.Fatalf("lines %d: %+v", len(w.lines), w.lines)
 	}

@@ -7,15 +7,21 @@ import (
 	"unicode/utf8"
 
 	"charm.land/lipgloss/v2"
-	"github.com/rivo/uniseg"
+	"github.com/charmbracelet/x/ansi"
 
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/ui/common"
 )
 
+// Lines in the window are sanitised output: printable text and SGR
+// sequences (common.SanitizeOutputLine). The helpers below measure, wrap
+// and cut them with x/ansi, so an escape sequence takes no cells and a row
+// boundary never falls inside one.
+
 // wrapOffsets returns the byte offset where each row of text starts when
-// wrapped at width cells. ASCII text (the common case) is sliced without
-// decoding.
+// wrapped at width cells. A row starts with the SGR sequences just before
+// its first character. ASCII text without escapes (the common case) is
+// sliced without decoding.
 func wrapOffsets(text string, width int) []int {
 	offs := []int{0}
 	if ascii(text) {
@@ -24,50 +30,111 @@ func wrapOffsets(text string, width int) []int {
 		}
 		return offs
 	}
-	col := 0
-	state := -1
-	rest := text
-	pos := 0
-	for len(rest) > 0 {
-		var cluster string
-		var w int
-		cluster, rest, w, state = uniseg.FirstGraphemeClusterInString(rest, state)
+	col, pos, esc := 0, 0, -1 // esc: where the sequences before pos start
+	var state byte
+	for pos < len(text) {
+		seq, w, n, st := ansi.DecodeSequence(text[pos:], state, nil)
+		state = st
+		if n <= 0 {
+			break
+		}
+		if w == 0 && seq[0] == ansi.ESC {
+			if esc < 0 {
+				esc = pos
+			}
+			pos += n
+			continue
+		}
 		if col+w > width && col > 0 {
-			offs = append(offs, pos)
+			at := pos
+			if esc >= 0 {
+				at = esc
+			}
+			offs = append(offs, at)
 			col = 0
 		}
+		esc = -1
 		col += w
-		pos += len(cluster)
+		pos += n
 	}
 	return offs
 }
 
-// cutWidth returns the byte length of text's prefix that fits in width cells.
+// cutWidth returns the byte length of text's prefix that fits in width
+// cells, never inside an escape sequence.
 func cutWidth(text string, width int) int {
 	if ascii(text) {
 		return min(len(text), width)
 	}
-	col, state, rest, pos := 0, -1, text, 0
-	for len(rest) > 0 {
-		var cluster string
-		var w int
-		cluster, rest, w, state = uniseg.FirstGraphemeClusterInString(rest, state)
-		if col+w > width {
+	col, pos := 0, 0
+	var state byte
+	for pos < len(text) {
+		_, w, n, st := ansi.DecodeSequence(text[pos:], state, nil)
+		state = st
+		if n <= 0 || col+w > width {
 			break
 		}
 		col += w
-		pos += len(cluster)
+		pos += n
 	}
 	return pos
 }
 
+// ascii reports whether s is ASCII without escape sequences.
 func ascii(s string) bool {
 	for i := 0; i < len(s); i++ {
-		if s[i] >= utf8.RuneSelf {
+		if s[i] >= utf8.RuneSelf || s[i] == ansi.ESC {
 			return false
 		}
 	}
 	return true
+}
+
+func hasEscape(s string) bool { return strings.IndexByte(s, ansi.ESC) >= 0 }
+
+// visible returns a line's text as shown, without its colours: what
+// search matches.
+func visible(s string) string {
+	if !hasEscape(s) {
+		return s
+	}
+	return ansi.Strip(s)
+}
+
+// sgrState returns the SGR sequences in effect at the end of s, a prefix
+// of a sanitised line cut at a row boundary: those after its last full
+// reset. A wrapped row starts with them, so it keeps its colours.
+func sgrState(s string) string {
+	var b strings.Builder
+	for {
+		i := strings.IndexByte(s, ansi.ESC)
+		if i < 0 {
+			return b.String()
+		}
+		s = s[i:]
+		j := strings.IndexByte(s, 'm')
+		if j < 0 {
+			return b.String()
+		}
+		if seq := s[:j+1]; isReset(seq) {
+			b.Reset()
+		} else {
+			b.WriteString(seq)
+		}
+		s = s[j+1:]
+	}
+}
+
+// isReset reports whether an SGR sequence resets every attribute.
+func isReset(seq string) bool { return strings.Trim(seq[2:len(seq)-1], "0") == "" }
+
+// styleOpen returns the sequence that starts style (empty for none).
+func styleOpen(style lipgloss.Style) string {
+	r := style.Render("x")
+	if i := strings.IndexByte(r, 'x'); i > 0 {
+		return r[:i]
+	}
+	return ""
 }
 
 // View implements common.Component.
@@ -217,24 +284,37 @@ func (m *Model) renderRows(out []string, rows int) []string {
 	loc := m.c.Now().Location()
 	blankStamp := strings.Repeat(" ", stampWidth)
 	sub := m.sub
+	stderrOpen := styleOpen(st.Stderr)
 	for i := m.top; i < len(m.win.lines) && len(out) < rows; i++ {
 		if !m.shown(i) {
 			continue
 		}
 		l := &m.win.lines[i]
-		var offs []int
-		if m.wrap && int(l.width) > tw {
-			offs = wrapOffsets(l.text, tw)
-		} else {
-			offs = []int{0}
-		}
+		text := l.text
 		var matches [][2]int
 		if q != "" {
-			// Case folding can change byte lengths (rare scripts); then
-			// offsets would not map back, so such lines are not highlighted.
-			if h := m.hay(i); len(h) == len(l.text) {
+			// Search matches the visible text. Case folding can change
+			// byte lengths (rare scripts); then offsets would not map
+			// back, so such lines are not highlighted.
+			v := visible(l.text)
+			h := v
+			if m.fold {
+				h = strings.ToLower(v)
+			}
+			if len(h) == len(v) {
 				matches = findAll(h, q)
 			}
+			if len(matches) > 0 {
+				// A line with a highlighted match is shown without its
+				// own colours.
+				text = v
+			}
+		}
+		var offs []int
+		if m.wrap && int(l.width) > tw {
+			offs = wrapOffsets(text, tw)
+		} else {
+			offs = []int{0}
 		}
 		for r := sub; r < len(offs) && len(out) < rows; r++ {
 			var b strings.Builder
@@ -258,15 +338,19 @@ func (m *Model) renderRows(out []string, rows int) []string {
 				}
 			}
 			start := offs[r]
-			end := len(l.text)
+			end := len(text)
 			ellipsis := false
 			if r+1 < len(offs) {
 				end = offs[r+1]
 			} else if !m.wrap && int(l.width) > tw {
-				end = cutWidth(l.text, tw-1)
+				end = cutWidth(text, tw-1)
 				ellipsis = true
 			}
-			b.WriteString(m.styleSegment(l, i, start, end, matches))
+			if len(matches) == 0 && hasEscape(text) {
+				b.WriteString(colourSegment(l, text, start, end, stderrOpen))
+			} else {
+				b.WriteString(m.styleSegment(l, i, text, start, end, matches))
+			}
 			if ellipsis {
 				b.WriteString(st.Muted.Render("…"))
 			}
@@ -277,9 +361,47 @@ func (m *Model) renderRows(out []string, rows int) []string {
 	return out
 }
 
-// styleSegment renders text[start:end] of line i with stream colour and
-// search highlights.
-func (m *Model) styleSegment(l *line, i, start, end int, matches [][2]int) string {
+// colourSegment renders text[start:end] of line l, a row of a line with
+// its own colours: the row starts with the colours in effect where it
+// starts and ends with a reset, so a colour never reaches the next row or
+// the view around it. The stream's style applies under the line's colours
+// and again after each of its resets.
+func colourSegment(l *line, text string, start, end int, stderrOpen string) string {
+	base := ""
+	if l.stream == session.Stderr {
+		base = stderrOpen
+	}
+	seg := text[start:end]
+	carry := sgrState(text[:start])
+	var b strings.Builder
+	b.Grow(len(base) + len(carry) + len(seg) + 16)
+	b.WriteString(base)
+	b.WriteString(carry)
+	open := base != "" || carry != "" // a style is set
+	for len(seg) > 0 {
+		i := strings.IndexByte(seg, ansi.ESC)
+		if i < 0 {
+			b.WriteString(seg)
+			break
+		}
+		j := i + strings.IndexByte(seg[i:], 'm')
+		b.WriteString(seg[:j+1])
+		open = !isReset(seg[i : j+1])
+		seg = seg[j+1:]
+		if !open && base != "" && seg != "" {
+			b.WriteString(base)
+			open = true
+		}
+	}
+	if open {
+		b.WriteString(common.SGRReset)
+	}
+	return b.String()
+}
+
+// styleSegment renders text[start:end] of line i (text without escape
+// sequences) with stream colour and search highlights.
+func (m *Model) styleSegment(l *line, i int, text string, start, end int, matches [][2]int) string {
 	st := m.c.Styles
 	base := lipgloss.NewStyle()
 	switch {
@@ -301,15 +423,15 @@ func (m *Model) styleSegment(l *line, i, start, end int, matches [][2]int) strin
 		if ms >= me {
 			continue
 		}
-		b.WriteString(render(l.text[p:ms], base))
+		b.WriteString(render(text[p:ms], base))
 		hs := st.Match
 		if m.hasCur && m.cur.line == i && m.cur.off == mt[0] {
 			hs = st.MatchCur
 		}
-		b.WriteString(render(l.text[ms:me], hs))
+		b.WriteString(render(text[ms:me], hs))
 		p = me
 	}
-	b.WriteString(render(l.text[p:end], base))
+	b.WriteString(render(text[p:end], base))
 	return b.String()
 }
 

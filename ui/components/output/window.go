@@ -2,6 +2,7 @@ package output
 
 import (
 	"bytes"
+	"strings"
 
 	"github.com/charmbracelet/x/ansi"
 
@@ -74,15 +75,17 @@ func (w *window) appendChunk(c *session.Chunk) int {
 			data = nil
 		}
 		if w.rawTail == nil {
-			// Trimming dropped the raw text; continue from the shown text.
-			w.rawTail = []byte(last.text)
+			// Trimming dropped the raw text; continue from the shown
+			// text, without the reset that ends it (sanitising puts it
+			// back at the new end if colours are still set).
+			w.rawTail = []byte(strings.TrimSuffix(last.text, common.SGRReset))
 		}
 		// Bound the raw tail: a line that never ends must not grow without limit.
 		if len(w.rawTail) < 2*common.MaxLineBytes {
 			w.rawTail = append(w.rawTail, piece...)
 		}
 		w.bytes -= len(last.text)
-		last.text = common.SanitizeLine(string(w.rawTail))
+		last.text = common.SanitizeOutputLine(string(w.rawTail))
 		last.width = int32(ansi.StringWidth(last.text))
 		w.bytes += len(last.text)
 		last.endSeq = c.Seq
@@ -100,7 +103,7 @@ func (w *window) appendChunk(c *session.Chunk) int {
 		} else {
 			piece, data = data[:i], data[i+1:]
 		}
-		ln := newLine(common.SanitizeLine(string(piece)), c)
+		ln := newLine(common.SanitizeOutputLine(string(piece)), c)
 		ln.partial = partial
 		if partial {
 			w.rawTail = append(w.rawTail[:0], piece[:min(len(piece), 2*common.MaxLineBytes)]...)
