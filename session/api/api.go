@@ -25,42 +25,53 @@
 //
 // Routes:
 //
-//	GET    /v1/version                        {"api":"v1","version":...}
-//	GET    /v1/watch                          NDJSON session.Event stream
-//	GET    /v1/sessions                       []Session
-//	POST   /v1/sessions                       CreateOptions → 201 Session
-//	GET    /v1/sessions/{name}                Session
-//	DELETE /v1/sessions/{name}                204
-//	POST   /v1/sessions/{name}/pause|resume|stop|start   Session
-//	POST   /v1/sessions/{name}/flush          FlushResult
-//	POST   /v1/sessions/{name}/replace        ReplaceOptions (body optional) → ReplaceResult
-//	GET    /v1/sessions/{name}/timeline?limit=N          []Event
-//	POST   /v1/sessions/{name}/checkpoints    CheckpointOptions → 201 Checkpoint; GET []Checkpoint
-//	DELETE /v1/sessions/{name}/checkpoints/{id}          204
-//	POST   /v1/sessions/{name}/restore        {"id"} → RestoreResult
-//	POST   /v1/sessions/{name}/fork           {"name"} → 201 ForkResult
-//	POST   /v1/sessions/{name}/exec           full duplex NDJSON (see inFrame, outFrame)
-//	GET    /v1/sessions/{name}/executions?all=true       []Execution
-//	GET    /v1/execs/{id}                     Execution
-//	GET    /v1/execs/{id}/output?from=S&limit=N          OutputPage (at most 1000 chunks)
-//	GET    /v1/execs/{id}/attach?from=S       output stream; POST makes it duplex
-//	POST   /v1/execs/{id}/cancel              204
-//	GET    /v1/sessions/{name}/files/{path...}           content; ?op=stat FileInfo, ?op=list []FileInfo
-//	PUT    /v1/sessions/{name}/files/{path...}           body → {"written":N}, once durable
-//	POST   /v1/sessions/{name}/files/{path...}?op=mkdir  204; ?op=rename&to=PATH 204
-//	DELETE /v1/sessions/{name}/files/{path...}           204
-//	GET    /v1/sessions/{name}/tree/{path...}            tar of the file or tree, then a trailer
-//	PUT    /v1/sessions/{name}/tree/{dir...}             tar body → CopyResult, once durable
-//	GET    /v1/images                         []ImageInfo
-//	POST   /v1/images                         BuildRequest → NDJSON build stream (see buildFrame)
-//	DELETE /v1/images/{name}                  204
-//	POST   /v1/sessions/{name}/runs           RunOptions → 201 Run
-//	GET    /v1/sessions/{name}/runs           []Run
-//	GET    /v1/runs/{id}                      Run with its executions' ids
-//	POST   /v1/runs/{id}/end                  {"status":S} → Run
-//	POST   /v1/sessions/{name}/schedules      ScheduleRequest → 201 Schedule
-//	GET    /v1/sessions/{name}/schedules      []Schedule
-//	DELETE /v1/sessions/{name}/schedules/{id} 204
+//	GET    /v1/version                                {"api":"v1","version":...}
+//	GET    /v1/watch                                  NDJSON session.Event stream
+//	GET    /v1/host                                   HostStatus
+//	GET    /v1/sessions                               []Session
+//	POST   /v1/sessions                               CreateOptions → 201 Session
+//	GET    /v1/sessions/{name}                        Session
+//	DELETE /v1/sessions/{name}                        204
+//	POST   /v1/sessions/{name}/pause                  Session
+//	POST   /v1/sessions/{name}/sleep                  Session
+//	POST   /v1/sessions/{name}/resume                 Session
+//	POST   /v1/sessions/{name}/stop                   Session
+//	POST   /v1/sessions/{name}/start                  Session
+//	POST   /v1/sessions/{name}/flush                  FlushResult
+//	POST   /v1/sessions/{name}/replace                ReplaceOptions (body optional) → ReplaceResult
+//	GET    /v1/sessions/{name}/timeline               ?limit=N → []Event
+//	GET    /v1/sessions/{name}/history                []Sample (the last HistoryWindow)
+//	GET    /v1/sessions/{name}/net                    NetStatus
+//	PUT    /v1/sessions/{name}/net                    {"policy"} → Session
+//	GET    /v1/sessions/{name}/forward/{port}         upgrade: a byte stream to the guest's 127.0.0.1:port
+//	POST   /v1/sessions/{name}/checkpoints            CheckpointOptions → 201 Checkpoint
+//	GET    /v1/sessions/{name}/checkpoints            []Checkpoint
+//	DELETE /v1/sessions/{name}/checkpoints/{id}       204
+//	POST   /v1/sessions/{name}/restore                {"id"} → RestoreResult
+//	POST   /v1/sessions/{name}/fork                   {"name"} → 201 ForkResult
+//	POST   /v1/sessions/{name}/exec                   full duplex NDJSON (see inFrame, outFrame)
+//	GET    /v1/sessions/{name}/executions             ?all=true → []Execution
+//	GET    /v1/execs/{id}                             Execution
+//	GET    /v1/execs/{id}/output                      ?from=S&limit=N → OutputPage (at most 1000 chunks)
+//	GET    /v1/execs/{id}/attach                      ?from=S → output stream
+//	POST   /v1/execs/{id}/attach                      ?from=S → output stream, duplex (stdin, resize)
+//	POST   /v1/execs/{id}/cancel                      204
+//	GET    /v1/sessions/{name}/files/{path...}        content; ?op=stat FileInfo, ?op=list []FileInfo
+//	PUT    /v1/sessions/{name}/files/{path...}        body → {"written":N}, once durable
+//	POST   /v1/sessions/{name}/files/{path...}        ?op=mkdir 204; ?op=rename&to=PATH 204
+//	DELETE /v1/sessions/{name}/files/{path...}        204
+//	GET    /v1/sessions/{name}/tree/{path...}         tar of the file or tree, then a trailer
+//	PUT    /v1/sessions/{name}/tree/{path...}         tar body → CopyResult, once durable
+//	GET    /v1/images                                 []ImageInfo
+//	POST   /v1/images                                 BuildRequest → NDJSON build stream (see buildFrame)
+//	DELETE /v1/images/{name}                          204
+//	POST   /v1/sessions/{name}/runs                   RunOptions → 201 Run
+//	GET    /v1/sessions/{name}/runs                   []Run
+//	GET    /v1/runs/{id}                              Run with its executions' ids
+//	POST   /v1/runs/{id}/end                          {"status":S} → Run
+//	POST   /v1/sessions/{name}/schedules              ScheduleRequest → 201 Schedule
+//	GET    /v1/sessions/{name}/schedules              []Schedule
+//	DELETE /v1/sessions/{name}/schedules/{id}         204
 //
 // The run routes need a Service that is also a session.Harness (the
 // Manager is). A call made in an agent run names it in the X-Berth-Run

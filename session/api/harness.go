@@ -17,66 +17,76 @@ type endRunBody struct {
 	Status session.RunStatus `json:"status"`
 }
 
-func (s *server) harnessRoutes(m *http.ServeMux) {
-	h, ok := s.svc.(session.Harness)
-	if !ok {
-		for _, p := range []string{"/v1/sessions/{name}/runs", "/v1/runs/", "/v1/sessions/{name}/schedules", "/v1/sessions/{name}/schedules/{id}"} {
-			m.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) { s.writeError(w, r, errNoHarness) })
+// withHarness runs f with the Service's Harness, or answers that this
+// side has none.
+func (s *server) withHarness(f func(h session.Harness, w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		h, ok := s.svc.(session.Harness)
+		if !ok {
+			s.writeError(w, r, errNoHarness)
+			return
 		}
+		f(h, w, r)
+	}
+}
+
+func (s *server) startRun(h session.Harness, w http.ResponseWriter, r *http.Request) {
+	var opts session.RunOptions
+	if err := readOptionalJSON(w, r, &opts); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
-	m.HandleFunc("POST /v1/sessions/{name}/runs", func(w http.ResponseWriter, r *http.Request) {
-		var opts session.RunOptions
-		if err := readOptionalJSON(w, r, &opts); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		run, err := h.StartRun(r.Context(), r.PathValue("name"), opts)
-		s.answer(w, r, http.StatusCreated, run, err)
-	})
-	m.HandleFunc("GET /v1/sessions/{name}/runs", func(w http.ResponseWriter, r *http.Request) {
-		runs, err := h.Runs(r.Context(), r.PathValue("name"))
-		if runs == nil {
-			runs = []session.Run{}
-		}
-		s.answer(w, r, http.StatusOK, runs, err)
-	})
-	m.HandleFunc("GET /v1/runs/{id}", func(w http.ResponseWriter, r *http.Request) {
-		run, err := h.GetRun(r.Context(), r.PathValue("id"))
-		s.answer(w, r, http.StatusOK, run, err)
-	})
-	m.HandleFunc("POST /v1/runs/{id}/end", func(w http.ResponseWriter, r *http.Request) {
-		var body endRunBody
-		if err := readJSON(w, r, &body); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		run, err := h.EndRun(r.Context(), r.PathValue("id"), body.Status)
-		s.answer(w, r, http.StatusOK, run, err)
-	})
-	m.HandleFunc("POST /v1/sessions/{name}/schedules", func(w http.ResponseWriter, r *http.Request) {
-		var req session.ScheduleRequest
-		if err := readJSON(w, r, &req); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		sc, err := h.AddSchedule(r.Context(), r.PathValue("name"), req)
-		s.answer(w, r, http.StatusCreated, sc, err)
-	})
-	m.HandleFunc("GET /v1/sessions/{name}/schedules", func(w http.ResponseWriter, r *http.Request) {
-		list, err := h.Schedules(r.Context(), r.PathValue("name"))
-		if list == nil {
-			list = []session.Schedule{}
-		}
-		s.answer(w, r, http.StatusOK, list, err)
-	})
-	m.HandleFunc("DELETE /v1/sessions/{name}/schedules/{id}", func(w http.ResponseWriter, r *http.Request) {
-		if err := h.RemoveSchedule(r.Context(), r.PathValue("name"), r.PathValue("id")); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
+	run, err := h.StartRun(r.Context(), r.PathValue("name"), opts)
+	s.answer(w, r, http.StatusCreated, run, err)
+}
+
+func (s *server) runs(h session.Harness, w http.ResponseWriter, r *http.Request) {
+	runs, err := h.Runs(r.Context(), r.PathValue("name"))
+	if runs == nil {
+		runs = []session.Run{}
+	}
+	s.answer(w, r, http.StatusOK, runs, err)
+}
+
+func (s *server) getRun(h session.Harness, w http.ResponseWriter, r *http.Request) {
+	run, err := h.GetRun(r.Context(), r.PathValue("id"))
+	s.answer(w, r, http.StatusOK, run, err)
+}
+
+func (s *server) endRun(h session.Harness, w http.ResponseWriter, r *http.Request) {
+	var body endRunBody
+	if err := readJSON(w, r, &body); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	run, err := h.EndRun(r.Context(), r.PathValue("id"), body.Status)
+	s.answer(w, r, http.StatusOK, run, err)
+}
+
+func (s *server) addSchedule(h session.Harness, w http.ResponseWriter, r *http.Request) {
+	var req session.ScheduleRequest
+	if err := readJSON(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sc, err := h.AddSchedule(r.Context(), r.PathValue("name"), req)
+	s.answer(w, r, http.StatusCreated, sc, err)
+}
+
+func (s *server) schedules(h session.Harness, w http.ResponseWriter, r *http.Request) {
+	list, err := h.Schedules(r.Context(), r.PathValue("name"))
+	if list == nil {
+		list = []session.Schedule{}
+	}
+	s.answer(w, r, http.StatusOK, list, err)
+}
+
+func (s *server) removeSchedule(h session.Harness, w http.ResponseWriter, r *http.Request) {
+	if err := h.RemoveSchedule(r.Context(), r.PathValue("name"), r.PathValue("id")); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // answer writes v with status, or err.

@@ -48,51 +48,9 @@ func NewServer(svc session.Service, logger *slog.Logger, opts ...ServerOption) h
 		o(s)
 	}
 	m := http.NewServeMux()
-	m.HandleFunc("GET /v1/version", s.getVersion)
-	m.HandleFunc("GET /v1/watch", s.watch)
-	m.HandleFunc("GET /v1/host", s.host)
-
-	m.HandleFunc("GET /v1/sessions", s.list)
-	m.HandleFunc("POST /v1/sessions", s.create)
-	m.HandleFunc("GET /v1/sessions/{name}", s.get)
-	m.HandleFunc("DELETE /v1/sessions/{name}", s.delete)
-	m.HandleFunc("POST /v1/sessions/{name}/pause", s.lifecycle(svc.Pause))
-	m.HandleFunc("POST /v1/sessions/{name}/sleep", s.lifecycle(svc.Sleep))
-	m.HandleFunc("POST /v1/sessions/{name}/resume", s.lifecycle(svc.Resume))
-	m.HandleFunc("POST /v1/sessions/{name}/stop", s.lifecycle(svc.Stop))
-	m.HandleFunc("POST /v1/sessions/{name}/start", s.lifecycle(svc.Start))
-	m.HandleFunc("POST /v1/sessions/{name}/flush", s.flush)
-	m.HandleFunc("POST /v1/sessions/{name}/replace", s.replace)
-	m.HandleFunc("GET /v1/sessions/{name}/timeline", s.timeline)
-	s.routeCheckpoints(m)
-	m.HandleFunc("GET /v1/sessions/{name}/history", s.history)
-	m.HandleFunc("GET /v1/sessions/{name}/net", s.netStatus)
-	m.HandleFunc("PUT /v1/sessions/{name}/net", s.setNet)
-	m.HandleFunc("GET /v1/sessions/{name}/forward/{port}", s.forward)
-
-	m.HandleFunc("POST /v1/sessions/{name}/exec", s.exec)
-	m.HandleFunc("GET /v1/sessions/{name}/executions", s.executions)
-	m.HandleFunc("GET /v1/execs/{id}", s.execution)
-	m.HandleFunc("GET /v1/execs/{id}/output", s.output)
-	m.HandleFunc("GET /v1/execs/{id}/attach", s.attach)
-	m.HandleFunc("POST /v1/execs/{id}/attach", s.attach)
-	m.HandleFunc("POST /v1/execs/{id}/cancel", s.cancel)
-
-	m.HandleFunc("GET /v1/sessions/{name}/files/{path...}", s.fileGet)
-	m.HandleFunc("PUT /v1/sessions/{name}/files/{path...}", s.filePut)
-	m.HandleFunc("POST /v1/sessions/{name}/files/{path...}", s.filePost)
-	m.HandleFunc("DELETE /v1/sessions/{name}/files/{path...}", s.fileDelete)
-	// Trees have their own route, not a files ?op=: a daemon without it
-	// then answers "no route" instead of writing the tar as one file.
-	m.HandleFunc("GET /v1/sessions/{name}/tree/{path...}", s.treeGet)
-	m.HandleFunc("PUT /v1/sessions/{name}/tree/{path...}", s.treePut)
-
-	m.HandleFunc("GET /v1/images", s.images)
-	m.HandleFunc("POST /v1/images", s.buildImage)
-	m.HandleFunc("DELETE /v1/images/{name}", s.removeImage)
-
-	s.harnessRoutes(m)
-
+	for _, rt := range s.routes() {
+		m.HandleFunc(rt.method+" "+rt.pattern, rt.handler)
+	}
 	m.HandleFunc("/", s.noRoute)
 	s.mux = m
 	return s

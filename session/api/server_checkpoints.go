@@ -14,14 +14,6 @@ import (
 //	POST   /v1/sessions/{name}/restore            {"id": ID} → RestoreResult
 //	POST   /v1/sessions/{name}/fork               {"name": NEW} → ForkResult
 
-func (s *server) routeCheckpoints(m *http.ServeMux) {
-	m.HandleFunc("POST /v1/sessions/{name}/checkpoints", s.checkpoint)
-	m.HandleFunc("GET /v1/sessions/{name}/checkpoints", s.checkpoints)
-	m.HandleFunc("DELETE /v1/sessions/{name}/checkpoints/{id}", s.deleteCheckpoint)
-	m.HandleFunc("POST /v1/sessions/{name}/restore", s.restore)
-	m.HandleFunc("POST /v1/sessions/{name}/fork", s.fork)
-}
-
 func (s *server) checkpoint(w http.ResponseWriter, r *http.Request) {
 	var opts session.CheckpointOptions
 	if err := readOptionalJSON(w, r, &opts); err != nil {

@@ -1,0 +1,88 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// route is one endpoint of the API. The table in routes is the one list:
+// NewServer registers it, the package doc's Routes section is written from
+// it (TestRoutesDoc fails when they differ: go test -run TestRoutesDoc
+// -update rewrites the doc), and TestClientCallsAreRoutes fails when the
+// client calls a path the table lacks.
+type route struct {
+	method, pattern string
+	doc             string // what the call takes → what it answers
+	handler         http.HandlerFunc
+}
+
+func (s *server) routes() []route {
+	svc := s.svc
+	return []route{
+		{"GET", "/v1/version", `{"api":"v1","version":...}`, s.getVersion},
+		{"GET", "/v1/watch", "NDJSON session.Event stream", s.watch},
+		{"GET", "/v1/host", "HostStatus", s.host},
+
+		{"GET", "/v1/sessions", "[]Session", s.list},
+		{"POST", "/v1/sessions", "CreateOptions → 201 Session", s.create},
+		{"GET", "/v1/sessions/{name}", "Session", s.get},
+		{"DELETE", "/v1/sessions/{name}", "204", s.delete},
+		{"POST", "/v1/sessions/{name}/pause", "Session", s.lifecycle(svc.Pause)},
+		{"POST", "/v1/sessions/{name}/sleep", "Session", s.lifecycle(svc.Sleep)},
+		{"POST", "/v1/sessions/{name}/resume", "Session", s.lifecycle(svc.Resume)},
+		{"POST", "/v1/sessions/{name}/stop", "Session", s.lifecycle(svc.Stop)},
+		{"POST", "/v1/sessions/{name}/start", "Session", s.lifecycle(svc.Start)},
+		{"POST", "/v1/sessions/{name}/flush", "FlushResult", s.flush},
+		{"POST", "/v1/sessions/{name}/replace", "ReplaceOptions (body optional) → ReplaceResult", s.replace},
+		{"GET", "/v1/sessions/{name}/timeline", "?limit=N → []Event", s.timeline},
+		{"GET", "/v1/sessions/{name}/history", "[]Sample (the last HistoryWindow)", s.history},
+		{"GET", "/v1/sessions/{name}/net", "NetStatus", s.netStatus},
+		{"PUT", "/v1/sessions/{name}/net", `{"policy"} → Session`, s.setNet},
+		{"GET", "/v1/sessions/{name}/forward/{port}", "upgrade: a byte stream to the guest's 127.0.0.1:port", s.forward},
+
+		{"POST", "/v1/sessions/{name}/checkpoints", "CheckpointOptions → 201 Checkpoint", s.checkpoint},
+		{"GET", "/v1/sessions/{name}/checkpoints", "[]Checkpoint", s.checkpoints},
+		{"DELETE", "/v1/sessions/{name}/checkpoints/{id}", "204", s.deleteCheckpoint},
+		{"POST", "/v1/sessions/{name}/restore", `{"id"} → RestoreResult`, s.restore},
+		{"POST", "/v1/sessions/{name}/fork", `{"name"} → 201 ForkResult`, s.fork},
+
+		{"POST", "/v1/sessions/{name}/exec", "full duplex NDJSON (see inFrame, outFrame)", s.exec},
+		{"GET", "/v1/sessions/{name}/executions", "?all=true → []Execution", s.executions},
+		{"GET", "/v1/execs/{id}", "Execution", s.execution},
+		{"GET", "/v1/execs/{id}/output", "?from=S&limit=N → OutputPage (at most 1000 chunks)", s.output},
+		{"GET", "/v1/execs/{id}/attach", "?from=S → output stream", s.attach},
+		{"POST", "/v1/execs/{id}/attach", "?from=S → output stream, duplex (stdin, resize)", s.attach},
+		{"POST", "/v1/execs/{id}/cancel", "204", s.cancel},
+
+		{"GET", "/v1/sessions/{name}/files/{path...}", "content; ?op=stat FileInfo, ?op=list []FileInfo", s.fileGet},
+		{"PUT", "/v1/sessions/{name}/files/{path...}", `body → {"written":N}, once durable`, s.filePut},
+		{"POST", "/v1/sessions/{name}/files/{path...}", "?op=mkdir 204; ?op=rename&to=PATH 204", s.filePost},
+		{"DELETE", "/v1/sessions/{name}/files/{path...}", "204", s.fileDelete},
+		// Trees have their own route, not a files ?op=: a daemon without it
+		// then answers "no route" instead of writing the tar as one file.
+		{"GET", "/v1/sessions/{name}/tree/{path...}", "tar of the file or tree, then a trailer", s.treeGet},
+		{"PUT", "/v1/sessions/{name}/tree/{path...}", "tar body → CopyResult, once durable", s.treePut},
+
+		{"GET", "/v1/images", "[]ImageInfo", s.images},
+		{"POST", "/v1/images", "BuildRequest → NDJSON build stream (see buildFrame)", s.buildImage},
+		{"DELETE", "/v1/images/{name}", "204", s.removeImage},
+
+		{"POST", "/v1/sessions/{name}/runs", "RunOptions → 201 Run", s.withHarness(s.startRun)},
+		{"GET", "/v1/sessions/{name}/runs", "[]Run", s.withHarness(s.runs)},
+		{"GET", "/v1/runs/{id}", "Run with its executions' ids", s.withHarness(s.getRun)},
+		{"POST", "/v1/runs/{id}/end", `{"status":S} → Run`, s.withHarness(s.endRun)},
+		{"POST", "/v1/sessions/{name}/schedules", "ScheduleRequest → 201 Schedule", s.withHarness(s.addSchedule)},
+		{"GET", "/v1/sessions/{name}/schedules", "[]Schedule", s.withHarness(s.schedules)},
+		{"DELETE", "/v1/sessions/{name}/schedules/{id}", "204", s.withHarness(s.removeSchedule)},
+	}
+}
+
+// routesDoc renders the table as the package doc's Routes section.
+func routesDoc(rs []route) string {
+	var b strings.Builder
+	for _, r := range rs {
+		fmt.Fprintf(&b, "//\t%-6s %-42s %s\n", r.method, r.pattern, r.doc)
+	}
+	return b.String()
+}
