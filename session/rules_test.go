@@ -41,6 +41,31 @@ func TestTransitionMessages(t *testing.T) {
 	}
 }
 
+func TestCheckCPUs(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		want string
+	}{
+		{1, ""},
+		{64, ""},
+		{0, `--cpus 0: use 1 to 64: invalid argument`},
+		{-1, `--cpus -1: use 1 to 64: invalid argument`},
+		{65, `--cpus 65: use 1 to 64: invalid argument`},
+	} {
+		err := CheckCPUs(c.n)
+		got := ""
+		if err != nil {
+			got = err.Error()
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("CheckCPUs(%d) = %v, not ErrInvalid", c.n, err)
+			}
+		}
+		if got != c.want {
+			t.Errorf("CheckCPUs(%d) = %q, want %q", c.n, got, c.want)
+		}
+	}
+}
+
 func TestValidateNameError(t *testing.T) {
 	for _, c := range []struct {
 		name string

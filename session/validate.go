@@ -137,6 +137,19 @@ func checkTransition(name string, action Action, state State, hint string) error
 	return fmt.Errorf("cannot %s session %q: it is %s%s: %w", verb, name, state, hint, ErrInvalidState)
 }
 
+// MaxCPUs bounds a session's virtual CPUs.
+const MaxCPUs = 64
+
+// CheckCPUs refuses a number of virtual CPUs outside 1 to MaxCPUs. Zero is
+// refused too: a front end that means "the default" leaves the field out
+// rather than passing 0 through this check.
+func CheckCPUs(n int) error {
+	if n < 1 || n > MaxCPUs {
+		return fmt.Errorf("--cpus %d: use 1 to %d: %w", n, MaxCPUs, ErrInvalid)
+	}
+	return nil
+}
+
 var sizeRE = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?$`)
 
 const sizeWant = "want a number with an optional K, M, G or T suffix, like 512M or 1.5G"

@@ -549,8 +549,8 @@ func createOptions(name, cpus, mem, disk, image string) (session.CreateOptions, 
 	}
 	if s := strings.TrimSpace(cpus); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 256 {
-			return o, fmt.Errorf("vCPUs %q: a number from 1 to 256", s)
+		if err != nil || session.CheckCPUs(n) != nil {
+			return o, fmt.Errorf("vCPUs %q: a number from 1 to %d", s, session.MaxCPUs)
 		}
 		o.CPUs = n
 	}

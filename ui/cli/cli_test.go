@@ -89,7 +89,11 @@ func TestUsageErrors(t *testing.T) {
 			stderr: "~want stdout or stderr"},
 		{name: "bad vmm", args: []string{"create", "x", "--vmm", "firecracker"}, code: 2,
 			stderr: "~want qemu or cloud-hypervisor"},
-		{name: "negative cpus", args: []string{"create", "x", "--cpus", "-2"}, code: 2, stderr: "~--cpus -2: want a positive number"},
+		// An explicit --cpus is checked by the daemon's own rule, 0 included
+		// (unset, it takes the daemon's default).
+		{name: "zero cpus", args: []string{"create", "x", "--cpus", "0"}, code: 2, stderr: "~--cpus 0: use 1 to 64"},
+		{name: "negative cpus", args: []string{"create", "x", "--cpus", "-2"}, code: 2, stderr: "~--cpus -2: use 1 to 64"},
+		{name: "too many cpus", args: []string{"create", "x", "--cpus", "999"}, code: 2, stderr: "~--cpus 999: use 1 to 64"},
 	})
 }
 

@@ -24,7 +24,7 @@ func createCmd() *Command {
 			"a bare number is bytes, so --memory 512 is refused: write 512M.\n\n" + netHelp,
 		Example: "berth create demo --cpus 2 --memory 1G --disk 8G",
 		Setup: func(fs *flag.FlagSet) RunFunc {
-			cpus := fs.Int("cpus", 0, "number of virtual `N` CPUs")
+			cpus := fs.Int("cpus", 0, "`N` virtual CPUs, 1 to 64 (default: the daemon's)")
 			var memory memoryFlag
 			var disk sizeFlag
 			fs.Var(&memory, "memory", "guest memory `SIZE`, a whole number of MiB (512M, 2G)")
@@ -37,8 +37,12 @@ func createCmd() *Command {
 			idle := fs.String("idle-timeout", "", "sleep after this long idle, e.g. `15m`; 0 never (default: the daemon's)")
 			netPolicy := fs.String("net", "", "network `POLICY`: none, open or allow:ENTRY,… (default: the daemon's, none)")
 			return func(ctx context.Context, c *Call, args []string) error {
-				if *cpus < 0 {
-					return usageErrorf("--cpus %d: want a positive number", *cpus)
+				// Unset, 0 means the daemon's default; given, it is refused
+				// by the same rule the daemon applies.
+				if flagGiven(fs, "cpus") {
+					if err := session.CheckCPUs(*cpus); err != nil {
+						return &exitError{code: ExitUsage, msg: err.Error()}
+					}
 				}
 				opts := session.CreateOptions{
 					Name: args[0], CPUs: *cpus, MemoryMiB: memory.mib, DiskBytes: disk.n,
