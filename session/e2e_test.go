@@ -323,7 +323,7 @@ func TestSessionEndToEnd(t *testing.T) {
 		e.ok("pause", "alpha")
 		e.waitState("alpha", session.StatePaused, time.Second)
 		e.fails("resume it first", "exec", "alpha", "--", "true")
-		e.fails("resume it first", "pause", "alpha")
+		e.fails("it is already paused", "pause", "alpha")
 		e.ok("resume", "alpha")
 		e.ok("exec", "alpha", "--", "sh", "-c", "head -c 4000000 /dev/urandom > dirty.bin")
 		if out := e.ok("flush", "alpha"); !strings.Contains(out, "flushed") {

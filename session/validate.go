@@ -99,7 +99,17 @@ var hints = map[State]string{
 	StateCreating: "wait for it to finish creating",
 	StateStopping: "wait for it to stop",
 	StateDeleting: "it is being deleted",
-	StateRunning:  "it is already running",
+}
+
+// leadsTo is the state an action brings a session to. Refused because the
+// session is in it already, the action is no mistake to fix but nothing
+// to do, and the message says so instead of a hint about the state.
+var leadsTo = map[Action]State{
+	ActionPause:  StatePaused,
+	ActionResume: StateRunning,
+	ActionStop:   StateStopped,
+	ActionStart:  StateRunning,
+	ActionSleep:  StateSleeping,
 }
 
 // Allowed reports whether the transition table allows action in state.
@@ -126,6 +136,9 @@ func CheckTransition(name string, action Action, state State) error {
 func checkTransition(name string, action Action, state State, hint string) error {
 	if Allowed(action, state) {
 		return nil
+	}
+	if to, ok := leadsTo[action]; ok && to == state {
+		return fmt.Errorf("cannot %s session %q: it is already %s: %w", action, name, state, ErrInvalidState)
 	}
 	if hint != "" {
 		hint = " (" + hint + ")"

@@ -107,7 +107,7 @@ func TestCommandVerbs(t *testing.T) {
 		{"sleep build-cache", flash(`cannot sleep session "build-cache": it is paused (resume it first)`)},
 		{"flush experiment", flash("flushed experiment: nothing was pending")},
 		{"start docs", state("docs", session.StateRunning)},
-		{"start alpha", flash(`cannot start session "alpha": it is running (it is already running)`)},
+		{"start alpha", flash(`cannot start session "alpha": it is already running`)},
 		{"stop alpha", dialog("Stop alpha?")},
 		{"delete docs", dialog("Delete docs permanently?")},
 		{"open docs", func(h *harness) bool { return h.m.page == pageDetail && h.m.detail == "docs" }},
