@@ -86,11 +86,7 @@ func (s *sess) snapshotLocked() Session {
 	out.RootDirectory, out.HomeDirectory = "/workspace", "/root"
 	if r.SystemUUID != "" {
 		out.SystemBytes = r.SystemBytes
-		if out.State == StateRunning && s.stats.SystemSize > 0 {
-			out.SystemUsed = s.stats.SystemUsed
-		} else {
-			out.SystemUsed = s.systemAllocated()
-		}
+		out.SystemUsed = s.systemUsedLocked()
 	}
 	out.IdleTimeout = s.idleTimeoutLocked()
 	if out.State == StateSleeping {
