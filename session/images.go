@@ -33,7 +33,7 @@ type ImageInfo struct {
 	// session; mini's root is its initramfs.
 	RootFS    bool          `json:"rootfs"`
 	Layers    int           `json:"layers"`
-	Packages  int           `json:"packages"`
+	Packages  int           `json:"packages"`   // Debian packages in its root (installed, not only asked for)
 	DiskBytes int64         `json:"disk_bytes"` // on the host's disk
 	Built     time.Time     `json:"built"`
 	BuildTook time.Duration `json:"build_took,omitempty"`
@@ -149,7 +149,7 @@ func (m *Manager) Images(ctx context.Context) ([]ImageInfo, error) {
 	for _, b := range builds {
 		info := ImageInfo{
 			Name: b.Name, Digest: b.Digest, Current: !seen[b.Name], RootFS: b.RootFS(), Layers: len(b.Layers),
-			Packages: len(b.Packages), DiskBytes: b.DiskBytes(), Built: b.Built, BuildTook: b.BuildTook,
+			Packages: b.PackageCount(), DiskBytes: b.DiskBytes(), Built: b.Built, BuildTook: b.BuildTook,
 			Source: b.Source, Kernel: b.KernelVersion, Sessions: []string{},
 		}
 		seen[b.Name] = true

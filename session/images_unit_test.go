@@ -132,3 +132,31 @@ func TestReplaceReportsTheSystemUseShown(t *testing.T) {
 		t.Errorf("timeline note %q, want it to say %q", note, want)
 	}
 }
+
+// image ls counts the packages in an image's root, as its build installed
+// them, not only those its recipe asked for.
+func TestImagesCountInstalledPackages(t *testing.T) {
+	layers := []image.Layer{{File: "layer-0.img", UUID: "u0"}, {File: "layer-1.img", UUID: "u1"}}
+	for _, c := range []struct {
+		name string
+		im   image.Image
+		want int
+	}{
+		{"recipe on debian-minimal, none asked", image.Image{Name: "tools", Digest: "d1", Layers: layers, Installed: 89}, 89},
+		{"debian, some asked", image.Image{Name: "debian", Digest: "d2", Layers: layers[:1], Packages: []string{"git", "python3"}, Installed: 240}, 240},
+		{"a manifest without the count", image.Image{Name: "old", Digest: "d3", Layers: layers[:1], Packages: []string{"git", "python3"}}, 2},
+		{"mini", image.Image{Name: "mini", Digest: "d4"}, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := newImageManager(t)
+			writeBuild(t, m, c.im, true)
+			list, err := m.Images(context.Background())
+			if err != nil || len(list) != 1 {
+				t.Fatalf("Images = %+v, %v", list, err)
+			}
+			if list[0].Packages != c.want {
+				t.Errorf("Images: %s has %d packages, want %d", c.im.Name, list[0].Packages, c.want)
+			}
+		})
+	}
+}
