@@ -417,8 +417,9 @@ func eventsCmd() *Command {
 	return &Command{
 		Name: "events", Group: "Sessions", Usage: "[NAME] [-n N] [--json] [--follow [--stats]]", Args: []string{"[NAME]"},
 		Summary: "show a session's timeline, or follow every session's events",
-		Help: "Without --follow, prints NAME's recorded events. With --follow, prints them and then every\n" +
-			"new event as it happens (of NAME, or of all sessions without one) until interrupted;\n" +
+		Help: "Without --follow, prints NAME's recorded events. With --follow, prints them (without NAME,\n" +
+			"every session's, merged in time; -n counts them all) and then every new event as it\n" +
+			"happens (of NAME, or of all sessions) until interrupted;\n" +
 			"with --json each event is one JSON line, for log shippers. --stats adds the live\n" +
 			"figures' refreshes (every few seconds per running session), which are not recorded.",
 		Example: "berth events demo -n 20\nberth events --follow --json | jq -c 'select(.kind==\"exec\")'",
