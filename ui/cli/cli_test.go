@@ -261,7 +261,7 @@ func TestHelp(t *testing.T) {
 		t.Errorf("the help without the local commands lists serve or --data:\n%s", remote.stdout)
 	}
 	for _, name := range []string{"create", "ls", "info", "pause", "resume", "stop", "start", "flush", "delete", "events", "stats",
-		"exec", "shell", "logs", "ps", "files", "cat", "put", "get", "rm", "mkdir",
+		"exec", "shell", "logs", "ps", "cancel", "files", "cat", "put", "get", "rm", "mkdir",
 		"serve", "image build", "doctor", "ssh add-key", "version",
 		"run start", "run end", "runs", "schedule add", "schedule ls", "schedule rm", "mcp"} {
 		t.Run(name, func(t *testing.T) {
@@ -570,4 +570,24 @@ func TestLogs(t *testing.T) {
 		r := w.run(t.Context(), cli.Env{}, "logs", "demo", id, "-f")
 		tc{stdout: "first\nlast\n", stderr: "second\n"}.check(t, r)
 	})
+}
+
+// cancel kills a detached command through the service call the TUI's K
+// makes, and says how it ended.
+func TestCancel(t *testing.T) {
+	w := newWorld(t, sessiontest.Options{})
+	w.sh(t, "create", "demo")
+	w.sh(t, "create", "other")
+	id := strings.TrimSpace(w.sh(t, "exec", "demo", "--detach", "--", "sleep", "30"))
+	runAll(t, w, []tc{
+		{name: "another session's", args: []string{"cancel", "other", id}, code: 1,
+			stderr: "berth: execution " + id + " belongs to session demo, not other\n"},
+		{name: "unknown", args: []string{"cancel", "demo", "e9999"}, code: 1, stderr: "berth: execution \"e9999\": not found\n"},
+		{name: "missing exec", args: []string{"cancel", "demo"}, code: 2, stderr: "~missing EXEC"},
+		{name: "running", args: []string{"cancel", "demo", id}, stdout: id + ": cancelled; what it changed so far remains\n"},
+		{name: "again", args: []string{"cancel", "demo", id}, code: 1, stderr: "~it already ended (cancelled)"},
+	})
+	if x, err := w.fake.Execution(t.Context(), id); err != nil || x.State != session.ExecCancelled || w.fake.Calls("Cancel") != 2 {
+		t.Errorf("after cancel: %s, %v, %d Cancel calls; want cancelled through Cancel", x.State, err, w.fake.Calls("Cancel"))
+	}
 }
