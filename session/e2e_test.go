@@ -242,12 +242,17 @@ func TestSessionEndToEnd(t *testing.T) {
 		if r := e.run("exec", "alpha", "--timeout", "500ms", "--", "sleep", "30"); r.code != 124 {
 			t.Errorf("timeout: exit %d", r.code)
 		}
+		// A missing working directory is named, not the command.
+		r = e.run("exec", "alpha", "--cwd", "/nonexistent", "--", "pwd")
+		if want := "could not start: working directory /nonexistent does not exist\n"; r.code != 127 || !strings.HasSuffix(r.stderr, want) {
+			t.Errorf("--cwd /nonexistent: exit %d, stderr %q; want 127 and %q", r.code, r.stderr, want)
+		}
 		l := e.execs("alpha")
 		states := map[session.ExecState]int{}
 		for _, x := range l {
 			states[x.State]++
 		}
-		if states[session.ExecFailed] != 1 || states[session.ExecTimedOut] != 1 {
+		if states[session.ExecFailed] != 2 || states[session.ExecTimedOut] != 1 {
 			t.Errorf("states %v", states)
 		}
 	})

@@ -591,3 +591,19 @@ func TestCancel(t *testing.T) {
 		t.Errorf("after cancel: %s, %v, %d Cancel calls; want cancelled through Cancel", x.State, err, w.fake.Calls("Cancel"))
 	}
 }
+
+// exec --cwd with a directory that is not there blames the directory, not
+// the command.
+func TestExecMissingCwd(t *testing.T) {
+	w := newWorld(t, sessiontest.Options{})
+	w.sh(t, "create", "demo")
+	if err := w.fake.AddFile("demo", "afile", []byte("x"), epoch); err != nil {
+		t.Fatal(err)
+	}
+	runAll(t, w, []tc{
+		{name: "missing", args: []string{"exec", "demo", "--cwd", "/workspace/nonexistent", "--", "pwd"}, code: 127,
+			stderr: "berth: e0001 could not start: working directory /workspace/nonexistent does not exist\n"},
+		{name: "a file", args: []string{"exec", "demo", "--cwd", "afile", "--", "pwd"}, code: 127,
+			stderr: "berth: e0002 could not start: working directory /workspace/afile is not a directory\n"},
+	})
+}
