@@ -81,7 +81,7 @@ func (s *sess) snapshotLocked() Session {
 	if out.State == StateRunning {
 		out.Live = s.sampler.live
 	}
-	out.WorkspaceUsed = s.stats.WorkspaceUsed
+	out.WorkspaceUsed, out.WorkspaceMeasuredAt = r.WorkspaceUsed, r.WorkspaceMeasuredAt
 	out.ImageDigest = r.ImageDigest
 	out.RootDirectory, out.HomeDirectory = "/workspace", "/root"
 	if r.SystemUUID != "" {
@@ -125,6 +125,9 @@ func (s *sess) setState(st State, cause, by string) error {
 	s.m.event(Event{Kind: EventState, Name: s.name, Message: msg, By: by, Session: &snap})
 	if perr != nil {
 		return fmt.Errorf("record state of %q: %w", s.name, perr)
+	}
+	if st == StateRunning {
+		s.measureWorkspace()
 	}
 	return nil
 }
@@ -288,6 +291,7 @@ func (s *sess) refreshStats(ctx context.Context) {
 	now := time.Now()
 	s.mu.Lock()
 	s.stats, s.statsAt = st, now
+	s.keepWorkspaceUseLocked(st, now)
 	if hostOK {
 		lv := s.sampler.add(now, pid, s.rec.CPUs, ps, st, ringCap(s.m.cfg.StatsInterval))
 		lv.NetReceivedBytes, lv.NetSentBytes = s.net.rx.Load(), s.net.tx.Load()

@@ -33,6 +33,9 @@ func (f *Fake) Create(ctx context.Context, opts session.CreateOptions) (session.
 			Image:     opts.Image,
 			VMM:       opts.VMM,
 			CreatedAt: now,
+			// Measured at boot, as the Manager does; the fake's figure
+			// is always current after that.
+			WorkspaceMeasuredAt: now,
 			// As the Manager reports them for an image without a
 			// system disk.
 			RootDirectory: "/workspace",

@@ -607,3 +607,18 @@ func TestExecMissingCwd(t *testing.T) {
 			stderr: "berth: e0002 could not start: working directory /workspace/afile is not a directory\n"},
 	})
 }
+
+// The workspace's use is the last measured figure, with when it was
+// measured; never measured, it says so rather than 0 B.
+func TestWorkspaceUse(t *testing.T) {
+	w := newWorld(t, sessiontest.Options{})
+	w.fake.AddSession(session.Session{Name: "asleep", State: session.StateSleeping, Image: "mini", CPUs: 1, MemoryMiB: 512, DiskBytes: 4 << 30,
+		RootDirectory: "/workspace", WorkspaceUsed: 12 << 20, WorkspaceMeasuredAt: now.Add(-3 * time.Minute)})
+	w.fake.AddSession(session.Session{Name: "fresh", State: session.StateStopped, Image: "mini", CPUs: 1, MemoryMiB: 512, DiskBytes: 4 << 30,
+		RootDirectory: "/workspace"})
+	runAll(t, w, []tc{
+		{name: "info measured", args: []string{"info", "asleep"}, stdout: "~Workspace:    12 MiB used of 4.0 GiB, at /workspace (measured 3m ago)\n"},
+		{name: "info not measured", args: []string{"info", "fresh"}, stdout: "~Workspace:    4.0 GiB, at /workspace; its use is not measured yet\n"},
+		{name: "ls", args: []string{"ls"}, stdout: "~asleep  sleeping  mini   1     512 MiB  4.0 GiB  12 MiB  -       0 B    0        1h ago\nfresh   stopped   mini   1     512 MiB  4.0 GiB  ?       -"},
+	})
+}

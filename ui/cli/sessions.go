@@ -82,7 +82,9 @@ func lsCmd() *Command {
 	return &Command{
 		Name: "ls", Group: "Sessions", Usage: "[--json]",
 		Summary: "list sessions",
-		Help:    "DIRTY is what a crash of the VM would lose now; 'berth flush' makes it durable.",
+		Help: "USED is the workspace's use as last measured (kept while a session is stopped or asleep;\n" +
+			"? until it is first measured). DIRTY is what a crash of the VM would lose now; 'berth flush'\n" +
+			"makes it durable.",
 		Example: "berth ls\nberth ls --json | jq -r '.[].name'",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			asJSON := fs.Bool("json", false, "print JSON")
@@ -112,7 +114,7 @@ func lsCmd() *Command {
 				t := newTable(c.env.Stdout, "NAME", "STATE", "IMAGE", "CPUS", "MEMORY", "DISK", "USED", "SYSTEM", "DIRTY", "RUNNING", "CREATED")
 				for _, s := range list {
 					t.row(s.Name, stateText(s), s.Image, fmt.Sprint(s.CPUs), session.FormatBytes(int64(s.MemoryMiB)<<20),
-						session.FormatBytes(s.DiskBytes), session.FormatBytes(s.WorkspaceUsed), systemText(s), session.FormatBytes(s.DirtyBytes),
+						session.FormatBytes(s.DiskBytes), usedText(s), systemText(s), session.FormatBytes(s.DirtyBytes),
 						fmt.Sprint(s.Running), ago(now, s.CreatedAt))
 				}
 				return t.flush()
@@ -146,6 +148,15 @@ func infoCmd() *Command {
 			}
 		},
 	}
+}
+
+// usedText is the workspace's use as last measured, or "?" for a session
+// whose workspace has not been measured yet (rather than 0 B).
+func usedText(s session.Session) string {
+	if !s.WorkspaceKnown() {
+		return "?"
+	}
+	return session.FormatBytes(s.WorkspaceUsed)
 }
 
 // systemText is the system disk's use, or "-" for an image without one.
@@ -196,7 +207,14 @@ func writeInfo(w io.Writer, c *Call, s session.Session) {
 		mem += fmt.Sprintf(" (%s used)", session.FormatBytes(s.MemUsedBytes))
 	}
 	t.row("Memory:", mem)
-	t.row("Workspace:", fmt.Sprintf("%s used of %s, at %s", session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DiskBytes), s.RootDirectory))
+	ws := fmt.Sprintf("%s, at %s; its use is not measured yet", session.FormatBytes(s.DiskBytes), s.RootDirectory)
+	if s.WorkspaceKnown() {
+		ws = fmt.Sprintf("%s used of %s, at %s", session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DiskBytes), s.RootDirectory)
+		if !s.WorkspaceMeasuredAt.IsZero() {
+			ws += " (measured " + ago(now, s.WorkspaceMeasuredAt) + ")"
+		}
+	}
+	t.row("Workspace:", ws)
 	if s.SystemBytes > 0 {
 		t.row("System disk:", fmt.Sprintf("%s used of %s (packages, /etc, %s: kept with the VM until replace)", session.FormatBytes(s.SystemUsed), session.FormatBytes(s.SystemBytes), s.HomeDirectory))
 	} else {
@@ -316,7 +334,7 @@ func deleteCmd() *Command {
 					}
 					fmt.Fprintf(c.env.Stderr, "Session %s is %s, with %s in /workspace (%s not yet flushed).\n"+
 						"Deleting removes its VM and all its files%s permanently.\n"+
-						"Type the session name to confirm: ", name, s.State, session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DirtyBytes), ckpts)
+						"Type the session name to confirm: ", name, s.State, usedText(s), session.FormatBytes(s.DirtyBytes), ckpts)
 					answer, err := readLine(c.env.Stdin)
 					if err != nil && answer == "" {
 						return fmt.Errorf("delete %s: no confirmation (%v); nothing was deleted", name, err)
@@ -373,7 +391,7 @@ to type the session's name; without a terminal, --yes is required.`,
 					fmt.Fprintf(c.env.Stderr, "Session %s is %s on image %s.\n"+
 						"Replacing drops %s and starts a fresh VM from image %s.\n"+
 						"/workspace (%s) is kept. Running commands are stopped.\n"+
-						"Type the session name to confirm: ", name, s.State, s.Image, dropped, to, session.FormatBytes(s.WorkspaceUsed))
+						"Type the session name to confirm: ", name, s.State, s.Image, dropped, to, usedText(s))
 					answer, err := readLine(c.env.Stdin)
 					if err != nil && answer == "" {
 						return fmt.Errorf("replace %s: no confirmation (%v); nothing was changed", name, err)
