@@ -632,6 +632,9 @@ func (s *sess) swapIn(ctx context.Context, ck ckptMeta) error {
 	s.rec.Image, s.rec.ImageDigest = ck.Image, ck.ImageDigest
 	s.rec.WorkspaceUUID, s.rec.SystemUUID, s.rec.SystemBytes = ck.WorkspaceUUID, ck.SystemUUID, ck.SystemBytes
 	s.rec.DiskBytes = ck.DiskBytes
+	// The figure measured was the replaced workspace's: the next boot
+	// measures this one.
+	s.rec.WorkspaceUsed, s.rec.WorkspaceMeasuredAt = 0, time.Time{}
 	if ck.MachineID != "" {
 		s.rec.MachineID = ck.MachineID
 	}

@@ -1,6 +1,7 @@
 package session_test
 
 import (
+	"archive/tar"
 	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
@@ -93,8 +94,34 @@ func TestCopyTree(t *testing.T) {
 	os.Symlink("/etc/passwd", filepath.Join(evil, "passwd"))
 	e.fails("points out of the tree", "cp", evil, "cp:evil")
 	e.ok("exec", "cp", "--", "sh", "-c", "mkdir -p out && ln -s ../../etc out/etc")
-	e.fails("points out of the tree", "cp", "cp:out", filepath.Join(t.TempDir(), "o"))
+	o := filepath.Join(t.TempDir(), "o")
+	e.fails("points out of the tree", "cp", "cp:out", o)
+	if _, err := os.Lstat(o); err == nil {
+		t.Errorf("a refused copy out left %s", o)
+	}
 	e.fails("outside /workspace", "cp", src, "cp:../x")
+	// A refused copy leaves nothing under the name it was going to (the
+	// agent refusing mid-stream too), so the same copy, once the link is
+	// gone, lands in evil, not evil/evil.
+	var tb strings.Builder
+	tw := tar.NewWriter(&tb)
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "a", Mode: 0o644, Size: 1})
+	tw.Write([]byte("a"))
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: "passwd", Linkname: "/etc/passwd"})
+	tw.Close()
+	if r := e.runIn(tb.String(), "cp", "-", "cp:evil2"); r.code == 0 || !strings.Contains(r.stderr, "points out of the tree") {
+		t.Errorf("a tar with an escaping symlink: exit %d, %q", r.code, r.stderr)
+	}
+	if got := e.ok("exec", "cp", "--", "sh", "-c", "ls -a"); strings.Contains(got, "evil") {
+		t.Errorf("refused copies left in /workspace:\n%s", got)
+	}
+	os.Remove(filepath.Join(evil, "passwd"))
+	if out := e.ok("cp", evil, "cp:evil"); !strings.Contains(out, "to cp:evil, durably") {
+		t.Errorf("the retry said %q", out)
+	}
+	if got := e.ok("cat", "cp", "evil/a"); got != "a" {
+		t.Errorf("the retry: evil/a = %q", got)
+	}
 
 	// A full workspace: the copy fails saying so, and no file is left
 	// half-written under its final name.

@@ -225,6 +225,22 @@ func TestSessionEndToEnd(t *testing.T) {
 	t.Logf("create took %s", time.Since(start))
 	e.fails("already exists", "create", "alpha")
 
+	e.subtest(t, "workspace use measured at create", func(t *testing.T) {
+		// Right after the create, not at the next refresh of the live
+		// figures; never 0 B for a workspace that was not measured.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			s := e.info("alpha")
+			if s.WorkspaceKnown() && s.WorkspaceUsed > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("5s after create: %d bytes measured at %s", s.WorkspaceUsed, s.WorkspaceMeasuredAt)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+
 	e.subtest(t, "exec codes and streams", func(t *testing.T) {
 		r := e.run("exec", "alpha", "--", "sh", "-c", "echo out; echo err >&2; exit 3")
 		if r.stdout != "out\n" || r.stderr != "err\n" || r.code != 3 {
@@ -242,12 +258,17 @@ func TestSessionEndToEnd(t *testing.T) {
 		if r := e.run("exec", "alpha", "--timeout", "500ms", "--", "sleep", "30"); r.code != 124 {
 			t.Errorf("timeout: exit %d", r.code)
 		}
+		// A missing working directory is named, not the command.
+		r = e.run("exec", "alpha", "--cwd", "/nonexistent", "--", "pwd")
+		if want := "could not start: working directory /nonexistent does not exist\n"; r.code != 127 || !strings.HasSuffix(r.stderr, want) {
+			t.Errorf("--cwd /nonexistent: exit %d, stderr %q; want 127 and %q", r.code, r.stderr, want)
+		}
 		l := e.execs("alpha")
 		states := map[session.ExecState]int{}
 		for _, x := range l {
 			states[x.State]++
 		}
-		if states[session.ExecFailed] != 1 || states[session.ExecTimedOut] != 1 {
+		if states[session.ExecFailed] != 2 || states[session.ExecTimedOut] != 1 {
 			t.Errorf("states %v", states)
 		}
 	})
@@ -323,11 +344,19 @@ func TestSessionEndToEnd(t *testing.T) {
 		e.ok("pause", "alpha")
 		e.waitState("alpha", session.StatePaused, time.Second)
 		e.fails("resume it first", "exec", "alpha", "--", "true")
-		e.fails("resume it first", "pause", "alpha")
+		e.fails("it is already paused", "pause", "alpha")
 		e.ok("resume", "alpha")
 		e.ok("exec", "alpha", "--", "sh", "-c", "head -c 4000000 /dev/urandom > dirty.bin")
 		if out := e.ok("flush", "alpha"); !strings.Contains(out, "flushed") {
 			t.Errorf("flush said %q", out)
+		}
+		// The live figures (every 2 s) measure the file in.
+		deadline := time.Now().Add(10 * time.Second)
+		for e.info("alpha").WorkspaceUsed < 4_000_000 {
+			if time.Now().After(deadline) {
+				t.Fatalf("10s after a 4 MB write, the workspace's use reads %d bytes", e.info("alpha").WorkspaceUsed)
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
 	})
 
@@ -336,6 +365,24 @@ func TestSessionEndToEnd(t *testing.T) {
 		e.waitState("alpha", session.StateStopped, time.Second)
 		e.fails(`cannot pause session "alpha": it is stopped`, "pause", "alpha")
 		e.fails("start it first", "exec", "alpha", "--", "true")
+	})
+
+	// The workspace's use is kept with the record: a stopped session
+	// shows its last figure, also after a daemon restart, with its time.
+	e.subtest(t, "workspace use kept while stopped and across a restart", func(t *testing.T) {
+		stopped := e.info("alpha")
+		if stopped.WorkspaceUsed < 4_000_000 || stopped.WorkspaceMeasuredAt.IsZero() {
+			t.Fatalf("stopped: %d bytes measured at %s; want dirty.bin's 4 MB and more", stopped.WorkspaceUsed, stopped.WorkspaceMeasuredAt)
+		}
+		e.killDaemon()
+		e.startDaemon()
+		again := e.info("alpha")
+		if again.WorkspaceUsed != stopped.WorkspaceUsed || !again.WorkspaceMeasuredAt.Equal(stopped.WorkspaceMeasuredAt) {
+			t.Errorf("after a daemon restart: %d bytes at %s; want %d at %s", again.WorkspaceUsed, again.WorkspaceMeasuredAt, stopped.WorkspaceUsed, stopped.WorkspaceMeasuredAt)
+		}
+		if out := e.ok("info", "alpha"); !strings.Contains(out, session.FormatBytes(stopped.WorkspaceUsed)+" used of") || !strings.Contains(out, "(measured ") {
+			t.Errorf("info after a restart:\n%s", out)
+		}
 	})
 
 	e.subtest(t, "second daemon refused", func(t *testing.T) {

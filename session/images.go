@@ -33,7 +33,7 @@ type ImageInfo struct {
 	// session; mini's root is its initramfs.
 	RootFS    bool          `json:"rootfs"`
 	Layers    int           `json:"layers"`
-	Packages  int           `json:"packages"`
+	Packages  int           `json:"packages"`   // Debian packages in its root (installed, not only asked for)
 	DiskBytes int64         `json:"disk_bytes"` // on the host's disk
 	Built     time.Time     `json:"built"`
 	BuildTook time.Duration `json:"build_took,omitempty"`
@@ -149,7 +149,7 @@ func (m *Manager) Images(ctx context.Context) ([]ImageInfo, error) {
 	for _, b := range builds {
 		info := ImageInfo{
 			Name: b.Name, Digest: b.Digest, Current: !seen[b.Name], RootFS: b.RootFS(), Layers: len(b.Layers),
-			Packages: len(b.Packages), DiskBytes: b.DiskBytes(), Built: b.Built, BuildTook: b.BuildTook,
+			Packages: b.PackageCount(), DiskBytes: b.DiskBytes(), Built: b.Built, BuildTook: b.BuildTook,
 			Source: b.Source, Kernel: b.KernelVersion, Sessions: []string{},
 		}
 		seen[b.Name] = true
@@ -315,7 +315,8 @@ func (r stepRunner) RunSteps(ctx context.Context, b image.StepBuild) error {
 		CPUs:    m.cfg.Defaults.CPUs, MemoryMiB: max(m.cfg.Defaults.MemoryMiB, 1024),
 		Workspace: ws, System: b.System, Layers: layerPaths(im), Accel: m.cfg.Defaults.Accel,
 	}
-	b.Report(image.Progress{Phase: "setup", Total: len(b.Steps), Line: "booting a build VM of the image"})
+	// No count yet: the first step is step 1, and booting is none.
+	b.Report(image.Progress{Phase: "setup", Line: "booting a build VM of the image"})
 	bctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
 	vm, err := d.Start(bctx, cfg)
@@ -339,21 +340,8 @@ func (r stepRunner) RunSteps(ctx context.Context, b image.StepBuild) error {
 		return fmt.Errorf("build VM: %w", err)
 	}
 	m.serveBuildEgress(c, pol, b.Report)
-	steps := b.Steps
-	if len(b.Files) > 0 {
-		// The recipe's files go in through the scratch workspace: the file
-		// API writes nowhere else.
-		b.Report(image.Progress{Phase: "setup", Line: "copying the recipe's files in"})
-		if _, err := c.Unpack(ctx, ".berth-files", bytes.NewReader(b.Files)); err != nil {
-			return fmt.Errorf("copy the recipe's files into the build VM: %w", err)
-		}
-		steps = append([]string{"cp -a /workspace/.berth-files/. / && rm -rf /workspace/.berth-files"}, steps...)
-		b.Steps = steps
-	}
-	for i, step := range steps {
-		if err := runStep(ctx, c, b, i, step); err != nil {
-			return err
-		}
+	if err := runSetup(ctx, c, b); err != nil {
+		return err
 	}
 	sctx, cancel := context.WithTimeout(ctx, stopGrace+30*time.Second)
 	defer cancel()
@@ -368,14 +356,58 @@ func (r stepRunner) RunSteps(ctx context.Context, b image.StepBuild) error {
 	return nil
 }
 
-func runStep(ctx context.Context, c *guest.Client, b image.StepBuild, i int, step string) error {
-	n := len(b.Steps)
-	label := fmt.Sprintf("step %d of %d (`%s`)", i+1, n, oneLine(step, 80))
-	b.Report(image.Progress{Phase: "setup", Done: i, Total: n, Line: "$ " + oneLine(step, 200)})
+// setupStep is one step of a recipe's setup, as the build's progress and
+// its errors name it.
+type setupStep struct {
+	name   string // "copy files", or the command in backquotes
+	header string // the progress line that starts it
+	files  []byte // a tar to unpack into the scratch workspace first
+	cmd    string // run with sh -c in the build VM
+}
+
+// setupSteps lists a build's setup steps: the recipe's files, when it has
+// any, are the first, then each run command.
+func setupSteps(b image.StepBuild) []setupStep {
+	var out []setupStep
+	if len(b.Files) > 0 {
+		// The files go in through the scratch workspace (the file API
+		// writes nowhere else) and are moved into place from there.
+		out = append(out, setupStep{name: "copy files", header: "copy files", files: b.Files,
+			cmd: "cp -a /workspace/.berth-files/. / && rm -rf /workspace/.berth-files"})
+	}
+	for _, cmd := range b.Steps {
+		out = append(out, setupStep{name: "`" + oneLine(cmd, 80) + "`", header: "$ " + oneLine(cmd, 200), cmd: cmd})
+	}
+	return out
+}
+
+// runSetup runs a build's setup steps on the build VM's agent, in order,
+// stopping at the first that fails. Steps count from 1, the same in the
+// progress (setup 2/4) and in an error (setup step 2 of 4).
+func runSetup(ctx context.Context, c *guest.Client, b image.StepBuild) error {
+	steps := setupSteps(b)
+	for i, st := range steps {
+		if err := runStep(ctx, c, b, i+1, len(steps), st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runStep runs step number i (from 1) of n. Its header line carries the
+// count; the lines of its output do not (they are output, not progress).
+func runStep(ctx context.Context, c *guest.Client, b image.StepBuild, i, n int, st setupStep) error {
+	label := fmt.Sprintf("step %d of %d (%s)", i, n, st.name)
+	b.Report(image.Progress{Phase: "setup", Done: i, Total: n, Line: st.header})
+	if st.files != nil {
+		if _, err := c.Unpack(ctx, ".berth-files", bytes.NewReader(st.files)); err != nil {
+			return fmt.Errorf("setup %s: copy the recipe's files into the build VM: %w", label, err)
+		}
+	}
 	sctx, cancel := context.WithTimeout(ctx, b.Timeout)
 	defer cancel()
 	id := newExecID()
-	x, err := c.Exec(sctx, guest.ExecRequest{ID: id, Argv: []string{"/bin/sh", "-c", step}, Cwd: "/workspace",
+	x, err := c.Exec(sctx, guest.ExecRequest{ID: id, Argv: []string{"/bin/sh", "-c", st.cmd}, Cwd: "/workspace",
 		Env: map[string]string{"DEBIAN_FRONTEND": "noninteractive"}})
 	if err != nil {
 		return fmt.Errorf("setup %s could not start: %w", label, err)
@@ -387,7 +419,7 @@ func runStep(ctx context.Context, c *guest.Client, b image.StepBuild, i int, ste
 		if strings.TrimSpace(l) != "" {
 			last = l
 		}
-		b.Report(image.Progress{Phase: "setup", Done: i, Total: n, Line: oneLine(l, 400)})
+		b.Report(image.Progress{Phase: "setup", Line: oneLine(l, 400)})
 	}
 	for o := range x.Output() {
 		pending = append(pending, o.Data...)

@@ -35,8 +35,8 @@ func hostMemAvailable() int64 {
 }
 
 func (m *Manager) checkResources(opts CreateOptions) error {
-	if opts.CPUs < 1 || opts.CPUs > 64 {
-		return fmt.Errorf("--cpus %d: use 1 to 64: %w", opts.CPUs, ErrInvalid)
+	if err := CheckCPUs(opts.CPUs); err != nil {
+		return err
 	}
 	if opts.CPUs > runtime.NumCPU()*4 {
 		return fmt.Errorf("--cpus %d is more than 4x this host's %d CPUs: %w", opts.CPUs, runtime.NumCPU(), ErrInvalid)

@@ -24,9 +24,15 @@ func TestTransitionMessages(t *testing.T) {
 		{ActionFlush, StatePaused, `cannot flush session "a": it is paused (resume it first): invalid state`},
 		{ActionExec, StateStopped, `cannot exec in session "a": it is stopped (start it first): invalid state`},
 		{ActionFiles, StateCrashed, `cannot use files of session "a": it is crashed (start it to boot a new VM on its workspace): invalid state`},
-		{ActionStart, StateRunning, `cannot start session "a": it is running (it is already running): invalid state`},
 		{ActionStop, StateStopping, `cannot stop session "a": it is stopping (wait for it to stop): invalid state`},
-		{ActionSleep, StateSleeping, `cannot sleep session "a": it is sleeping: invalid state`},
+		// In the state the action leads to: nothing to do, said once.
+		{ActionStart, StateRunning, `cannot start session "a": it is already running: invalid state`},
+		{ActionResume, StateRunning, `cannot resume session "a": it is already running: invalid state`},
+		{ActionStop, StateStopped, `cannot stop session "a": it is already stopped: invalid state`},
+		{ActionPause, StatePaused, `cannot pause session "a": it is already paused: invalid state`},
+		{ActionSleep, StateSleeping, `cannot sleep session "a": it is already sleeping: invalid state`},
+		{ActionPause, StateSleeping, `cannot pause session "a": it is sleeping: invalid state`},
+		{ActionResume, StateStopped, `cannot resume session "a": it is stopped (start it first): invalid state`},
 		{ActionFlush, StateSleeping, ``},
 		{ActionResume, StateSleeping, ``},
 	} {
@@ -37,6 +43,31 @@ func TestTransitionMessages(t *testing.T) {
 		}
 		if got != c.want {
 			t.Errorf("CheckTransition(%s, %s) = %q, want %q", c.action, c.state, got, c.want)
+		}
+	}
+}
+
+func TestCheckCPUs(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		want string
+	}{
+		{1, ""},
+		{64, ""},
+		{0, `--cpus 0: use 1 to 64: invalid argument`},
+		{-1, `--cpus -1: use 1 to 64: invalid argument`},
+		{65, `--cpus 65: use 1 to 64: invalid argument`},
+	} {
+		err := CheckCPUs(c.n)
+		got := ""
+		if err != nil {
+			got = err.Error()
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("CheckCPUs(%d) = %v, not ErrInvalid", c.n, err)
+			}
+		}
+		if got != c.want {
+			t.Errorf("CheckCPUs(%d) = %q, want %q", c.n, got, c.want)
 		}
 	}
 }

@@ -100,11 +100,17 @@ type Session struct {
 	StartedAt    time.Time `json:"started_at,omitzero"` // current VM's start
 	LastActivity time.Time `json:"last_activity,omitzero"`
 
+	// WorkspaceUsed is the workspace's use as last measured by the guest,
+	// at WorkspaceMeasuredAt: every few seconds while it runs, and kept
+	// with the session's record, so it holds while stopped or asleep and
+	// across daemon restarts. Zero time and zero bytes: not measured yet
+	// (WorkspaceKnown).
+	WorkspaceUsed       int64     `json:"workspace_used"`
+	WorkspaceMeasuredAt time.Time `json:"workspace_measured_at,omitzero"`
 	// Live figures from the guest, refreshed every few seconds while running.
-	WorkspaceUsed int64 `json:"workspace_used"`
-	DirtyBytes    int64 `json:"dirty_bytes"` // what a crash of the VM would lose now
-	MemUsedBytes  int64 `json:"mem_used_bytes,omitempty"`
-	Running       int   `json:"running"` // executions in starting/running state
+	DirtyBytes   int64 `json:"dirty_bytes"` // what a crash of the VM would lose now
+	MemUsedBytes int64 `json:"mem_used_bytes,omitempty"`
+	Running      int   `json:"running"` // executions in starting/running state
 	// OutputHeld counts the session's commands whose output is held for
 	// lack of room on the host (they block on their pipe; nothing is lost).
 	OutputHeld int `json:"output_held,omitempty"`
@@ -124,6 +130,13 @@ type Session struct {
 	CheckpointBytes int64 `json:"checkpoint_bytes,omitempty"`
 	// Net is the session's network policy (see ParsePolicy).
 	Net string `json:"net,omitempty"`
+}
+
+// WorkspaceKnown reports whether WorkspaceUsed is a measurement, to show
+// "not measured yet" rather than 0 B. A filesystem's use is never 0
+// bytes, so a figure above zero is one even without its time.
+func (s Session) WorkspaceKnown() bool {
+	return s.WorkspaceUsed > 0 || !s.WorkspaceMeasuredAt.IsZero()
 }
 
 // ExecState is an execution's state.

@@ -93,16 +93,12 @@ func (s *sess) snapshotLocked() Session {
 	if out.State == StateRunning {
 		out.Live = s.sampler.live
 	}
-	out.WorkspaceUsed = s.stats.WorkspaceUsed
+	out.WorkspaceUsed, out.WorkspaceMeasuredAt = r.WorkspaceUsed, r.WorkspaceMeasuredAt
 	out.ImageDigest = r.ImageDigest
 	out.RootDirectory, out.HomeDirectory = "/workspace", "/root"
 	if r.SystemUUID != "" {
 		out.SystemBytes = r.SystemBytes
-		if out.State == StateRunning && s.stats.SystemSize > 0 {
-			out.SystemUsed = s.stats.SystemUsed
-		} else {
-			out.SystemUsed = s.systemAllocated()
-		}
+		out.SystemUsed = s.systemUsedLocked()
 	}
 	out.IdleTimeout = s.idleTimeoutLocked()
 	if out.State == StateSleeping {
@@ -144,6 +140,9 @@ func (s *sess) setState(st State, cause, by string) error {
 	s.m.event(Event{Kind: EventState, Name: s.name, Message: msg, By: by, Session: &snap})
 	if perr != nil {
 		return fmt.Errorf("record state of %q: %w", s.name, perr)
+	}
+	if st == StateRunning {
+		s.measureWorkspace()
 	}
 	return nil
 }
@@ -307,6 +306,7 @@ func (s *sess) refreshStats(ctx context.Context) {
 	now := time.Now()
 	s.mu.Lock()
 	s.stats, s.statsAt = st, now
+	s.keepWorkspaceUseLocked(st, now)
 	if hostOK {
 		lv := s.sampler.add(now, pid, s.rec.CPUs, ps, st, ringCap(s.m.cfg.StatsInterval))
 		lv.NetReceivedBytes, lv.NetSentBytes = s.net.rx.Load(), s.net.tx.Load()

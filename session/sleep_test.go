@@ -62,7 +62,7 @@ func TestSleepWake(t *testing.T) {
 	if s.SnapshotBytes == 0 || !strings.Contains(e.ok("ls"), "sleeping (") {
 		t.Errorf("ls does not show the snapshot: %+v\n%s", s, e.ok("ls"))
 	}
-	e.fails("it is sleeping", "sleep", "sleepy")
+	e.fails("it is already sleeping", "sleep", "sleepy")
 
 	// Any action wakes it: here exec.
 	start := time.Now()

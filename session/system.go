@@ -66,6 +66,18 @@ func (s *sess) systemAllocated() int64 {
 	return st.Blocks * 512
 }
 
+// systemUsedLocked is the system disk's use as the session shows it: the
+// guest's own figure while it runs and has been measured, else what the
+// disk's file holds on the host (which counts the filesystem's metadata
+// too, so it reads higher). Replace reports what it dropped in this same
+// measure, so its report agrees with the warning a front end showed.
+func (s *sess) systemUsedLocked() int64 {
+	if State(s.rec.State) == StateRunning && s.stats.SystemSize > 0 {
+		return s.stats.SystemUsed
+	}
+	return s.systemAllocated()
+}
+
 // ReplaceOptions configure Replace.
 type ReplaceOptions struct {
 	// Image is the image of the new VM; "" keeps the session's image (its
@@ -102,10 +114,15 @@ func (m *Manager) Replace(ctx context.Context, name string, opts ReplaceOptions)
 		if _, err := m.resolveImage(ctx, newImage, ""); err != nil {
 			return err
 		}
+		// Measured before the stop: once the VM is gone only the host's
+		// figure is left, and it is not the one the session showed.
+		s.mu.Lock()
+		dropped := s.systemUsedLocked()
+		s.mu.Unlock()
 		if err := s.stopVM(ctx, by, "replace"); err != nil {
 			return err
 		}
-		res.Dropped = s.systemAllocated()
+		res.Dropped = dropped
 		res.From = oldImage + "@" + orDash(oldDigest)
 		if err := s.newSystem(ctx, newImage, s.systemBytesOr(m.cfg.Defaults.SystemBytes)); err != nil {
 			return err

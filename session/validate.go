@@ -99,7 +99,17 @@ var hints = map[State]string{
 	StateCreating: "wait for it to finish creating",
 	StateStopping: "wait for it to stop",
 	StateDeleting: "it is being deleted",
-	StateRunning:  "it is already running",
+}
+
+// leadsTo is the state an action brings a session to. Refused because the
+// session is in it already, the action is no mistake to fix but nothing
+// to do, and the message says so instead of a hint about the state.
+var leadsTo = map[Action]State{
+	ActionPause:  StatePaused,
+	ActionResume: StateRunning,
+	ActionStop:   StateStopped,
+	ActionStart:  StateRunning,
+	ActionSleep:  StateSleeping,
 }
 
 // Allowed reports whether the transition table allows action in state.
@@ -127,6 +137,9 @@ func checkTransition(name string, action Action, state State, hint string) error
 	if Allowed(action, state) {
 		return nil
 	}
+	if to, ok := leadsTo[action]; ok && to == state {
+		return fmt.Errorf("cannot %s session %q: it is already %s: %w", action, name, state, ErrInvalidState)
+	}
 	if hint != "" {
 		hint = " (" + hint + ")"
 	}
@@ -135,6 +148,19 @@ func checkTransition(name string, action Action, state State, hint string) error
 		verb = p
 	}
 	return fmt.Errorf("cannot %s session %q: it is %s%s: %w", verb, name, state, hint, ErrInvalidState)
+}
+
+// MaxCPUs bounds a session's virtual CPUs.
+const MaxCPUs = 64
+
+// CheckCPUs refuses a number of virtual CPUs outside 1 to MaxCPUs. Zero is
+// refused too: a front end that means "the default" leaves the field out
+// rather than passing 0 through this check.
+func CheckCPUs(n int) error {
+	if n < 1 || n > MaxCPUs {
+		return fmt.Errorf("--cpus %d: use 1 to %d: %w", n, MaxCPUs, ErrInvalid)
+	}
+	return nil
 }
 
 var sizeRE = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?$`)

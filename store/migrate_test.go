@@ -177,6 +177,32 @@ func TestMigrateSessionsFromV1(t *testing.T) {
 	}
 }
 
+// A session record from before the workspace's use was kept decodes
+// with it unmeasured (no migration: the fields are new and optional), and
+// one with it keeps it across a reopen.
+func TestSessionWorkspaceUse(t *testing.T) {
+	dir := t.TempDir()
+	writeRaw(t, dir, map[string]string{
+		"meta/session/schema": "2", "meta/exec/schema": "2", "meta/out/schema": "2", "meta/event/schema": "1",
+		"session/old": `{"name":"old","state":"stopped","disk_bytes":4294967296}`,
+		"session/new": `{"name":"new","state":"sleeping","workspace_used":12582912,"workspace_measured_at":"2025-03-01T12:03:00Z"}`,
+	})
+	s := openTest(t, dir)
+	check := func(when string) {
+		t.Helper()
+		if got, err := s.GetSession("old"); err != nil || got.WorkspaceUsed != 0 || !got.WorkspaceMeasuredAt.IsZero() {
+			t.Errorf("%s: old record: %d bytes at %s, %v; want unmeasured", when, got.WorkspaceUsed, got.WorkspaceMeasuredAt, err)
+		}
+		if got, err := s.GetSession("new"); err != nil || got.WorkspaceUsed != 12<<20 || !got.WorkspaceMeasuredAt.Equal(t0.Add(3*time.Minute)) {
+			t.Errorf("%s: new record: %d bytes at %s, %v; want 12 MiB at %s", when, got.WorkspaceUsed, got.WorkspaceMeasuredAt, err, t0.Add(3*time.Minute))
+		}
+	}
+	check("open")
+	s.Close()
+	s = openTest(t, dir)
+	check("reopen")
+}
+
 func TestMigrationIsOneTransaction(t *testing.T) {
 	cases := []struct {
 		name string

@@ -52,6 +52,11 @@ type Session struct {
 	PauseReason string `json:"pause_reason,omitempty"`
 	// Net is the session's network policy ("" is none).
 	Net string `json:"net,omitempty"`
+	// WorkspaceUsed is the workspace's use as the guest last measured it,
+	// at WorkspaceMeasuredAt (zero: never measured; records from before
+	// these fields decode so).
+	WorkspaceUsed       int64     `json:"workspace_used,omitempty"`
+	WorkspaceMeasuredAt time.Time `json:"workspace_measured_at,omitzero"`
 }
 
 // clone returns a copy of sess that shares no memory with it, so a record

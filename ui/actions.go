@@ -564,8 +564,12 @@ func (m *Model) start(c call) tea.Cmd {
 
 func deletePrompt(m *Model, c call) (string, []string) {
 	s := c.s
+	ws := session.FormatBytesShort(s.DiskBytes) + ", its use not measured yet"
+	if s.WorkspaceKnown() {
+		ws = session.FormatBytesShort(s.WorkspaceUsed) + " used of " + session.FormatBytesShort(s.DiskBytes)
+	}
 	body := []string{
-		"This destroys the VM and ALL of its storage, including /workspace (" + session.FormatBytesShort(s.WorkspaceUsed) + " used of " + session.FormatBytesShort(s.DiskBytes) + "). It cannot be undone.",
+		"This destroys the VM and ALL of its storage, including /workspace (" + ws + "). It cannot be undone.",
 	}
 	if s.Running > 0 {
 		body = append(body, fmt.Sprintf("%d command(s) are running in it.", s.Running))
@@ -594,7 +598,10 @@ func replacePrompt(m *Model, c call) (string, []string) {
 	}
 	body := []string{
 		"Replace gives " + s.Name + " a fresh VM from image " + s.Image + " and drops " + dropped + ". It cannot be undone.",
-		"Kept: every file in /workspace (" + session.FormatBytesShort(s.WorkspaceUsed) + ").",
+		"Kept: every file in /workspace (" + common.WorkspaceUsed(s) + ").",
+	}
+	if !s.WorkspaceKnown() {
+		body[1] = "Kept: every file in /workspace."
 	}
 	if s.Running > 0 {
 		body = append(body, fmt.Sprintf("%d running command(s) will be stopped; there is no rollback of their partial changes.", s.Running))
@@ -661,8 +668,8 @@ func createOptions(name, cpus, mem, disk, image string) (session.CreateOptions, 
 	}
 	if s := strings.TrimSpace(cpus); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 256 {
-			return o, fmt.Errorf("vCPUs %q: a number from 1 to 256", s)
+		if err != nil || session.CheckCPUs(n) != nil {
+			return o, fmt.Errorf("vCPUs %q: a number from 1 to %d", s, session.MaxCPUs)
 		}
 		o.CPUs = n
 	}

@@ -109,7 +109,7 @@ func TestCommandVerbs(t *testing.T) {
 		{"sleep build-cache", flash(`cannot sleep session "build-cache": it is paused (resume it first)`)},
 		{"flush experiment", flash("flushed experiment: nothing was pending")},
 		{"start docs", state("docs", session.StateRunning)},
-		{"start alpha", flash(`cannot start session "alpha": it is running (it is already running)`)},
+		{"start alpha", flash(`cannot start session "alpha": it is already running`)},
 		{"stop alpha", dialog("Stop alpha?")},
 		{"delete docs", dialog("Delete docs permanently?")},
 		{"open docs", func(h *harness) bool { return h.m.page == pageDetail && h.m.detail == "docs" }},
@@ -118,6 +118,8 @@ func TestCommandVerbs(t *testing.T) {
 		{"create web bogus", flash(":create NAME [cpus=N] [mem=SIZE] [disk=SIZE] [image=NAME]")},
 		{"create web mem=512", flash(`memory "512": 512 means 512 bytes; want a whole number of MiB (did you mean 512M?)`)},
 		{"create web_1", flash(`invalid session name "web_1"`)},
+		{"create web cpus=0", flash(`vCPUs "0": a number from 1 to 64`)},
+		{"create web cpus=65", flash(`vCPUs "65": a number from 1 to 64`)},
 		{"create web mem=512M disk=1G", func(h *harness) bool {
 			s, ok := h.m.sessions.Get("web")
 			return ok && s.MemoryMiB == 512 && s.DiskBytes == 1<<30

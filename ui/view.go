@@ -68,7 +68,7 @@ func (m *Model) headerView() string {
 		s, _ := m.detailSession()
 		left += sep + st.Bold.Render(common.SanitizeLine(s.Name)) + "  " + st.StateBadge(s.State)
 		facts := []string{strconv.Itoa(s.CPUs) + " vCPU", session.FormatBytesShort(int64(s.MemoryMiB)<<20) + " mem",
-			"ws " + session.FormatBytesShort(s.WorkspaceUsed) + "/" + session.FormatBytesShort(s.DiskBytes)}
+			"ws " + common.WorkspaceUsed(s) + "/" + session.FormatBytesShort(s.DiskBytes)}
 		dirty := "dirty " + session.FormatBytesShort(s.DirtyBytes)
 		if s.DirtyBytes > 0 {
 			dirty = lipgloss.NewStyle().Foreground(st.Palette.Warn).Render(dirty)

@@ -140,6 +140,38 @@ func TestExecNotFound(t *testing.T) {
 	}
 }
 
+// A start that fails on its working directory says so, instead of
+// blaming the program.
+func TestExecBadCwd(t *testing.T) {
+	dir := t.TempDir()
+	_, c := connect(t, dir)
+	os.WriteFile(filepath.Join(dir, "afile"), []byte("x"), 0o644)
+	os.Mkdir(filepath.Join(dir, "sub"), 0o755)
+	for _, tc := range []struct {
+		cwd, prog string
+		want      string
+		is        error
+	}{
+		{"/nonexistent-berth-cwd", "pwd", "working directory /nonexistent-berth-cwd does not exist", fs.ErrNotExist},
+		{"missing", "pwd", "working directory /workspace/missing does not exist", fs.ErrNotExist},
+		{"/workspace/missing/deeper", "pwd", "working directory /workspace/missing/deeper does not exist", fs.ErrNotExist},
+		{"afile", "pwd", "working directory /workspace/afile is not a directory", syscall.ENOTDIR},
+		{"afile/below", "pwd", "working directory /workspace/afile/below is not a directory", syscall.ENOTDIR},
+		// A good directory: the program is to blame, as before.
+		{"sub", "no-such-command-xyz", `exec no-such-command-xyz: exec: "no-such-command-xyz": executable file not found in $PATH`, fs.ErrNotExist},
+	} {
+		t.Run(tc.cwd, func(t *testing.T) {
+			r := run(t, c, guest.ExecRequest{Argv: []string{tc.prog}, Cwd: tc.cwd}, "")
+			if r.err == nil || r.err.Error() != tc.want || !errors.Is(r.err, tc.is) {
+				t.Errorf("exec %s in %s: %v, want %q (%v)", tc.prog, tc.cwd, r.err, tc.want, tc.is)
+			}
+		})
+	}
+	if r := run(t, c, guest.ExecRequest{Argv: []string{"pwd"}, Cwd: "sub"}, ""); r.err != nil || strings.TrimSpace(string(r.stdout)) != filepath.Join(dir, "sub") {
+		t.Errorf("pwd in sub: %q, %v", r.stdout, r.err)
+	}
+}
+
 func TestNoWorkspaceRefusesEverything(t *testing.T) {
 	a, err := New(Config{WorkspaceError: "volume missing"})
 	if err != nil {

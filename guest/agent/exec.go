@@ -132,6 +132,31 @@ func (t *execTable) running() []*execution {
 	return out
 }
 
+// cwdError says what is wrong with a command's working directory dir
+// (asked for as asked), or returns nil when nothing is: a start that fails
+// on it would otherwise blame the program ("exec pwd: no such file or
+// directory"). It is asked only once a start failed, so a start that
+// succeeds costs no extra stat.
+func cwdError(asked, dir string) error {
+	shown := asked
+	switch {
+	case shown == "":
+		shown = "/workspace"
+	case !filepath.IsAbs(shown):
+		shown = filepath.Join("/workspace", shown)
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return &guest.Error{Code: "ENOENT", Message: fmt.Sprintf("working directory %s does not exist", shown)}
+	case errors.Is(err, syscall.ENOTDIR), err == nil && !fi.IsDir():
+		return &guest.Error{Code: "ENOTDIR", Message: fmt.Sprintf("working directory %s is not a directory", shown)}
+	case errors.Is(err, os.ErrPermission):
+		return &guest.Error{Code: "EACCES", Message: fmt.Sprintf("working directory %s cannot be entered: permission denied", shown)}
+	}
+	return nil
+}
+
 // start runs req. An id the table already knows returns that execution, so
 // a host retrying a start whose reply it lost does not run the command twice.
 func (t *execTable) start(req *guest.ExecRequest) (*execution, bool, error) {
@@ -222,6 +247,9 @@ func (t *execTable) start(req *guest.ExecRequest) (*execution, bool, error) {
 		}
 		if e.cgroup != "" {
 			os.Remove(e.cgroup)
+		}
+		if werr := cwdError(req.Cwd, cmd.Dir); werr != nil {
+			return nil, false, werr
 		}
 		return nil, false, guest.ErrorFrom("exec", req.Argv[0], err)
 	}

@@ -122,6 +122,8 @@ func TestTreeRefusesEscapes(t *testing.T) {
 			if tc.name != "device" && !errors.Is(err, guest.ErrEscape) {
 				t.Errorf("err = %v, want ErrEscape", err)
 			}
+			// Nothing under the name, so a retry lands where this would have.
+			waitGone(t, dir, "in")
 		})
 	}
 	if _, err := os.Stat(filepath.Join(filepath.Dir(dir), "evil")); err == nil {
@@ -161,20 +163,29 @@ func TestTreeInterruptedUnpack(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "in", "big.bin")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("big.bin exists after an interrupted copy: %v", err)
 	}
-	// Files already complete may stay (in batches they are not yet renamed
-	// into place either); temporary files go.
+	// "in" did not exist: the copy leaves nothing, temporaries included.
+	waitGone(t, dir, "in")
+}
+
+// waitGone waits for a failed copy into dir/name (which did not exist) to
+// leave nothing under the name or beside it: the agent cleans up as its
+// side of the copy ends, which may be just after the client's.
+func waitGone(t *testing.T, dir, name string) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		ents, _ := os.ReadDir(filepath.Join(dir, "in"))
+		ents, _ := os.ReadDir(dir)
 		var names []string
 		for _, e := range ents {
-			names = append(names, e.Name())
+			if e.Name() == name || strings.HasPrefix(e.Name(), "."+name+".berth-") {
+				names = append(names, e.Name())
+			}
 		}
-		if len(names) == 0 || (len(names) == 1 && names[0] == "done.txt") {
-			break
+		if len(names) == 0 {
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after an interrupted copy the directory holds %s", strings.Join(names, ", "))
+			t.Fatalf("after a failed copy into %s, the workspace holds %s", name, strings.Join(names, ", "))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

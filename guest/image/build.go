@@ -57,6 +57,17 @@ type Image struct {
 	Source string `json:"source"`
 }
 
+// PackageCount is how many Debian packages the image's root holds: those
+// its build installed, which on debian-minimal with no packages asked for
+// are still the base system's. A manifest from before the count was kept
+// has only the packages asked for.
+func (im Image) PackageCount() int {
+	if im.Installed > 0 {
+		return im.Installed
+	}
+	return len(im.Packages)
+}
+
 // Layer is one read-only ext4 layer. Its tree lives under /upper in the
 // filesystem, as in a system disk, so a build's system disk becomes a
 // layer as it is.
@@ -549,7 +560,7 @@ func (b *builder) rootfs(ctx context.Context, r *Recipe) (Image, bool, error) {
 		return Image{}, false, err
 	}
 	b.report(Progress{Phase: "done", Line: fmt.Sprintf("built image %s (%s) in %s: %d packages, %d layer(s), %s on disk: %s",
-		r.Name, digest, time.Since(b.start).Round(time.Millisecond), len(p.packages), len(im.Layers), mbytes(im.DiskBytes()), im.Dir)})
+		r.Name, digest, time.Since(b.start).Round(time.Millisecond), im.PackageCount(), len(im.Layers), mbytes(im.DiskBytes()), im.Dir)})
 	return im, true, nil
 }
 

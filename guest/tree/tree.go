@@ -8,7 +8,8 @@
 // Unpacking is durable like berth's file API: every file is written to a
 // temporary name, fsynced and renamed into place, every directory touched
 // is fsynced, and Unpack returns only then; an interrupted unpack leaves no
-// partial file under a final name.
+// partial file under a final name, and, into a directory that did not
+// exist, nothing at all.
 package tree
 
 import (
@@ -131,9 +132,55 @@ func (d *dirRoots) close() {
 	}
 }
 
+// firstMissing returns the first directory on the way to dir (dir itself
+// included) that does not exist, or "" when dir exists.
+func firstMissing(root *os.Root, dir string) (string, error) {
+	if dir == "." {
+		return "", nil
+	}
+	p := ""
+	for _, part := range strings.Split(dir, "/") {
+		p = path.Join(p, part)
+		if _, err := root.Stat(p); errors.Is(err, fs.ErrNotExist) {
+			if _, lerr := root.Lstat(p); lerr == nil {
+				return "", nil // a dangling symlink: MkdirAll says what is wrong
+			}
+			return p, nil
+		} else if err != nil {
+			return "", err
+		}
+	}
+	return "", nil
+}
+
 // Unpack writes the tar stream r into directory dir of root (created if
-// missing).
+// missing). A dir that does not exist yet is built under a temporary name
+// beside its first missing directory and renamed into place only once the
+// whole copy is in and durable: a refused or interrupted copy leaves
+// nothing under the final name, so a retry lands where the first try
+// would have. Into an existing directory, each file is put in place whole
+// (see Options.Sync), and what came before a refused entry stays.
 func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err error) {
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	suffix := ".berth-" + hex.EncodeToString(rnd[:])
+	dir = path.Clean(dir)
+	top, err := firstMissing(root, dir)
+	if err != nil {
+		return res, err
+	}
+	final := dir
+	stage := ""
+	if top != "" {
+		stage = path.Join(parent(top), "."+path.Base(top)+suffix+"-copy")
+		rest := strings.TrimPrefix(strings.TrimPrefix(dir, top), "/")
+		dir = path.Join(stage, rest)
+		defer func() {
+			if stage != "" { // not renamed into place: the copy failed
+				root.RemoveAll(stage)
+			}
+		}()
+	}
 	if err := root.MkdirAll(dir, 0o755); err != nil {
 		return res, err
 	}
@@ -176,9 +223,6 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 		mtime time.Time
 	}
 	var stamps []stamp
-	var rnd [6]byte
-	rand.Read(rnd[:])
-	suffix := ".berth-" + hex.EncodeToString(rnd[:])
 	buf := make([]byte, 256<<10)
 	tr := tar.NewReader(bufio.NewReaderSize(r, 1<<20))
 	for {
@@ -187,10 +231,10 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 			break
 		}
 		if err != nil {
-			return res, fmt.Errorf("unpack into %s: %w", dir, err)
+			return res, fmt.Errorf("unpack into %s: %w", final, err)
 		}
 		if res.Entries++; res.Entries > MaxEntries {
-			return res, fmt.Errorf("unpack into %s: more than %d entries", dir, MaxEntries)
+			return res, fmt.Errorf("unpack into %s: more than %d entries", final, MaxEntries)
 		}
 		rel, err := entryPath(h.Name)
 		if err != nil {
@@ -280,19 +324,33 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 	}
 	if o.Sync != nil {
 		// The renames and the directories' modes, in one go.
-		return res, o.Sync()
-	}
-	names := make([]string, 0, len(dirs))
-	for d := range dirs {
-		names = append(names, d)
-	}
-	sort.Strings(names)
-	for _, d := range names {
-		if err := syncDir(root, d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := o.Sync(); err != nil {
 			return res, err
 		}
+	} else {
+		names := make([]string, 0, len(dirs))
+		for d := range dirs {
+			names = append(names, d)
+		}
+		sort.Strings(names)
+		for _, d := range names {
+			if err := syncDir(root, d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return res, err
+			}
+		}
 	}
-	return res, nil
+	if stage == "" {
+		return res, nil
+	}
+	// Everything is durable under the temporary name; now the name.
+	if err := root.Rename(stage, top); err != nil {
+		return res, fmt.Errorf("unpack into %s: put the copy in place: %w", final, err)
+	}
+	stage = ""
+	if o.Sync != nil {
+		return res, o.Sync()
+	}
+	return res, syncDir(root, parent(top))
 }
 
 // writeFile writes size bytes from r into tmp in directory d, gives it its

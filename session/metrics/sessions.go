@@ -81,7 +81,9 @@ func (c *sessionCollector) Collect(ch chan<- prometheus.Metric) {
 		byState[s.State]++
 		n := s.Name
 		g(dWSSize, float64(s.DiskBytes), n)
-		g(dWSUsed, float64(s.WorkspaceUsed), n)
+		if s.WorkspaceKnown() { // a workspace never measured has no figure, not 0
+			g(dWSUsed, float64(s.WorkspaceUsed), n)
+		}
 		g(dMemLimit, float64(s.MemoryMiB)*(1<<20), n)
 		g(dVCPUs, float64(s.CPUs), n)
 		g(dRunning, float64(s.Running), n)

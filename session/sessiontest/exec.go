@@ -133,12 +133,32 @@ func (f *Fake) Exec(ctx context.Context, name string, req session.ExecRequest) (
 	f.publishExecLocked(e, "started: "+strings.Join(e.rec.Argv, " "))
 
 	cmd := f.commands[path.Base(req.Argv[0])]
-	if cmd == nil {
+	if msg := s.cwdProblem(cwd); msg != "" {
+		f.finishLocked(e, session.ExecFailed, nil, "", msg)
+	} else if cmd == nil {
 		f.finishLocked(e, session.ExecFailed, nil, "", fmt.Sprintf("exec %q: executable file not found in $PATH", req.Argv[0]))
 	} else {
 		f.startLocked(e, cmd, req)
 	}
 	return e.openLocked(ctx, 1), nil
+}
+
+// cwdProblem says what is wrong with a working directory in /workspace,
+// as the agent does, or "" when nothing is. Elsewhere the fake has no
+// filesystem: any directory is taken to exist.
+func (s *fakeSession) cwdProblem(cwd string) string {
+	rel, err := cleanPath(cwd)
+	if err != nil {
+		return ""
+	}
+	n, _, err := s.resolve(rel, true)
+	switch {
+	case errors.Is(err, session.ErrNotFound):
+		return "working directory " + cwd + " does not exist"
+	case err != nil, !n.dir:
+		return "working directory " + cwd + " is not a directory"
+	}
+	return ""
 }
 
 // startLocked runs cmd in a goroutine that ends when cmd returns; the

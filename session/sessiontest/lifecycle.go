@@ -33,6 +33,9 @@ func (f *Fake) Create(ctx context.Context, opts session.CreateOptions) (session.
 			Image:     opts.Image,
 			VMM:       opts.VMM,
 			CreatedAt: now,
+			// Measured at boot, as the Manager does; the fake's figure
+			// is always current after that.
+			WorkspaceMeasuredAt: now,
 			// As the Manager reports them for an image without a
 			// system disk.
 			RootDirectory: "/workspace",
@@ -51,9 +54,12 @@ func (f *Fake) validateCreate(opts *session.CreateOptions) error {
 	if err := session.ValidateName(opts.Name); err != nil {
 		return err
 	}
+	if opts.CPUs != 0 { // 0: the default
+		if err := session.CheckCPUs(opts.CPUs); err != nil {
+			return err
+		}
+	}
 	switch {
-	case opts.CPUs < 0 || opts.CPUs > 64:
-		return fmt.Errorf("%d CPUs: want 1 to 64: %w", opts.CPUs, session.ErrInvalid)
 	case opts.MemoryMiB < 0 || (opts.MemoryMiB > 0 && opts.MemoryMiB < 64):
 		return fmt.Errorf("memory %d MiB: want at least 64 MiB: %w", opts.MemoryMiB, session.ErrInvalid)
 	case opts.DiskBytes < 0 || (opts.DiskBytes > 0 && opts.DiskBytes < 16<<20):

@@ -203,6 +203,12 @@ func suiteExec(t *testing.T, ctx context.Context, svc session.Service, name stri
 		if r.Stdout != "/tmp\n" {
 			t.Errorf("pwd with cwd /tmp: %q", r.Stdout)
 		}
+		// A missing working directory is named as what is wrong, not the
+		// program.
+		r = Run(t, ctx, svc, name, session.ExecRequest{Argv: []string{"pwd"}, Cwd: "conf-no-such-dir"}, "")
+		if want := "working directory /workspace/conf-no-such-dir does not exist"; r.Exec.State != session.ExecFailed || r.Exec.Error != want {
+			t.Errorf("pwd in a missing directory: %s %q, want failed %q", r.Exec.State, r.Exec.Error, want)
+		}
 	})
 	t.Run("Signal", func(t *testing.T) {
 		r := Run(t, ctx, svc, name, session.ExecRequest{Argv: []string{"sh", "-c", "kill -TERM $$"}}, "")

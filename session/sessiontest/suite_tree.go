@@ -180,7 +180,9 @@ func suiteCopy(t *testing.T, ctx context.Context, svc session.Service, name stri
 			label := fmt.Sprintf("CopyIn %s → %q", bad.Name, bad.Link)
 			_, err := svc.CopyIn(ctx, name, "cbad", bytes.NewReader(Tar(t, bad, after)))
 			wantClass(t, label, err, session.ErrInvalid)
-			for _, p := range []string{"evil.txt", "cbad/after.txt", "cbad/bad", "cbad/in/bad"} {
+			// cbad did not exist: a refused copy leaves nothing under its
+			// name, so the same copy again means what it meant.
+			for _, p := range []string{"evil.txt", "cbad"} {
 				if _, err := svc.Stat(ctx, name, p); !isNotFound(err) {
 					t.Errorf("after %s: Stat %s = %v, want not found", label, p, err)
 				}

@@ -18,9 +18,12 @@ import (
 
 // Tree copies, as the guest agent makes them: entries are applied in the
 // order the tar holds them, each file whole (a file cut short is never
-// put in place); the first refused entry ends the copy, and what came
-// before it stays. Entries must stay inside the tree being copied, and so
-// must symlinks' targets. Directories get their modes and mtimes last.
+// put in place); the first refused entry ends the copy. Into a directory
+// that did not exist, a failed copy leaves nothing under its name (the
+// agent builds it under a temporary one); into an existing one, what came
+// before the refused entry stays. Entries must stay inside the tree being
+// copied, and so must symlinks' targets. Directories get their modes and
+// mtimes last.
 
 // treeEntry is one checked tar entry.
 type treeEntry struct {
@@ -129,7 +132,13 @@ func (f *Fake) CopyIn(ctx context.Context, name, dir string, r io.Reader) (sessi
 	entries, rerr := readTree(ctxReader{ctx, r}, dest)
 	var res session.CopyResult
 	err := f.onUsable(ctx, name, func(s *fakeSession) error {
+		top := s.firstMissing(dest)
 		err := s.unpack(dest, entries, f.now(), &res)
+		if (err != nil || rerr != nil) && top != "" {
+			if d, base, _, perr := s.parent(top); perr == nil {
+				delete(d.children, base)
+			}
+		}
 		s.updateUsed()
 		if err == nil && rerr == nil {
 			f.publishLocked(ctx, s, session.Event{Kind: session.EventNote, Message: fmt.Sprintf("copied in %d files, %d directories, %d symlinks (%s) to %s",
@@ -142,6 +151,22 @@ func (f *Fake) CopyIn(ctx context.Context, name, dir string, r io.Reader) (sessi
 		err = rerr
 	}
 	return res, err
+}
+
+// firstMissing returns the first directory on the way to dest (dest
+// included) that does not exist, or "" when dest exists.
+func (s *fakeSession) firstMissing(dest string) string {
+	p := ""
+	for _, part := range splitPath(dest) {
+		p = path.Join(p, part)
+		if _, _, err := s.resolve(p, true); errors.Is(err, session.ErrNotFound) {
+			if _, _, lerr := s.resolve(p, false); lerr == nil {
+				return "" // a dangling symlink: mkdirs says what is wrong
+			}
+			return p
+		}
+	}
+	return ""
 }
 
 // unpack applies entries under dest.

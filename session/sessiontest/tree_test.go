@@ -88,7 +88,8 @@ func readFake(t *testing.T, f *Fake, p string) string {
 	return string(b)
 }
 
-// Entries before a refused one stay, as the agent writes each in turn;
+// Into an existing directory, entries before a refused one stay, as the
+// agent writes each in turn; into a new one, a refused copy leaves nothing;
 // symlinks inside the workspace are followed on the way; directory stamps
 // are the tar's, whatever was written into them afterwards.
 func TestCopyInSemantics(t *testing.T) {
@@ -104,6 +105,15 @@ func TestCopyInSemantics(t *testing.T) {
 		TarEntry{Name: "../escape", Data: "no"},
 		TarEntry{Name: "never.txt", Data: "no"},
 	)
+	if _, err := f.CopyIn(ctx, "s", "new/dst", bytes.NewReader(tr)); !errors.Is(err, session.ErrInvalid) {
+		t.Fatalf("CopyIn into a new directory = %v; want the refusal", err)
+	}
+	if _, err := f.Stat(ctx, "s", "new"); !errors.Is(err, session.ErrNotFound) {
+		t.Errorf("after a refused copy into new/dst, Stat new = %v; want not found", err)
+	}
+	if err := f.Mkdir(ctx, "s", "dst"); err != nil {
+		t.Fatal(err)
+	}
 	res, err := f.CopyIn(ctx, "s", "dst", bytes.NewReader(tr))
 	if !errors.Is(err, session.ErrInvalid) || res.Files != 2 || res.Dirs != 2 || res.Symlinks != 1 {
 		t.Fatalf("CopyIn = %+v, %v; want the refusal after 2 files, 2 dirs, 1 symlink", res, err)

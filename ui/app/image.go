@@ -126,9 +126,11 @@ func (b *buildProgress) show(p session.BuildProgress) {
 		b.clear()
 		fmt.Fprintln(b.w, p.Line)
 		b.done = true
-	case p.Phase == "setup" && !strings.HasPrefix(p.Line, "$ ") && p.Line != "":
+	case p.Phase == "setup" && p.Total == 0 && !strings.HasPrefix(p.Line, "$ ") && p.Line != "":
+		// A setup command's output, or a note: a step's own line carries
+		// the count (setup 2/4) and is drawn as progress.
 		b.clear()
-		fmt.Fprintln(b.w, "  | "+p.Line) // a setup command's output
+		fmt.Fprintln(b.w, "  | "+p.Line)
 	case b.tty:
 		if !changed && time.Since(b.last) < 100*time.Millisecond {
 			return

@@ -89,7 +89,11 @@ func TestUsageErrors(t *testing.T) {
 			stderr: "~want stdout or stderr"},
 		{name: "bad vmm", args: []string{"create", "x", "--vmm", "firecracker"}, code: 2,
 			stderr: "~want qemu or cloud-hypervisor"},
-		{name: "negative cpus", args: []string{"create", "x", "--cpus", "-2"}, code: 2, stderr: "~--cpus -2: want a positive number"},
+		// An explicit --cpus is checked by the daemon's own rule, 0 included
+		// (unset, it takes the daemon's default).
+		{name: "zero cpus", args: []string{"create", "x", "--cpus", "0"}, code: 2, stderr: "~--cpus 0: use 1 to 64"},
+		{name: "negative cpus", args: []string{"create", "x", "--cpus", "-2"}, code: 2, stderr: "~--cpus -2: use 1 to 64"},
+		{name: "too many cpus", args: []string{"create", "x", "--cpus", "999"}, code: 2, stderr: "~--cpus 999: use 1 to 64"},
 	})
 }
 
@@ -146,17 +150,21 @@ func TestSessionCommands(t *testing.T) {
 		{name: "info unknown", args: []string{"info", "nope"}, code: 1, stderr: "berth: session \"nope\": not found\n"},
 		{name: "pause", args: []string{"pause", "demo"}, stdout: "demo: paused\n"},
 		{name: "pause paused", args: []string{"pause", "demo"}, code: 1,
-			stderr: "berth: cannot pause session \"demo\": it is paused (resume it first): invalid state\n"},
+			stderr: "berth: cannot pause session \"demo\": it is already paused: invalid state\n"},
 		{name: "flush paused", args: []string{"flush", "demo"}, code: 1,
 			stderr: "berth: cannot flush session \"demo\": it is paused (resume it first): invalid state\n"},
 		{name: "resume", args: []string{"resume", "demo"}, stdout: "demo: running\n"},
+		{name: "resume running", args: []string{"resume", "demo"}, code: 1,
+			stderr: "berth: cannot resume session \"demo\": it is already running: invalid state\n"},
 		{name: "stop", args: []string{"stop", "demo"}, stdout: "demo: stopped\n"},
+		{name: "stop stopped", args: []string{"stop", "demo"}, code: 1,
+			stderr: "berth: cannot stop session \"demo\": it is already stopped: invalid state\n"},
 		{name: "pause stopped", args: []string{"pause", "demo"}, code: 1,
 			stderr: "berth: cannot pause session \"demo\": it is stopped (start it first): invalid state\n"},
 		{name: "exec stopped", args: []string{"exec", "demo", "true"}, code: 1,
 			stderr: "berth: cannot exec in session \"demo\": it is stopped (start it first): invalid state\n"},
 		{name: "start", args: []string{"start", "demo"}, stdout: "demo: running\n"},
-		{name: "start running", args: []string{"start", "demo"}, code: 1, stderr: "~it is running (it is already running)"},
+		{name: "start running", args: []string{"start", "demo"}, code: 1, stderr: "berth: cannot start session \"demo\": it is already running: invalid state\n"},
 		{name: "pause unknown", args: []string{"pause", "nope"}, code: 1, stderr: "berth: session \"nope\": not found\n"},
 	})
 
@@ -253,7 +261,7 @@ func TestHelp(t *testing.T) {
 		t.Errorf("the help without the local commands lists serve or --data:\n%s", remote.stdout)
 	}
 	for _, name := range []string{"create", "ls", "info", "pause", "resume", "stop", "start", "flush", "delete", "events", "stats",
-		"exec", "shell", "logs", "ps", "files", "cat", "put", "get", "rm", "mkdir",
+		"exec", "shell", "logs", "ps", "cancel", "files", "cat", "put", "get", "rm", "mkdir",
 		"serve", "image build", "doctor", "ssh add-key", "version",
 		"run start", "run end", "runs", "schedule add", "schedule ls", "schedule rm", "mcp"} {
 		t.Run(name, func(t *testing.T) {
@@ -561,5 +569,56 @@ func TestLogs(t *testing.T) {
 		id := strings.TrimSpace(w.sh(t, "exec", "demo", "--detach", "--", "sh", "-c", "echo first; sleep 0.3; echo second >&2; echo last"))
 		r := w.run(t.Context(), cli.Env{}, "logs", "demo", id, "-f")
 		tc{stdout: "first\nlast\n", stderr: "second\n"}.check(t, r)
+	})
+}
+
+// cancel kills a detached command through the service call the TUI's K
+// makes, and says how it ended.
+func TestCancel(t *testing.T) {
+	w := newWorld(t, sessiontest.Options{})
+	w.sh(t, "create", "demo")
+	w.sh(t, "create", "other")
+	id := strings.TrimSpace(w.sh(t, "exec", "demo", "--detach", "--", "sleep", "30"))
+	runAll(t, w, []tc{
+		{name: "another session's", args: []string{"cancel", "other", id}, code: 1,
+			stderr: "berth: execution " + id + " belongs to session demo, not other\n"},
+		{name: "unknown", args: []string{"cancel", "demo", "e9999"}, code: 1, stderr: "berth: execution \"e9999\": not found\n"},
+		{name: "missing exec", args: []string{"cancel", "demo"}, code: 2, stderr: "~missing EXEC"},
+		{name: "running", args: []string{"cancel", "demo", id}, stdout: id + ": cancelled; what it changed so far remains\n"},
+		{name: "again", args: []string{"cancel", "demo", id}, code: 1, stderr: "~it already ended (cancelled)"},
+	})
+	if x, err := w.fake.Execution(t.Context(), id); err != nil || x.State != session.ExecCancelled || w.fake.Calls("Cancel") != 2 {
+		t.Errorf("after cancel: %s, %v, %d Cancel calls; want cancelled through Cancel", x.State, err, w.fake.Calls("Cancel"))
+	}
+}
+
+// exec --cwd with a directory that is not there blames the directory, not
+// the command.
+func TestExecMissingCwd(t *testing.T) {
+	w := newWorld(t, sessiontest.Options{})
+	w.sh(t, "create", "demo")
+	if err := w.fake.AddFile("demo", "afile", []byte("x"), epoch); err != nil {
+		t.Fatal(err)
+	}
+	runAll(t, w, []tc{
+		{name: "missing", args: []string{"exec", "demo", "--cwd", "/workspace/nonexistent", "--", "pwd"}, code: 127,
+			stderr: "berth: e0001 could not start: working directory /workspace/nonexistent does not exist\n"},
+		{name: "a file", args: []string{"exec", "demo", "--cwd", "afile", "--", "pwd"}, code: 127,
+			stderr: "berth: e0002 could not start: working directory /workspace/afile is not a directory\n"},
+	})
+}
+
+// The workspace's use is the last measured figure, with when it was
+// measured; never measured, it says so rather than 0 B.
+func TestWorkspaceUse(t *testing.T) {
+	w := newWorld(t, sessiontest.Options{})
+	w.fake.AddSession(session.Session{Name: "asleep", State: session.StateSleeping, Image: "mini", CPUs: 1, MemoryMiB: 512, DiskBytes: 4 << 30,
+		RootDirectory: "/workspace", WorkspaceUsed: 12 << 20, WorkspaceMeasuredAt: now.Add(-3 * time.Minute)})
+	w.fake.AddSession(session.Session{Name: "fresh", State: session.StateStopped, Image: "mini", CPUs: 1, MemoryMiB: 512, DiskBytes: 4 << 30,
+		RootDirectory: "/workspace"})
+	runAll(t, w, []tc{
+		{name: "info measured", args: []string{"info", "asleep"}, stdout: "~Workspace:    12 MiB used of 4.0 GiB, at /workspace (measured 3m ago)\n"},
+		{name: "info not measured", args: []string{"info", "fresh"}, stdout: "~Workspace:    4.0 GiB, at /workspace; its use is not measured yet\n"},
+		{name: "ls", args: []string{"ls"}, stdout: "~asleep  sleeping  mini   1     512 MiB  4.0 GiB  12 MiB  -       0 B    0        1h ago\nfresh   stopped   mini   1     512 MiB  4.0 GiB  ?       -"},
 	})
 }

@@ -109,7 +109,7 @@ func commands() []*Command {
 		lifecycleCmd("start", "give a stopped or crashed session a new VM on its disks",
 			"Starts a new VM on the session's retained disks: its workspace and, for images with a\nroot filesystem (debian), its system disk with the packages, /etc and /root it had.\nThe VM is restored from the image's booted template when there is one (no boot).\nProcesses and memory start fresh."),
 		flushCmd(), replaceCmd(), deleteCmd(), eventsCmd(), statsCmd(), netCmd(),
-		execCmd(), shellCmd(), logsCmd(), psCmd(),
+		execCmd(), shellCmd(), logsCmd(), psCmd(), cancelCmd(),
 		filesCmd(), catCmd(), putCmd(), getCmd(), cpCmd(), rmCmd(), mkdirCmd(),
 		completionCmd(), completeCmd(),
 	}, append(harnessCommands(), checkpointCmds()...)...)

@@ -28,8 +28,11 @@ points out of the tree being copied is refused, never followed. As with docker c
 into an existing directory puts SRC inside it; otherwise DST becomes the copy.
 
 The copy is durable when cp succeeds: files are written under temporary names, synced (in
-batches, with one filesystem sync each), and only then renamed into place. An interrupted copy leaves no partial file
-under a final name. Progress goes to stderr for copies over 8 MB.`,
+batches, with one filesystem sync each), and only then renamed into place. A copy to a new
+name is built under a temporary one and renamed last, so a refused or interrupted copy
+leaves nothing under the name (and the same cp again means what it meant); into an
+existing directory, it leaves no partial file under a final name. A local tree is checked
+whole before anything is sent. Progress goes to stderr for copies over 8 MB.`,
 		Example: "berth cp ./src demo:src\nberth cp demo:out ./results\ntar c src | berth cp - demo:.",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			run := runFlag(fs)
@@ -123,11 +126,13 @@ func (c *Call) copyIn(ctx context.Context, svc session.Service, local, name, dst
 		return err
 	}
 	defer root.Close()
-	total := int64(-1)
+	total := fi.Size()
 	if fi.IsDir() {
-		total = localTreeSize(local)
-	} else {
-		total = fi.Size()
+		// The whole tree is checked before anything is sent: a refused
+		// copy is refused before it starts.
+		if total, err = checkLocalTree(local); err != nil {
+			return fmt.Errorf("cp %s: %w", local, err)
+		}
 	}
 	p := c.startProgress("copying to "+name+":"+dst, total)
 	pr, pw := io.Pipe()
@@ -221,15 +226,29 @@ func (c *Call) copyOut(ctx context.Context, svc session.Service, name, src, loca
 		if lerr == nil && lfi.IsDir() {
 			target = filepath.Join(local, base)
 		}
-		if err := os.MkdirAll(target, 0o755); err != nil {
+		// Unpacked from the nearest directory that exists, so a target
+		// (and parents) that did not is made only when the whole copy is
+		// in: a refused copy leaves nothing under its name.
+		above := filepath.Dir(filepath.Clean(target))
+		for {
+			if fi, err := os.Stat(above); err == nil && fi.IsDir() {
+				break
+			}
+			if above == filepath.Dir(above) {
+				break
+			}
+			above = filepath.Dir(above)
+		}
+		rel, err := filepath.Rel(above, filepath.Clean(target))
+		if err != nil {
 			return err
 		}
-		root, err := os.OpenRoot(target)
+		root, err := os.OpenRoot(above)
 		if err != nil {
 			return err
 		}
 		defer root.Close()
-		res, err := tree.Unpack(root, ".", p.reader(rc), tree.Options{})
+		res, err := tree.Unpack(root, filepath.ToSlash(rel), p.reader(rc), tree.Options{})
 		p.stop(err == nil)
 		if err != nil {
 			return fmt.Errorf("cp %s:%s: %w", name, src, err)
@@ -293,16 +312,31 @@ func (c *Call) copied(res session.CopyResult, to string) {
 		plural(res.Files, "file"), res.Dirs, dirs, links, session.FormatBytes(res.Bytes), to)
 }
 
-// localTreeSize is the bytes of regular files under dir, for progress.
-func localTreeSize(dir string) int64 {
+// checkLocalTree checks a local tree as the copy will (every symlink must
+// point inside it) and returns the bytes of its regular files, for
+// progress. The copy checks again as it packs: the tree may change.
+func checkLocalTree(dir string) (int64, error) {
 	var n int64
-	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // gone meanwhile, or unreadable: packing says which
+		}
+		switch {
+		case d.Type().IsRegular():
 			if fi, err := d.Info(); err == nil {
 				n += fi.Size()
+			}
+		case d.Type()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return nil
+			}
+			rel, _ := filepath.Rel(dir, p)
+			if !tree.LinkInside(filepath.ToSlash(rel), target) {
+				return fmt.Errorf("refusing symlink %s → %s: it points out of the tree being copied: %w", rel, target, tree.ErrEscape)
 			}
 		}
 		return nil
 	})
-	return n
+	return n, err
 }

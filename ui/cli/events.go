@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -11,11 +12,11 @@ import (
 
 const eventTime = "2006-01-02 15:04:05"
 
-// followEvents prints the recorded events of the named session (the last
-// limit of them), then every new event until ctx ends: of that session,
-// or of all without a name. The watch starts first, so nothing falls
-// between the timeline and the stream; events the timeline printed are
-// not printed again.
+// followEvents prints the recorded events (the last limit of them) of the
+// named session, or of every session without a name, then every new event
+// until ctx ends. The watch starts first, so nothing falls between the
+// timelines and the stream; events a timeline printed are not printed
+// again.
 func followEvents(ctx context.Context, c *Call, svc session.Service, names []string, limit int, asJSON, withStats bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -23,19 +24,17 @@ func followEvents(ctx context.Context, c *Call, svc session.Service, names []str
 	if err != nil {
 		return err
 	}
-	var printed uint64 // the newest recorded event printed
+	printed := map[string]uint64{} // per session (seqs are), the newest recorded event printed
 	out := newEventPrinter(c, asJSON)
-	if len(names) > 0 {
-		tl, err := svc.Timeline(ctx, names[0], limit)
-		if err != nil {
+	backlog, err := timelines(ctx, svc, names, limit)
+	if err != nil {
+		return err
+	}
+	for _, ev := range backlog {
+		if err := out.print(ev); err != nil {
 			return err
 		}
-		for _, ev := range tl {
-			if err := out.print(ev); err != nil {
-				return err
-			}
-			printed = max(printed, ev.Seq)
-		}
+		printed[ev.Name] = max(printed[ev.Name], ev.Seq)
 	}
 	for {
 		select {
@@ -53,7 +52,7 @@ func followEvents(ctx context.Context, c *Call, svc session.Service, names []str
 				continue
 			case ev.Seq == 0 && ev.Kind == session.EventState:
 				continue // the watch's opening snapshot of each session, not an event
-			case ev.Seq != 0 && ev.Seq <= printed:
+			case ev.Seq != 0 && ev.Seq <= printed[ev.Name]:
 				continue // already printed from the timeline
 			case ev.Kind == session.EventStats && !withStats:
 				continue
@@ -63,6 +62,36 @@ func followEvents(ctx context.Context, c *Call, svc session.Service, names []str
 			}
 		}
 	}
+}
+
+// timelines returns the recorded events of the named session, or of every
+// session merged in time order, the last limit of them (all for 0). A
+// session deleted since the list is left out.
+func timelines(ctx context.Context, svc session.Service, names []string, limit int) ([]session.Event, error) {
+	if len(names) > 0 {
+		return svc.Timeline(ctx, names[0], limit)
+	}
+	list, err := svc.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var all []session.Event
+	for _, s := range list {
+		tl, err := svc.Timeline(ctx, s.Name, limit)
+		if errors.Is(err, session.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, tl...)
+	}
+	// Each timeline is in order already; stable, so same-time events keep it.
+	slices.SortStableFunc(all, func(a, b session.Event) int { return a.Time.Compare(b.Time) })
+	if limit > 0 && len(all) > limit {
+		all = all[len(all)-limit:]
+	}
+	return all, nil
 }
 
 // eventPrinter prints events one a line, as JSON or text, flushing each:

@@ -83,6 +83,59 @@ func shellCmd() *Command {
 	}
 }
 
+func cancelCmd() *Command {
+	return &Command{
+		Name: "cancel", Group: "Commands", Usage: "NAME EXEC", Args: []string{"NAME", "EXEC"},
+		Summary: "cancel a running command, as the TUI's K does",
+		Help: `Kills EXEC's whole process group in the guest (SIGKILL), as the TUI's K does, and waits
+for its end to be recorded: it ends as cancelled. EXEC is the id 'exec --detach' printed
+('berth ps NAME' lists the running ones). What the command changed so far remains: there
+is no rollback.`,
+		Example: "berth cancel demo e0042\nid=$(berth exec demo --detach -- ./long-job.sh); berth cancel demo $id",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			return func(ctx context.Context, c *Call, args []string) error {
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				x, err := pickExec(ctx, svc, args)
+				if err != nil {
+					return err
+				}
+				if err := svc.Cancel(ctx, x.ID); err != nil {
+					return err
+				}
+				x = waitEnded(ctx, svc, x)
+				if !x.State.Done() {
+					fmt.Fprintf(c.env.Stdout, "%s: killed; its end is not recorded yet ('berth ps %s --all' shows it)\n", x.ID, x.Session)
+					return nil
+				}
+				fmt.Fprintf(c.env.Stdout, "%s: %s; what it changed so far remains\n", x.ID, x.State)
+				return nil
+			}
+		},
+	}
+}
+
+// waitEnded waits, at most interruptGrace, for a killed execution's end
+// to be recorded, and returns its record as it is then.
+func waitEnded(ctx context.Context, svc session.Service, x session.Execution) session.Execution {
+	ctx, cancel := context.WithTimeout(ctx, interruptGrace)
+	defer cancel()
+	if p, err := svc.Attach(ctx, x.ID, 0); err == nil {
+		for range p.Output() {
+		}
+		if final, err := p.Wait(ctx); err == nil {
+			return final
+		}
+	}
+	// It ended before the attach, or the wait ran out: the record says.
+	if final, err := svc.Execution(ctx, x.ID); err == nil {
+		return final
+	}
+	return x
+}
+
 func (c *Call) detach(ctx context.Context, name string, req session.ExecRequest) error {
 	svc, err := c.service(ctx)
 	if err != nil {

@@ -44,6 +44,18 @@ func checkName(name string) error {
 	return nil
 }
 
+// flagGiven reports whether the command line set the flag name, so a
+// flag whose zero value means "the default" can refuse an explicit zero.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == name {
+			given = true
+		}
+	})
+	return given
+}
+
 // sizeFlag is a flag holding a byte size (session.ParseSize).
 type sizeFlag struct{ n int64 }
 

@@ -15,7 +15,7 @@ func mcpCmd() *Command {
 		Summary: "give a coding agent berth's tools over MCP on stdin and stdout",
 		Help: `Speaks the Model Context Protocol (newline-delimited JSON-RPC) on stdin and stdout, for
 an agent to reach berth sessions: list_sessions, create_session, session_info, exec,
-read_output, read_file, write_file, edit_file, list_files and flush. Over SSH
+cancel, read_output, read_file, write_file, edit_file, list_files, forward_port and flush. Over SSH
 ('ssh -p 2222 berth@HOST mcp') the key's role applies: a viewer gets the read tools only.
 With --session the tools work on that session only and refuse any other. The connection
 is one agent run, titled from the client's name (--run ID uses an existing one); it ends

@@ -24,7 +24,7 @@ func createCmd() *Command {
 			"a bare number is bytes, so --memory 512 is refused: write 512M.\n\n" + netHelp,
 		Example: "berth create demo --cpus 2 --memory 1G --disk 8G",
 		Setup: func(fs *flag.FlagSet) RunFunc {
-			cpus := fs.Int("cpus", 0, "number of virtual `N` CPUs")
+			cpus := fs.Int("cpus", 0, "`N` virtual CPUs, 1 to 64 (default: the daemon's)")
 			var memory memoryFlag
 			var disk sizeFlag
 			fs.Var(&memory, "memory", "guest memory `SIZE`, a whole number of MiB (512M, 2G)")
@@ -37,8 +37,12 @@ func createCmd() *Command {
 			idle := fs.String("idle-timeout", "", "sleep after this long idle, e.g. `15m`; 0 never (default: the daemon's)")
 			netPolicy := fs.String("net", "", "network `POLICY`: none, open or allow:ENTRY,… (default: the daemon's, none)")
 			return func(ctx context.Context, c *Call, args []string) error {
-				if *cpus < 0 {
-					return usageErrorf("--cpus %d: want a positive number", *cpus)
+				// Unset, 0 means the daemon's default; given, it is refused
+				// by the same rule the daemon applies.
+				if flagGiven(fs, "cpus") {
+					if err := session.CheckCPUs(*cpus); err != nil {
+						return &exitError{code: ExitUsage, msg: err.Error()}
+					}
 				}
 				opts := session.CreateOptions{
 					Name: args[0], CPUs: *cpus, MemoryMiB: memory.mib, DiskBytes: disk.n,
@@ -78,7 +82,9 @@ func lsCmd() *Command {
 	return &Command{
 		Name: "ls", Group: "Sessions", Usage: "[--json]",
 		Summary: "list sessions",
-		Help:    "DIRTY is what a crash of the VM would lose now; 'berth flush' makes it durable.",
+		Help: "USED is the workspace's use as last measured (kept while a session is stopped or asleep;\n" +
+			"? until it is first measured). DIRTY is what a crash of the VM would lose now; 'berth flush'\n" +
+			"makes it durable.",
 		Example: "berth ls\nberth ls --json | jq -r '.[].name'",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			asJSON := fs.Bool("json", false, "print JSON")
@@ -108,7 +114,7 @@ func lsCmd() *Command {
 				t := newTable(c.env.Stdout, "NAME", "STATE", "IMAGE", "CPUS", "MEMORY", "DISK", "USED", "SYSTEM", "DIRTY", "RUNNING", "CREATED")
 				for _, s := range list {
 					t.row(s.Name, stateText(s), s.Image, fmt.Sprint(s.CPUs), session.FormatBytes(int64(s.MemoryMiB)<<20),
-						session.FormatBytes(s.DiskBytes), session.FormatBytes(s.WorkspaceUsed), systemText(s), session.FormatBytes(s.DirtyBytes),
+						session.FormatBytes(s.DiskBytes), usedText(s), systemText(s), session.FormatBytes(s.DirtyBytes),
 						fmt.Sprint(s.Running), ago(now, s.CreatedAt))
 				}
 				return t.flush()
@@ -142,6 +148,15 @@ func infoCmd() *Command {
 			}
 		},
 	}
+}
+
+// usedText is the workspace's use as last measured, or "?" for a session
+// whose workspace has not been measured yet (rather than 0 B).
+func usedText(s session.Session) string {
+	if !s.WorkspaceKnown() {
+		return "?"
+	}
+	return session.FormatBytes(s.WorkspaceUsed)
 }
 
 // systemText is the system disk's use, or "-" for an image without one.
@@ -192,7 +207,14 @@ func writeInfo(w io.Writer, c *Call, s session.Session) {
 		mem += fmt.Sprintf(" (%s used)", session.FormatBytes(s.MemUsedBytes))
 	}
 	t.row("Memory:", mem)
-	t.row("Workspace:", fmt.Sprintf("%s used of %s, at %s", session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DiskBytes), s.RootDirectory))
+	ws := fmt.Sprintf("%s, at %s; its use is not measured yet", session.FormatBytes(s.DiskBytes), s.RootDirectory)
+	if s.WorkspaceKnown() {
+		ws = fmt.Sprintf("%s used of %s, at %s", session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DiskBytes), s.RootDirectory)
+		if !s.WorkspaceMeasuredAt.IsZero() {
+			ws += " (measured " + ago(now, s.WorkspaceMeasuredAt) + ")"
+		}
+	}
+	t.row("Workspace:", ws)
 	if s.SystemBytes > 0 {
 		t.row("System disk:", fmt.Sprintf("%s used of %s (packages, /etc, %s: kept with the VM until replace)", session.FormatBytes(s.SystemUsed), session.FormatBytes(s.SystemBytes), s.HomeDirectory))
 	} else {
@@ -315,7 +337,7 @@ func deleteCmd() *Command {
 					}
 					fmt.Fprintf(c.env.Stderr, "Session %s is %s, with %s in /workspace (%s not yet flushed).\n"+
 						"Deleting removes its VM and all its files%s permanently.\n"+
-						"Type the session name to confirm: ", name, s.State, session.FormatBytes(s.WorkspaceUsed), session.FormatBytes(s.DirtyBytes), ckpts)
+						"Type the session name to confirm: ", name, s.State, usedText(s), session.FormatBytes(s.DirtyBytes), ckpts)
 					answer, err := readLine(c.env.Stdin)
 					if err != nil && answer == "" {
 						return fmt.Errorf("delete %s: no confirmation (%v); nothing was deleted", name, err)
@@ -372,7 +394,7 @@ to type the session's name; without a terminal, --yes is required.`,
 					fmt.Fprintf(c.env.Stderr, "Session %s is %s on image %s.\n"+
 						"Replacing drops %s and starts a fresh VM from image %s.\n"+
 						"/workspace (%s) is kept. Running commands are stopped.\n"+
-						"Type the session name to confirm: ", name, s.State, s.Image, dropped, to, session.FormatBytes(s.WorkspaceUsed))
+						"Type the session name to confirm: ", name, s.State, s.Image, dropped, to, usedText(s))
 					answer, err := readLine(c.env.Stdin)
 					if err != nil && answer == "" {
 						return fmt.Errorf("replace %s: no confirmation (%v); nothing was changed", name, err)
@@ -416,8 +438,9 @@ func eventsCmd() *Command {
 	return &Command{
 		Name: "events", Group: "Sessions", Usage: "[NAME] [-n N] [--json] [--follow [--stats]]", Args: []string{"[NAME]"},
 		Summary: "show a session's timeline, or follow every session's events",
-		Help: "Without --follow, prints NAME's recorded events. With --follow, prints them and then every\n" +
-			"new event as it happens (of NAME, or of all sessions without one) until interrupted;\n" +
+		Help: "Without --follow, prints NAME's recorded events. With --follow, prints them (without NAME,\n" +
+			"every session's, merged in time; -n counts them all) and then every new event as it\n" +
+			"happens (of NAME, or of all sessions) until interrupted;\n" +
 			"with --json each event is one JSON line, for log shippers. --stats adds the live\n" +
 			"figures' refreshes (every few seconds per running session), which are not recorded.",
 		Example: "berth events demo -n 20\nberth events --follow --json | jq -c 'select(.kind==\"exec\")'",

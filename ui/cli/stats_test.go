@@ -95,21 +95,30 @@ func TestStatsStream(t *testing.T) {
 }
 
 // TestEventsFollowJSON: every event is one JSON line, in order, the
-// timeline first and then the stream without a repeat or a gap.
+// timeline first (of every session, merged in time, without a name) and
+// then the stream without a repeat or a gap.
 func TestEventsFollowJSON(t *testing.T) {
-	w := newWorld(t, sessiontest.Options{})
-	w.fake.AddSession(session.Session{Name: "demo", State: session.StateRunning, CPUs: 1, MemoryMiB: 512})
-	w.fake.AddSession(session.Session{Name: "other", State: session.StateRunning, CPUs: 1, MemoryMiB: 512})
-	w.fake.Note("demo", session.EventNote, "before")
 	for _, c := range []struct {
 		name string
 		args []string
 		only string // every event is of this session ("" any)
+		want string // the notes, in order
 	}{
-		{"one session", []string{"events", "demo", "--follow", "--json"}, "demo"},
-		{"all sessions", []string{"events", "--follow", "--json"}, ""},
+		{"one session", []string{"events", "demo", "--follow", "--json"}, "demo",
+			"before|just before|na|nc|ne|ng|ni|nk|nm|no|nq|ns|last"},
+		{"all sessions", []string{"events", "--follow", "--json"}, "",
+			"before|other before|just before|na|nb|nc|nd|ne|nf|ng|nh|ni|nj|nk|nl|nm|nn|no|np|nq|nr|ns|nt|last"},
+		{"all sessions, the last 2 first", []string{"events", "--follow", "--json", "-n", "2"}, "",
+			"other before|just before|na|nb|nc|nd|ne|nf|ng|nh|ni|nj|nk|nl|nm|nn|no|np|nq|nr|ns|nt|last"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			// A world each: the notes of one case are no backlog of the next.
+			w := newWorld(t, sessiontest.Options{})
+			w.fake.AddSession(session.Session{Name: "demo", State: session.StateRunning, CPUs: 1, MemoryMiB: 512})
+			w.fake.AddSession(session.Session{Name: "other", State: session.StateRunning, CPUs: 1, MemoryMiB: 512})
+			w.fake.Note("demo", session.EventNote, "before")
+			w.fake.Note("other", session.EventNote, "other before")
+			w.fake.Note("demo", session.EventNote, "just before")
 			pr, pw := io.Pipe()
 			ctx, cancel := context.WithCancel(t.Context())
 			done := make(chan result, 1)
@@ -149,9 +158,14 @@ func TestEventsFollowJSON(t *testing.T) {
 				t.Fatalf("exit %d %s", r.code, r.stderr)
 			}
 			var msgs []string
+			last := map[string]uint64{} // seqs count per session
 			for i, ev := range got {
-				if i > 0 && ev.Seq <= got[i-1].Seq {
-					t.Errorf("event %d seq %d after %d: out of order or repeated", i, ev.Seq, got[i-1].Seq)
+				if ev.Seq <= last[ev.Name] {
+					t.Errorf("event %d of %s: seq %d after %d: out of order or repeated", i, ev.Name, ev.Seq, last[ev.Name])
+				}
+				last[ev.Name] = ev.Seq
+				if i > 0 && ev.Time.Before(got[i-1].Time) {
+					t.Errorf("event %d (%s) at %s, before the one above it", i, ev.Message, ev.Time)
 				}
 				if c.only != "" && ev.Name != c.only {
 					t.Errorf("event of %s in a follow of %s", ev.Name, c.only)
@@ -160,15 +174,12 @@ func TestEventsFollowJSON(t *testing.T) {
 					msgs = append(msgs, ev.Message)
 				}
 			}
-			want := "before na nc ne ng ni nk nm no nq ns last"
-			if c.only == "" {
-				want = "na nb nc nd ne nf ng nh ni nj nk nl nm nn no np nq nr ns nt last"
-			}
-			if strings.Join(msgs, " ") != want {
-				t.Errorf("notes %q, want %q", strings.Join(msgs, " "), want)
+			if strings.Join(msgs, "|") != c.want {
+				t.Errorf("notes %q, want %q", strings.Join(msgs, "|"), c.want)
 			}
 		})
 	}
+	w := newWorld(t, sessiontest.Options{})
 	tc{args: []string{"events"}, code: 2, stderr: "~missing NAME"}.check(t, w.run(t.Context(), cli.Env{}, "events"))
 	tc{args: []string{"events", "demo", "--stats"}, code: 2, stderr: "~--stats needs --follow"}.check(t, w.run(t.Context(), cli.Env{}, "events", "demo", "--stats"))
 }

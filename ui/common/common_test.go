@@ -7,6 +7,8 @@ import (
 
 	"github.com/charmbracelet/colorprofile"
 	"github.com/charmbracelet/x/ansi"
+
+	"github.com/berthvm/berth/session"
 )
 
 func TestSanitizeLine(t *testing.T) {
@@ -101,5 +103,20 @@ func TestPaletteDegrades(t *testing.T) {
 	}
 	if NewPalette(true, colorprofile.TrueColor).OK == NewPalette(false, colorprofile.TrueColor).OK {
 		t.Error("light and dark palettes agree")
+	}
+}
+
+func TestWorkspaceUsed(t *testing.T) {
+	for _, c := range []struct {
+		s    session.Session
+		want string
+	}{
+		{session.Session{}, "?"},
+		{session.Session{WorkspaceMeasuredAt: time.Unix(1, 0)}, "0"},
+		{session.Session{WorkspaceUsed: 12 << 20}, "12M"},
+	} {
+		if got := WorkspaceUsed(c.s); got != c.want {
+			t.Errorf("WorkspaceUsed(%+v) = %q, want %q", c.s, got, c.want)
+		}
 	}
 }

@@ -17,6 +17,15 @@ func Ago(now, t time.Time) string {
 	return session.FormatAgo(now.Sub(t))
 }
 
+// WorkspaceUsed is a session's workspace use for a cell, as last
+// measured, or "?" when it was never measured (rather than 0 B).
+func WorkspaceUsed(s session.Session) string {
+	if !s.WorkspaceKnown() {
+		return "?"
+	}
+	return session.FormatBytesShort(s.WorkspaceUsed)
+}
+
 // ErrorText renders an error for the status line: one line, bounded, and
 // prefixed with a plain-words hint for the error classes an operator can
 // act on; a refused transition is shown as the service words it. The full error goes to the log, not the screen.

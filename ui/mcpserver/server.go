@@ -1,7 +1,8 @@
 // Package mcpserver serves berth's provided tools over the Model Context
 // Protocol (the official Go SDK), the convention coding agents use to reach
-// a sandbox: list_sessions, create_session, session_info, exec,
-// read_output, read_file, write_file, edit_file, list_files and flush.
+// a sandbox: list_sessions, create_session, session_info, exec, cancel,
+// read_output, read_file, write_file, edit_file, list_files, forward_port
+// and flush.
 //
 // One connection is one agent run, titled from the client's name, opened
 // on the first call that changes something and ended when the client
@@ -55,7 +56,7 @@ type ReadOnly interface {
 // The tools that change nothing, and those that do.
 var (
 	readTools  = []string{"list_sessions", "session_info", "read_output", "read_file", "list_files"}
-	writeTools = []string{"create_session", "exec", "write_file", "edit_file", "forward_port", "flush"}
+	writeTools = []string{"create_session", "exec", "cancel", "write_file", "edit_file", "forward_port", "flush"}
 )
 
 // Server is one MCP connection's tools over a session.Service.

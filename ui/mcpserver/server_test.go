@@ -125,7 +125,7 @@ func TestTools(t *testing.T) {
 				}
 			}
 		}
-		want := []string{"list_sessions", "create_session", "session_info", "exec", "read_output", "read_file", "write_file", "edit_file", "list_files", "forward_port", "flush"}
+		want := []string{"list_sessions", "create_session", "session_info", "exec", "cancel", "read_output", "read_file", "write_file", "edit_file", "list_files", "forward_port", "flush"}
 		slices.Sort(names)
 		slices.Sort(want)
 		if !slices.Equal(names, want) {
@@ -302,6 +302,41 @@ func TestConfined(t *testing.T) {
 	p.Wait(t.Context())
 	res, _ = call(t, cs, "read_output", map[string]any{"exec_id": p.ID()})
 	wantToolError(t, "read_output of another session's execution", res, `works on session "demo" only`)
+	// Nor cancelled.
+	p, err = f.Exec(t.Context(), "other", session.ExecRequest{Argv: []string{"sleep", "30"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ = call(t, cs, "cancel", map[string]any{"exec_id": p.ID()})
+	wantToolError(t, "cancel of another session's execution", res, `works on session "demo" only`)
+	if n := f.Calls("Cancel"); n != 0 {
+		t.Errorf("a confined cancel of another session's execution reached the service %d times", n)
+	}
+	f.Cancel(t.Context(), p.ID())
+}
+
+// cancel kills a command left running (its exec call abandoned) through
+// the service call the TUI's K makes, and says how it ended.
+func TestCancelTool(t *testing.T) {
+	f := newFake(t)
+	cs := connect(t, f, mcpserver.Options{})
+	p, err := f.Exec(t.Context(), "demo", session.ExecRequest{Argv: []string{"sleep", "30"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, out := call(t, cs, "cancel", map[string]any{"exec_id": p.ID()})
+	if res.IsError || out["exec_id"] != p.ID() || out["state"] != string(session.ExecCancelled) {
+		t.Errorf("cancel = %s %v, want %s cancelled", text(res), out, p.ID())
+	}
+	if x, err := f.Execution(t.Context(), p.ID()); err != nil || x.State != session.ExecCancelled || f.Calls("Cancel") != 1 {
+		t.Errorf("after cancel: %s, %v, %d Cancel calls", x.State, err, f.Calls("Cancel"))
+	}
+	res, _ = call(t, cs, "cancel", map[string]any{"exec_id": p.ID()})
+	wantToolError(t, "cancel of an ended execution", res, "already ended")
+	res, _ = call(t, cs, "cancel", map[string]any{"exec_id": "e9999"})
+	wantToolError(t, "cancel of an unknown execution", res, "not found")
+	res, _ = call(t, cs, "cancel", map[string]any{"exec_id": ""})
+	wantToolError(t, "cancel without exec_id", res, "no exec_id given")
 }
 
 func TestViewerGetsReadTools(t *testing.T) {

@@ -103,6 +103,15 @@ type readOutputOut struct {
 	Trimmed int64 `json:"trimmed,omitempty"`
 }
 
+type cancelIn struct {
+	ExecID string `json:"exec_id" jsonschema:"the execution to cancel, as exec returned it"`
+}
+
+type cancelOut struct {
+	ExecID string            `json:"exec_id"`
+	State  session.ExecState `json:"state" jsonschema:"cancelled, or running while its end is not recorded yet"`
+}
+
 type readFileIn struct {
 	sessionArg
 	Path   string `json:"path" jsonschema:"the file, relative to /workspace or absolute under it"`
@@ -171,6 +180,7 @@ func (s *Server) addTools() {
 	}
 	mcp.AddTool(s.srv, tool("create_session", "Create a new session (a microVM with a durable /workspace) and wait until it runs.", false), handler(s, s.createSession))
 	mcp.AddTool(s.srv, tool("exec", "Run a command in the session and wait for it: exit code, stdout and stderr (each cut to its head and tail when long; read_output has it all). The command is recorded and keeps running if the call is abandoned.", false), handler(s, s.exec))
+	mcp.AddTool(s.srv, tool("cancel", "Cancel a running command (one whose exec call was abandoned, or still runs): kills its whole process group, as berth's TUI and 'berth cancel' do. What it changed so far remains.", false), handler(s, s.cancel))
 	mcp.AddTool(s.srv, tool("write_file", "Write a file in the session's /workspace, replacing it. Durable when it returns.", false), handler(s, s.writeFile))
 	mcp.AddTool(s.srv, tool("edit_file", "Replace an exact string that occurs exactly once in a file; fails, changing nothing, when it is absent or occurs more than once.", false), handler(s, s.editFile))
 	mcp.AddTool(s.srv, tool("forward_port", "Forward a host loopback port to a port in the session (a dev server the agent started); returns its local URL. The forward lasts as long as this MCP connection.", false), handler(s, s.forwardPort))
@@ -367,16 +377,56 @@ func (c *clip) String(stream, execID string) string {
 		c.head, c.cut, stream, execID, c.tail)
 }
 
-func (s *Server) readOutput(ctx context.Context, in readOutputIn) (readOutputOut, error) {
-	if in.ExecID == "" {
-		return readOutputOut{}, fmt.Errorf("no exec_id given: %w", session.ErrInvalid)
+// execution returns the record of execution id, refused when the server
+// is confined to another session.
+func (s *Server) execution(ctx context.Context, id string) (session.Execution, error) {
+	if id == "" {
+		return session.Execution{}, fmt.Errorf("no exec_id given: %w", session.ErrInvalid)
 	}
-	x, err := s.svc.Execution(ctx, in.ExecID)
+	x, err := s.svc.Execution(ctx, id)
 	if err != nil {
-		return readOutputOut{}, err
+		return session.Execution{}, err
 	}
 	if s.opts.Session != "" && x.Session != s.opts.Session {
-		return readOutputOut{}, fmt.Errorf("execution %q is in session %q; this MCP server works on session %q only: %w", in.ExecID, x.Session, s.opts.Session, session.ErrPermission)
+		return session.Execution{}, fmt.Errorf("execution %q is in session %q; this MCP server works on session %q only: %w", id, x.Session, s.opts.Session, session.ErrPermission)
+	}
+	return x, nil
+}
+
+// cancelWait bounds how long cancel waits for the killed command's end to
+// be recorded.
+const cancelWait = 10 * time.Second
+
+func (s *Server) cancel(ctx context.Context, in cancelIn) (cancelOut, error) {
+	x, err := s.execution(ctx, in.ExecID)
+	if err != nil {
+		return cancelOut{}, err
+	}
+	if err := s.svc.Cancel(ctx, x.ID); err != nil {
+		return cancelOut{}, err
+	}
+	wctx, stop := context.WithTimeout(ctx, cancelWait)
+	defer stop()
+	if p, err := s.svc.Attach(wctx, x.ID, 0); err == nil {
+		for range p.Output() {
+		}
+		if final, err := p.Wait(wctx); err == nil {
+			x = final
+		}
+	}
+	if !x.State.Done() {
+		// It ended before the attach, or is still ending: the record says.
+		if final, err := s.svc.Execution(wctx, x.ID); err == nil {
+			x = final
+		}
+	}
+	return cancelOut{ExecID: x.ID, State: x.State}, nil
+}
+
+func (s *Server) readOutput(ctx context.Context, in readOutputIn) (readOutputOut, error) {
+	x, err := s.execution(ctx, in.ExecID)
+	if err != nil {
+		return readOutputOut{}, err
 	}
 	limit := maxReadOutput
 	if in.MaxBytes > 0 {

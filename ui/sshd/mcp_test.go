@@ -70,8 +70,8 @@ func TestMCPOverSSH(t *testing.T) {
 
 	t.Run("operator", func(t *testing.T) {
 		cs := mcpOverSSH(t, w.dial(op), "--session demo")
-		if got := toolNames(t, cs); len(got) != 11 {
-			t.Errorf("an operator's tools = %v, want all 11", got)
+		if got := toolNames(t, cs); len(got) != 12 {
+			t.Errorf("an operator's tools = %v, want all 12", got)
 		}
 		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"command": "echo hi"}})
 		if err != nil || res.IsError {

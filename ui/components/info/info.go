@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
@@ -268,7 +269,7 @@ func (m *Model) View() string {
 		two(kv("vmm", common.SanitizeLine(s.VMM)+" · accel "+common.SanitizeLine(accel)), kv("activity", common.Ago(now, s.LastActivity))),
 		two(kv("vm pid", pid), kv("running", strconv.Itoa(s.Running)+" command(s)")),
 		two(kv("vcpus", strconv.Itoa(s.CPUs)), kv("memory", mem)),
-		kv("workspace", session.FormatBytesShort(s.WorkspaceUsed)+" used of "+session.FormatBytesShort(s.DiskBytes)+" (/workspace volume)"),
+		kv("workspace", workspaceText(*s, now)),
 	}
 	if s.SystemBytes > 0 {
 		lines = append(lines, kv("system", session.FormatBytesShort(s.SystemUsed)+" used of "+session.FormatBytesShort(s.SystemBytes)+
@@ -339,4 +340,17 @@ func (m *Model) eventLine(ev session.Event) string {
 		by = st.Muted.Render("  by " + common.SanitizeLine(ev.By))
 	}
 	return "  " + st.Muted.Render(ev.Time.In(loc).Format("Jan _2 15:04:05")) + "  " + style.Render(common.Fit(kind, 14)) + " " + msg + by
+}
+
+// workspaceText is the workspace's use as last measured and when, or that
+// it was never measured (rather than 0 B).
+func workspaceText(s session.Session, now time.Time) string {
+	size := session.FormatBytesShort(s.DiskBytes) + " (/workspace volume)"
+	switch {
+	case !s.WorkspaceKnown():
+		return size + ", its use not measured yet"
+	case s.WorkspaceMeasuredAt.IsZero():
+		return session.FormatBytesShort(s.WorkspaceUsed) + " used of " + size
+	}
+	return session.FormatBytesShort(s.WorkspaceUsed) + " used of " + size + ", measured " + common.Ago(now, s.WorkspaceMeasuredAt)
 }

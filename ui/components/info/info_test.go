@@ -114,3 +114,24 @@ func TestCheckpointsListed(t *testing.T) {
 		t.Errorf("a new checkpoint is not listed:\n%s", v)
 	}
 }
+
+// The workspace line: the last measured use and when, or that it was never
+// measured (a stopped or sleeping session keeps its figure; a new one
+// shows no 0 B).
+func TestWorkspaceText(t *testing.T) {
+	now := time.Date(2026, 3, 14, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name string
+		s    session.Session
+		want string
+	}{
+		{"measured", session.Session{DiskBytes: 4 << 30, WorkspaceUsed: 12 << 20, WorkspaceMeasuredAt: now.Add(-3 * time.Minute)},
+			"12M used of 4.0G (/workspace volume), measured 3m ago"},
+		{"not measured", session.Session{DiskBytes: 4 << 30}, "4.0G (/workspace volume), its use not measured yet"},
+		{"a figure without its time", session.Session{DiskBytes: 4 << 30, WorkspaceUsed: 12 << 20}, "12M used of 4.0G (/workspace volume)"},
+	} {
+		if got := workspaceText(c.s, now); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+}

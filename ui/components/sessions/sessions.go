@@ -828,7 +828,7 @@ func (m *Model) renderRow(r *row, selected bool, now time.Time) string {
 			}
 			cell = common.FitLeft(used+"/"+session.FormatBytesShort(int64(s.MemoryMiB)<<20), w)
 		case ColWorkspace:
-			txt := session.FormatBytesShort(s.WorkspaceUsed) + "/" + session.FormatBytesShort(s.DiskBytes)
+			txt := common.WorkspaceUsed(*s) + "/" + session.FormatBytesShort(s.DiskBytes)
 			cell = common.FitLeft(txt, w)
 			if styled && s.DiskBytes > 0 && s.WorkspaceUsed*10 >= s.DiskBytes*9 {
 				cell = st.ErrP.Render(cell)
