@@ -209,6 +209,11 @@ func ParseSpec(spec string) (cron.Schedule, error) {
 	if err != nil {
 		return nil, fmt.Errorf("schedule %q: %v: %w", spec, err, ErrInvalid)
 	}
+	// A date that never occurs (30 2, 31 4) parses, but its next time is
+	// zero, which the schedule loop would take as always due.
+	if s.Next(time.Now()).IsZero() {
+		return nil, fmt.Errorf("schedule %q: never comes due (no such day in those months): %w", spec, ErrInvalid)
+	}
 	return s, nil
 }
 
