@@ -55,9 +55,15 @@ func SanitizeLine(s string) string {
 			break
 		}
 	}
-	out := make([]byte, 0, len(s)+8)
+	out := make([]byte, 0, min(len(s)+8, MaxLineBytes+tabWidth))
 	col := 0
 	for i := 0; i < len(s); {
+		if len(out) >= MaxLineBytes {
+			// Tabs, pictures and replacements grow the line: the bound
+			// is on what is shown, not only on what came in.
+			truncated += len(s) - i
+			break
+		}
 		b := s[i]
 		switch {
 		case b == 0x1b:
