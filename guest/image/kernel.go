@@ -114,6 +114,9 @@ func askKernelPackage(ctx context.Context) (string, error) {
 // directory appears whole (renamed into place), and one build at a time
 // fetches, under cacheDir/kernel/.lock; the others wait, then find it.
 func FetchKernel(ctx context.Context, cacheDir string, progress io.Writer) (Kernel, error) {
+	if progress == nil {
+		progress = io.Discard
+	}
 	base := filepath.Join(cacheDir, "kernel")
 	pkg, err := kernelPackage(ctx, base)
 	if err != nil {
