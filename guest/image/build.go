@@ -254,9 +254,12 @@ func Remove(imagesDir, name string) error {
 }
 
 // nameLock is the lock file a build of name holds (see lockFile), in a
-// directory of its own so that removing the image leaves it alone.
+// directory of its own so that removing the image leaves it alone. The
+// directory is made here: images built before it existed have none.
 func nameLock(imagesDir, name string) string {
-	return filepath.Join(imagesDir, ".locks", name+".lock")
+	dir := filepath.Join(imagesDir, ".locks")
+	os.MkdirAll(dir, 0o755)
+	return filepath.Join(dir, name+".lock")
 }
 
 // Prune removes the builds of name that are neither current nor kept.
@@ -331,9 +334,6 @@ func Build(ctx context.Context, o Options) (Image, bool, error) {
 	}
 	// One build of an image at a time, across processes too: the second
 	// finds the first's build up to date.
-	if err := os.MkdirAll(filepath.Dir(nameLock(o.ImagesDir, name)), 0o755); err != nil {
-		return Image{}, false, err
-	}
 	unlock, err := lockFile(ctx, nameLock(o.ImagesDir, name), func() {
 		o.Report(Progress{Phase: "wait", Line: waitingFor(filepath.Join(o.ImagesDir, name))})
 	})
@@ -366,7 +366,10 @@ func (b *builder) release() {
 
 // holdLayer locks the cached layer hash: while a build makes it, others
 // wait for it rather than make it again; once made, it stays until the
-// build has linked it into its image.
+// build has linked it into its image. The lock is exclusive until then,
+// also for a layer found cached: a daemon builds one image at a time
+// anyway, and pruning, which runs beside builds, must not take the layer
+// between the build finding it and linking it.
 func (b *builder) holdLayer(ctx context.Context, hash string) error {
 	cache := filepath.Join(b.o.ImagesDir, layerCache)
 	if err := os.MkdirAll(cache, 0o755); err != nil {

@@ -493,7 +493,6 @@ func TestPruneLeavesHeldLayers(t *testing.T) {
 // gives up with its context.
 func TestBuildWaitsForTheSameImage(t *testing.T) {
 	images := t.TempDir()
-	os.MkdirAll(filepath.Dir(nameLock(images, "mini")), 0o755)
 	unlock, err := lockFile(t.Context(), nameLock(images, "mini"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -512,5 +511,19 @@ func TestBuildWaitsForTheSameImage(t *testing.T) {
 	os.MkdirAll(filepath.Join(images, "mini"), 0o755)
 	if err := Remove(images, "mini"); err == nil || !strings.Contains(err.Error(), "being built") {
 		t.Fatalf("Remove while a build holds the image: %v", err)
+	}
+}
+
+// An image built before builds took locks (no .locks directory) can be
+// removed and pruned.
+func TestRemoveWithoutLockDirectory(t *testing.T) {
+	images := t.TempDir()
+	os.MkdirAll(filepath.Join(images, "old", "0123456789abcdef"), 0o755)
+	Prune(images, "old", func(string) bool { return false })
+	if _, err := os.Stat(filepath.Join(images, "old", "0123456789abcdef")); err == nil {
+		t.Fatal("Prune kept a build neither current nor kept")
+	}
+	if err := Remove(images, "old"); err != nil {
+		t.Fatalf("Remove: %v", err)
 	}
 }
