@@ -527,3 +527,49 @@ func TestRemoveWithoutLockDirectory(t *testing.T) {
 		t.Fatalf("Remove: %v", err)
 	}
 }
+
+// Issue 26's case with the real mmdebstrap: two builds of a Debian root
+// layer, with their own images directories and one fresh cache, at once.
+// Both succeed, and the second run of the pair finds every package in
+// the cache. It downloads Debian and runs mmdebstrap twice (a few
+// minutes): run it on request, under the machine's VM lock:
+//
+//	BERTH_TEST_MMDEBSTRAP=1 flock /tmp/berth-vm.lock go test -run TestMmdebstrapBuildsShareTheCache ./guest/image/
+func TestMmdebstrapBuildsShareTheCache(t *testing.T) {
+	if os.Getenv("BERTH_TEST_MMDEBSTRAP") == "" {
+		t.Skip("set BERTH_TEST_MMDEBSTRAP=1 (downloads Debian, runs mmdebstrap twice)")
+	}
+	if _, err := exec.LookPath("mmdebstrap"); err != nil {
+		t.Skip("mmdebstrap not installed")
+	}
+	cache := t.TempDir()
+	p := &plan{name: "x", packages: []string{"jq"}}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	took := make([]time.Duration, 2)
+	for i := range errs {
+		wg.Go(func() {
+			start := time.Now()
+			b := &builder{o: Options{ImagesDir: t.TempDir(), CacheDir: cache, Report: func(Progress) {}}, start: start}
+			defer b.release()
+			_, errs[i] = b.rootLayer(t.Context(), p, p.rootHash())
+			took[i] = time.Since(start)
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("build %d: %v", i, err)
+		}
+		t.Logf("build %d took %v", i, took[i].Round(time.Second))
+	}
+	debs, _ := filepath.Glob(filepath.Join(cache, "debs", "*.deb"))
+	if len(debs) < 50 {
+		t.Fatalf("the cache holds %d packages", len(debs))
+	}
+	for _, d := range debs {
+		if out, err := exec.Command("dpkg-deb", "--info", d).CombinedOutput(); err != nil {
+			t.Fatalf("%s in the cache is no whole package: %v: %s", d, err, lastLine(string(out)))
+		}
+	}
+}
