@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"time"
+	"unicode/utf8"
 
 	"github.com/berthvm/berth/guest/tree"
 )
@@ -427,17 +428,31 @@ const (
 )
 
 func (e *Error) Error() string {
-	msg := e.Message
-	if len(msg) > 512 { // guest text is bounded before it reaches a person
-		msg = msg[:512] + "…"
-	}
+	// Every part is guest text, bounded before it reaches a person.
+	msg, op, path := clipText(e.Message), clipText(e.Op), clipText(e.Path)
 	switch {
-	case e.Op != "" && e.Path != "":
-		return fmt.Sprintf("%s %s: %s", e.Op, e.Path, msg)
-	case e.Op != "":
-		return e.Op + ": " + msg
+	case op != "" && path != "":
+		return fmt.Sprintf("%s %s: %s", op, path, msg)
+	case op != "":
+		return op + ": " + msg
 	}
 	return msg
+}
+
+// maxErrorPart bounds each part of an agent's error text.
+const maxErrorPart = 512
+
+// clipText bounds s to maxErrorPart bytes, cut at a rune's start so the
+// result stays valid UTF-8.
+func clipText(s string) string {
+	if len(s) <= maxErrorPart {
+		return s
+	}
+	cut := maxErrorPart
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // Unwrap maps the code to a syscall errno or a berth error, so errors.Is

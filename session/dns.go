@@ -67,7 +67,7 @@ func parseDNSQuery(q []byte) (dnsQuestion, error) {
 		}
 		labels = append(labels, strings.ToLower(string(q[off:off+n])))
 		off += n
-		if len(labels) > 127 {
+		if off-12+1 > maxDNSName { // RFC 1035 3.1: 255 octets, the final zero included
 			return d, errDNSFormat
 		}
 	}
@@ -81,9 +81,29 @@ func parseDNSQuery(q []byte) (dnsQuestion, error) {
 	return d, nil
 }
 
-// dnsAnswer builds a response to q with rcode and the given addresses.
+// maxDNSName bounds a name on the wire (RFC 1035 3.1).
+const maxDNSName = 255
+
+// maxDNSReply bounds an answer: the responder speaks no EDNS, so a reply
+// over UDP holds at most 512 bytes (RFC 1035 4.2.1).
+const maxDNSReply = 512
+
+// dnsAnswer builds a response to q with rcode and the given addresses, as
+// many of them as fit in maxDNSReply.
 func dnsAnswer(q []byte, d dnsQuestion, rcode int, addrs []netip.Addr) []byte {
-	out := make([]byte, 0, d.end+len(addrs)*28)
+	size := d.end
+	for i, a := range addrs {
+		rr := 12 + 4 // pointer, type, class, TTL, length, then the address
+		if a.Is6() {
+			rr = 12 + 16
+		}
+		if size+rr > maxDNSReply {
+			addrs = addrs[:i]
+			break
+		}
+		size += rr
+	}
+	out := make([]byte, 0, size)
 	out = binary.BigEndian.AppendUint16(out, d.id)
 	flags := uint16(0x8000) | d.flags&0x7900 | 0x0080 | uint16(rcode) // QR, opcode, RD; RA
 	out = binary.BigEndian.AppendUint16(out, flags)
@@ -113,10 +133,13 @@ func dnsAnswer(q []byte, d dnsQuestion, rcode int, addrs []netip.Addr) []byte {
 func (s *sess) answerDNS(ctx context.Context, q []byte) []byte {
 	d, err := parseDNSQuery(q)
 	if err != nil {
-		if len(q) >= 12 {
-			return dnsAnswer(q[:12], dnsQuestion{id: binary.BigEndian.Uint16(q), end: 12}, rcodeFormErr, nil)[:12]
+		if len(q) < 12 {
+			return nil
 		}
-		return nil
+		// The header alone: no question, since it could not be read.
+		r := dnsAnswer(q[:12], dnsQuestion{id: binary.BigEndian.Uint16(q), flags: binary.BigEndian.Uint16(q[2:]), end: 12}, rcodeFormErr, nil)
+		binary.BigEndian.PutUint16(r[4:], 0)
+		return r
 	}
 	if !d.opcodeQuery || d.qclass != dnsClassIN {
 		return dnsAnswer(q, d, rcodeRefused, nil)

@@ -172,6 +172,11 @@ func parseNetEntry(s string) (NetEntry, error) {
 		if err != nil {
 			return e, fmt.Errorf("not a CIDR: %v", err)
 		}
+		// Addresses are checked unmapped: an IPv4-mapped prefix is
+		// kept as the IPv4 prefix it means, or it would match nothing.
+		if pr.Addr().Is4In6() && pr.Bits() >= 96 {
+			pr = netip.PrefixFrom(pr.Addr().Unmap(), pr.Bits()-96)
+		}
 		e.Prefix = pr.Masked()
 		return e, nil
 	}
@@ -179,6 +184,7 @@ func parseNetEntry(s string) (NetEntry, error) {
 		if a.Zone() != "" {
 			return e, fmt.Errorf("zoned addresses are not supported")
 		}
+		a = a.Unmap() // as Names checks them
 		e.Prefix = netip.PrefixFrom(a, a.BitLen())
 		return e, nil
 	}

@@ -77,7 +77,15 @@ func (p KVMProbe) Run(ctx context.Context) KVMResult {
 	if p.CacheDir != "" && ctx.Err() == nil {
 		os.MkdirAll(p.CacheDir, 0o755)
 		b, _ := json.Marshal(r)
-		os.WriteFile(cache, b, 0o644)
+		// Written aside and renamed: another daemon sharing the cache
+		// may read it at any moment.
+		if f, err := os.CreateTemp(p.CacheDir, ".kvm-probe-"); err == nil {
+			_, werr := f.Write(b)
+			if cerr := f.Close(); werr == nil && cerr == nil && os.Chmod(f.Name(), 0o644) == nil && os.Rename(f.Name(), cache) == nil {
+				return r
+			}
+			os.Remove(f.Name())
+		}
 	}
 	return r
 }

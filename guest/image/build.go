@@ -246,37 +246,71 @@ func Remove(imagesDir, name string) error {
 	if _, err := os.Stat(dir); err != nil {
 		return fmt.Errorf("image %q: %w", name, fs.ErrNotExist)
 	}
+	unlock, err := tryLockFile(nameLock(imagesDir, name))
+	if errors.Is(err, errLocked) {
+		return fmt.Errorf("image %q is being built (by another process using %s): remove it once that build ends", name, imagesDir)
+	}
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	// Renamed away first, so a half-removed image is never loadable.
 	gone := filepath.Join(imagesDir, ".rm-"+name+"-"+randHex(4))
 	if err := os.Rename(dir, gone); err != nil {
 		return err
 	}
-	err := os.RemoveAll(gone)
+	err = os.RemoveAll(gone)
 	pruneLayerCache(imagesDir)
 	return err
 }
 
+// nameLock is the lock file a build of name holds (see lockFile), in a
+// directory of its own so that removing the image leaves it alone. The
+// directory is made here: images built before it existed have none.
+func nameLock(imagesDir, name string) string {
+	dir := filepath.Join(imagesDir, ".locks")
+	os.MkdirAll(dir, 0o755)
+	return filepath.Join(dir, name+".lock")
+}
+
 // Prune removes the builds of name that are neither current nor kept.
+// While another process builds name, it leaves them for a later prune.
 func Prune(imagesDir, name string, keep func(digest string) bool) {
-	cur, _ := Load(imagesDir, name)
-	ds, _ := os.ReadDir(filepath.Join(imagesDir, name))
-	for _, d := range ds {
-		if d.IsDir() && d.Name() != cur.Digest && !keep(d.Name()) {
-			os.RemoveAll(filepath.Join(imagesDir, name, d.Name()))
+	if unlock, err := tryLockFile(nameLock(imagesDir, name)); err == nil {
+		cur, _ := Load(imagesDir, name)
+		ds, _ := os.ReadDir(filepath.Join(imagesDir, name))
+		for _, d := range ds {
+			// Dot directories are builds being committed.
+			if d.IsDir() && !strings.HasPrefix(d.Name(), ".") && d.Name() != cur.Digest && !keep(d.Name()) {
+				os.RemoveAll(filepath.Join(imagesDir, name, d.Name()))
+			}
 		}
+		unlock()
 	}
 	pruneLayerCache(imagesDir)
 }
 
-// pruneLayerCache drops cached layers no image links to any more.
+// pruneLayerCache drops cached layers no image links to any more, but not
+// one a build holds: it has just stored it and links it into its image
+// only when it commits.
 func pruneLayerCache(imagesDir string) {
 	files, _ := filepath.Glob(filepath.Join(imagesDir, layerCache, "*.img"))
 	for _, f := range files {
 		var st syscall.Stat_t
+		if syscall.Stat(f, &st) != nil || st.Nlink != 1 {
+			continue
+		}
+		lock := strings.TrimSuffix(f, ".img") + ".lock"
+		unlock, err := tryLockFile(lock)
+		if err != nil {
+			continue
+		}
 		if syscall.Stat(f, &st) == nil && st.Nlink == 1 {
 			os.Remove(f)
 			os.Remove(strings.TrimSuffix(f, ".img") + ".json")
+			os.Remove(lock)
 		}
+		unlock()
 	}
 }
 
@@ -305,7 +339,21 @@ func Build(ctx context.Context, o Options) (Image, bool, error) {
 			}
 		}
 	}
+	name := "mini"
+	if r != nil {
+		name = r.Name
+	}
+	// One build of an image at a time, across processes too: the second
+	// finds the first's build up to date.
+	unlock, err := lockFile(ctx, nameLock(o.ImagesDir, name), func() {
+		o.Report(Progress{Phase: "wait", Line: waitingFor(filepath.Join(o.ImagesDir, name))})
+	})
+	if err != nil {
+		return Image{}, false, err
+	}
+	defer unlock()
 	b := &builder{o: o, start: time.Now()}
+	defer b.release()
 	if r == nil {
 		return b.mini(ctx)
 	}
@@ -315,6 +363,37 @@ func Build(ctx context.Context, o Options) (Image, bool, error) {
 type builder struct {
 	o     Options
 	start time.Time
+	// held releases the layer locks the build holds until its image is
+	// committed (pruning leaves a held layer alone).
+	held []func()
+}
+
+func (b *builder) release() {
+	for _, unlock := range b.held {
+		unlock()
+	}
+	b.held = nil
+}
+
+// holdLayer locks the cached layer hash: while a build makes it, others
+// wait for it rather than make it again; once made, it stays until the
+// build has linked it into its image. The lock is exclusive until then,
+// also for a layer found cached: a daemon builds one image at a time
+// anyway, and pruning, which runs beside builds, must not take the layer
+// between the build finding it and linking it.
+func (b *builder) holdLayer(ctx context.Context, hash string) error {
+	cache := filepath.Join(b.o.ImagesDir, layerCache)
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return err
+	}
+	unlock, err := lockFile(ctx, filepath.Join(cache, hash+".lock"), func() {
+		b.report(Progress{Phase: "wait", Line: waitingFor("layer " + hash + " in " + cache)})
+	})
+	if err != nil {
+		return err
+	}
+	b.held = append(b.held, unlock)
+	return nil
 }
 
 func (b *builder) report(p Progress) { b.o.Report(p) }
@@ -632,6 +711,9 @@ func (b *builder) store(file, hash, uuid string, installed int) (cachedLayer, er
 }
 
 func (b *builder) rootLayer(ctx context.Context, p *plan, hash string) (cachedLayer, error) {
+	if err := b.holdLayer(ctx, hash); err != nil {
+		return cachedLayer{}, err
+	}
 	if c, ok := b.cached(hash); ok {
 		b.report(Progress{Phase: "resolve", Line: "root layer " + hash + " is cached"})
 		return c, nil
@@ -649,7 +731,7 @@ func (b *builder) rootLayer(ctx context.Context, p *plan, hash string) (cachedLa
 	if err := os.MkdirAll(filepath.Dir(tree), 0o755); err != nil {
 		return cachedLayer{}, err
 	}
-	installed, err := debootstrap(ctx, tree, filepath.Join(b.o.CacheDir, "debs"), p.packages, b.report)
+	installed, err := debootstrap(ctx, tree, filepath.Join(b.o.CacheDir, "debs"), work, p.packages, b.report)
 	if err != nil {
 		return cachedLayer{}, err
 	}
@@ -667,6 +749,9 @@ func (b *builder) rootLayer(ctx context.Context, p *plan, hash string) (cachedLa
 }
 
 func (b *builder) stepsLayer(ctx context.Context, p *plan, below Image, hash string) (cachedLayer, error) {
+	if err := b.holdLayer(ctx, hash); err != nil {
+		return cachedLayer{}, err
+	}
 	if c, ok := b.cached(hash); ok {
 		b.report(Progress{Phase: "setup", Line: "setup layer " + hash + " is cached"})
 		return c, nil

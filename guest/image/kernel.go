@@ -37,13 +37,29 @@ func run(ctx context.Context, dir string, name string, args ...string) ([]byte, 
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if len(msg) > 400 {
-			msg = msg[len(msg)-400:]
-		}
-		return out, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+		return out, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, causeLine(stderr.String()))
 	}
 	return out, nil
+}
+
+// causeLine picks the line of a helper's stderr that says why it failed:
+// apt's first "E:" line, else the last line, bounded.
+func causeLine(stderr string) string {
+	var last string
+	for _, l := range strings.Split(stderr, "\n") {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "E: ") {
+			last = l
+			break
+		}
+		if l != "" {
+			last = l
+		}
+	}
+	if len(last) > 400 {
+		last = last[:400] + "…"
+	}
+	return last
 }
 
 // aptState identifies apt's package lists as they are now: the answer
@@ -72,7 +88,7 @@ func kernelPackage(ctx context.Context, dir string) (string, error) {
 	pkg, err := askKernelPackage(ctx)
 	if err == nil && state != "" {
 		os.MkdirAll(dir, 0o755)
-		os.WriteFile(memo, []byte(state+"\n"+pkg+"\n"), 0o644)
+		writeAtomic(memo, []byte(state+"\n"+pkg+"\n")) // read by other builds at any time
 	}
 	return pkg, err
 }
@@ -93,7 +109,14 @@ func askKernelPackage(ctx context.Context) (string, error) {
 // FetchKernel returns the current Debian kernel, downloading it with
 // `apt-get download` and unpacking it with `dpkg-deb -x` into cacheDir the
 // first time. Without apt (offline) the newest cached kernel is used.
+//
+// The cache is shared by every build using cacheDir: a kernel's
+// directory appears whole (renamed into place), and one build at a time
+// fetches, under cacheDir/kernel/.lock; the others wait, then find it.
 func FetchKernel(ctx context.Context, cacheDir string, progress io.Writer) (Kernel, error) {
+	if progress == nil {
+		progress = io.Discard
+	}
 	base := filepath.Join(cacheDir, "kernel")
 	pkg, err := kernelPackage(ctx, base)
 	if err != nil {
@@ -109,6 +132,14 @@ func FetchKernel(ctx context.Context, cacheDir string, progress io.Writer) (Kern
 	}
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return Kernel{}, err
+	}
+	unlock, err := lockFile(ctx, filepath.Join(base, ".lock"), func() { fmt.Fprintln(progress, waitingFor(base)) })
+	if err != nil {
+		return Kernel{}, err
+	}
+	defer unlock()
+	if k, err := openKernel(dir, pkg); err == nil {
+		return k, nil // fetched by the build we waited for
 	}
 	tmp, err := os.MkdirTemp(base, ".fetch-")
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -195,6 +196,9 @@ func parseSize(s string) (int64, error) {
 	var n int64
 	if _, err := fmt.Sscanf(s[:len(s)-1], "%d", &n); err != nil || n <= 0 || fmt.Sprint(n) != s[:len(s)-1] {
 		return 0, fmt.Errorf("want a whole number with a K, M, G or T suffix")
+	}
+	if n > math.MaxInt64/mult[s[len(s)-1]] { // 16777217T would wrap to 1T
+		return 0, fmt.Errorf("%s is too large", s)
 	}
 	return n * mult[s[len(s)-1]], nil
 }

@@ -62,7 +62,23 @@ type aptTracker struct {
 	totalBytes, done int64
 	phase            string
 	last             []string // the last lines, for error messages
+	// errs are the last lines that may say why a run failed: apt's and
+	// mmdebstrap's errors and warnings, and the complaints of the tools
+	// mmdebstrap runs (tar, dpkg…). The cause can be dozens of lines
+	// before mmdebstrap's closing "E: mmdebstrap failed to run".
+	errs []string
 }
+
+// maxErrLines bounds aptTracker.errs.
+const maxErrLines = 64
+
+var (
+	// toolRE is a line a tool mmdebstrap runs prints about a failure.
+	toolRE = regexp.MustCompile(`^(tar|dpkg|dpkg-deb|apt-get|apt|cp|mv|rm|mkdir|ln|mount|chroot|sh|gpgv|unshare|newuidmap|newgidmap): |No space left on device`)
+	// wrapperRE is an error line of mmdebstrap's that only says some
+	// step failed; the step's own message came before it.
+	wrapperRE = regexp.MustCompile(`^E: (mmdebstrap failed to run$|(setup|hookhelper) failed: |.*failed( with exit code \d+|: -?\d+)?$)`)
+)
 
 var (
 	newlyRE = regexp.MustCompile(`(\d+) newly installed`)
@@ -89,6 +105,12 @@ func (t *aptTracker) line(l string) {
 		t.last = t.last[1:]
 	}
 	t.last = append(t.last, l)
+	if strings.HasPrefix(l, "E: ") || strings.HasPrefix(l, "W: ") || strings.HasPrefix(l, "Err:") || toolRE.MatchString(l) {
+		if len(t.errs) == maxErrLines {
+			t.errs = t.errs[1:]
+		}
+		t.errs = append(t.errs, l)
+	}
 	switch {
 	case strings.HasPrefix(l, "I: running apt-get update"):
 		t.phase = "resolve"
@@ -115,37 +137,74 @@ func (t *aptTracker) line(l string) {
 	}
 }
 
-// aptError picks the line that says why apt or mmdebstrap failed.
+// aptError picks the one line that says why apt or mmdebstrap failed:
+// the first error that is more than mmdebstrap saying a step failed
+// (apt's "E: Unable to locate package x"), else what the failed step's
+// tool said (tar's, dpkg's…) or a warning, else mmdebstrap's first
+// error, else the last line.
 func (t *aptTracker) aptError() string {
-	for i := len(t.last) - 1; i >= 0; i-- {
-		if l := t.last[i]; strings.HasPrefix(l, "E: ") {
-			return strings.TrimPrefix(l, "E: ")
+	clip := func(l string) string {
+		l = strings.TrimPrefix(l, "E: ")
+		if len(l) > 400 {
+			l = l[:400] + "…"
+		}
+		return l
+	}
+	for _, l := range t.errs {
+		if strings.HasPrefix(l, "E: ") && !wrapperRE.MatchString(l) {
+			return clip(l)
 		}
 	}
+	first := -1
+	for i, l := range t.errs {
+		if strings.HasPrefix(l, "E: ") {
+			first = i
+			break
+		}
+	}
+	end := len(t.errs)
+	if first >= 0 {
+		end = first
+	}
+	if end > 0 { // the tool's complaint just before
+		return clip(t.errs[end-1])
+	}
+	if first >= 0 {
+		return clip(t.errs[first])
+	}
 	if len(t.last) > 0 {
-		return t.last[len(t.last)-1]
+		return clip(t.last[len(t.last)-1])
 	}
 	return ""
 }
 
 // debootstrap installs Debian with packages into dir (which must not exist
-// or be empty) with mmdebstrap, reporting progress.
+// or be empty) with mmdebstrap, reporting progress. scratch is a
+// directory of the build's own, on the filesystem of dir.
 //
 // Downloaded packages are kept in debs (mmdebstrap's documented sync-in /
 // sync-out hooks), so a rebuild with a package more downloads one package.
-func debootstrap(ctx context.Context, dir, debs string, packages []string, report func(Progress)) (installed int, err error) {
+// debs is shared with every other build using the cache, at the same
+// time too: mmdebstrap reads a snapshot of it (hard links, made in
+// scratch) and writes into scratch, and only whole packages of a build
+// that succeeded are linked into debs, so no build ever sees another's
+// half-copied file.
+func debootstrap(ctx context.Context, dir, debs, scratch string, packages []string, report func(Progress)) (installed int, err error) {
 	if _, err := exec.LookPath("mmdebstrap"); err != nil {
 		return 0, errors.New("mmdebstrap not found: install Debian's mmdebstrap package")
 	}
 	args := []string{"--verbose", "--variant=apt", "--format=directory"}
+	var debsOut string
 	if debs != "" {
-		if err := os.MkdirAll(debs, 0o755); err != nil {
-			return 0, err
+		in, out, err := stageDebs(debs, scratch)
+		if err != nil {
+			return 0, fmt.Errorf("package cache %s: %w", debs, err)
 		}
+		debsOut = out
 		args = append(args, "--skip=essential/unlink",
 			`--setup-hook=mkdir -p "$1"/var/cache/apt/archives/`,
-			"--setup-hook=sync-in "+debs+" /var/cache/apt/archives/",
-			"--customize-hook=sync-out /var/cache/apt/archives "+debs)
+			"--setup-hook=sync-in "+in+" /var/cache/apt/archives/",
+			"--customize-hook=sync-out /var/cache/apt/archives "+out)
 	}
 	if len(packages) > 0 {
 		args = append(args, "--include="+strings.Join(packages, ","))
@@ -184,7 +243,81 @@ func debootstrap(ctx context.Context, dir, debs string, packages []string, repor
 		}
 		return 0, fmt.Errorf("mmdebstrap %s failed (%v): %s", Suite, err, t.aptError())
 	}
+	if debsOut != "" {
+		if err := publishDebs(debsOut, debs); err != nil {
+			// The root is built; the next build downloads again.
+			report(Progress{Phase: "image", Line: fmt.Sprintf("keeping the downloaded packages in %s failed: %v", debs, err)})
+		}
+	}
 	return t.total, nil
+}
+
+// isDeb reports whether name is a package a cache holds (not a
+// temporary file, not apt's lock or partial directory).
+func isDeb(name string) bool {
+	return strings.HasSuffix(name, ".deb") && !strings.HasPrefix(name, ".")
+}
+
+// stageDebs makes scratch/debs-in a snapshot of the shared cache debs
+// (hard links; copies where debs is on another filesystem) and an empty
+// scratch/debs-out for mmdebstrap to fill.
+func stageDebs(debs, scratch string) (in, out string, err error) {
+	if err := os.MkdirAll(debs, 0o755); err != nil {
+		return "", "", err
+	}
+	in, out = filepath.Join(scratch, "debs-in"), filepath.Join(scratch, "debs-out")
+	for _, d := range []string{in, out} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", "", err
+		}
+	}
+	ents, err := os.ReadDir(debs)
+	if err != nil {
+		return "", "", err
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() || !isDeb(e.Name()) {
+			continue
+		}
+		src, dst := filepath.Join(debs, e.Name()), filepath.Join(in, e.Name())
+		if err := os.Link(src, dst); err != nil {
+			if err := copyFile(src, dst); err != nil {
+				return "", "", err
+			}
+		}
+	}
+	return in, out, nil
+}
+
+// publishDebs adds the packages in out that debs lacks, each whole:
+// linked in (or copied aside and linked), never written in place. A
+// package's file name holds its version, so one already there is the
+// same package.
+func publishDebs(out, debs string) error {
+	ents, err := os.ReadDir(out)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() || !isDeb(e.Name()) {
+			continue
+		}
+		src, dst := filepath.Join(out, e.Name()), filepath.Join(debs, e.Name())
+		err := os.Link(src, dst)
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			tmp := filepath.Join(debs, ".tmp-"+randHex(6)+"-"+e.Name())
+			if err = copyFile(src, tmp); err == nil {
+				if err = syncFile(tmp); err == nil {
+					err = os.Link(tmp, dst)
+				}
+			}
+			os.Remove(tmp)
+		}
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+	}
+	return syncDir(debs)
 }
 
 // treeSize sums what a tree needs in an ext4 filesystem: data blocks and

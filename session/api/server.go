@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -137,6 +138,19 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("request body: %v: %w", err, session.ErrInvalid)
 	}
+	return endOfBody(dec)
+}
+
+// endOfBody refuses anything but white space after the body's JSON
+// value: a second object would be silently dropped, as unknown fields
+// would.
+func endOfBody(dec *json.Decoder) error {
+	if _, err := dec.Token(); err != io.EOF {
+		if err == nil {
+			err = errors.New("more than one JSON value")
+		}
+		return fmt.Errorf("request body: after the JSON value: %v: %w", err, session.ErrInvalid)
+	}
 	return nil
 }
 
@@ -155,7 +169,7 @@ func readOptionalJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("request body: %v: %w", err, session.ErrInvalid)
 	}
-	return nil
+	return endOfBody(dec)
 }
 
 func queryUint(r *http.Request, key string) (uint64, error) {

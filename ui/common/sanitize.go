@@ -92,6 +92,12 @@ func sanitize(s string, keepSGR bool) string {
 	// date at each tab rather than per rune.
 	col, mark := 0, len(out)
 	for i := 0; i < len(s); {
+		if len(out) >= MaxLineBytes {
+			// Tabs, pictures and replacements grow the line: the bound
+			// is on what is shown, not only on what came in.
+			truncated += len(s) - i
+			break
+		}
 		b := s[i]
 		switch {
 		case b == 0x1b:

@@ -100,7 +100,9 @@ func isEscape(err error) bool {
 
 // oneLine flattens and bounds a message.
 func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
+	// A status message is UTF-8 (filexfer-02 section 7), and may quote
+	// the client's path bytes or guest text, which need not be.
+	s = strings.Join(strings.Fields(strings.ToValidUTF8(s, "\uFFFD")), " ")
 	if len(s) > maxMessage {
 		s = strings.ToValidUTF8(s[:maxMessage], "") + "…"
 	}
