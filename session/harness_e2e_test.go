@@ -176,7 +176,7 @@ func TestHarnessEndToEnd(t *testing.T) {
 		}
 		defer cs.Close()
 		tools, err := cs.ListTools(t.Context(), nil)
-		if err != nil || len(tools.Tools) != 11 {
+		if err != nil || len(tools.Tools) != 12 {
 			t.Fatalf("ListTools = %d tools, %v", len(tools.Tools), err)
 		}
 		for _, tool := range tools.Tools {

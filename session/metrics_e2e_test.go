@@ -200,7 +200,8 @@ func TestMetricsEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { c.Process.Kill(); c.Wait() }()
-		time.Sleep(time.Second) // the watch is up
+		time.Sleep(time.Second) // the watch is up, the timeline printed
+		since := time.Now()
 		e.ok("exec", "mx", "--", "echo", "followed")
 		e.ok("flush", "mx")
 		lines := bufio.NewScanner(out)
@@ -212,6 +213,9 @@ func TestMetricsEndToEnd(t *testing.T) {
 			var ev session.Event
 			if err := json.Unmarshal(lines.Bytes(), &ev); err != nil {
 				t.Fatalf("line %q: %v", lines.Text(), err)
+			}
+			if ev.Time.Before(since) {
+				continue // the timeline printed first
 			}
 			seqs = append(seqs, ev.Seq)
 			kinds = append(kinds, string(ev.Kind))

@@ -194,7 +194,7 @@ func TestChecksComeBeforeConfirmation(t *testing.T) {
 	}{
 		{name: "restore an unknown checkpoint", line: "restore alpha c9", flash: `alpha has no checkpoint "c9" (the Info tab lists its checkpoints)`},
 		{name: "restore without checkpoints", keys: []string{"u"}, flash: "alpha has no checkpoints (c takes one)"},
-		{name: "stop a stopped session", line: "stop docs", flash: `cannot stop session "docs": it is stopped (start it first)`},
+		{name: "stop a stopped session", line: "stop docs", flash: `cannot stop session "docs": it is already stopped`},
 		{name: "delete refused by the role", permit: deny(session.ActionDelete), keys: []string{"d"},
 			flash: "not allowed: role operator may not delete sessions (needs admin): permission denied"},
 		{name: "replace refused by the role", permit: deny(session.ActionReplace), keys: []string{"R"}, flash: "role operator may not replace sessions"},
