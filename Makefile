@@ -43,11 +43,11 @@ vet:
 
 # The suite boots real VMs (TCG here); packages run two at a time. Every
 # test binary is built with the lock-order checker (-tags lockcheck: see
-# session's package doc); the engine's lock stress test runs once more under
+# the engine's package doc, session/engine); its lock stress test runs once more under
 # the race detector.
 test: deps build vet
 	$(GO) test -count=1 -timeout 25m -tags lockcheck ./...
-	$(GO) test -count=1 -timeout 5m -race -tags lockcheck -run 'TestLockStress' ./session/
+	$(GO) test -count=1 -timeout 5m -race -tags lockcheck -run 'TestLockStress' ./session/engine/
 
 bench: deps build
 	BERTH_BENCH=1 $(GO) test -count=1 -p 1 -timeout 40m -run 'TestBench' -v ./... 2>&1 | grep -E 'BENCH|^(--- FAIL|FAIL)' || true
@@ -77,7 +77,7 @@ FUZZPARALLEL ?= 1
 FUZZ_TARGETS := \
 	guest:FuzzFrames guest:FuzzHostHandshake guest:FuzzGuestHandshake \
 	ui/sshd/sftp:FuzzSFTP ui/sshd:FuzzSCPSink \
-	session:FuzzDNSQuery session:FuzzEgressRequest session:FuzzParsePolicy session:FuzzParseSpec \
+	session/engine:FuzzDNSQuery session/engine:FuzzEgressRequest session:FuzzParsePolicy session/engine/schedule:FuzzParseSpec \
 	session/api:FuzzAPIBody guest/image:FuzzRecipe \
 	ui/common:FuzzSanitizeLine ui/components/output:FuzzOutputWindow
 

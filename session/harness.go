@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/robfig/cron/v3"
 )
 
 // RunStatus is an agent run's status: open until it ends.
@@ -160,68 +158,12 @@ func ValidateRunID(id string) error {
 	return nil
 }
 
-// MinEvery is the shortest interval "@every" accepts.
-const MinEvery = time.Second
-
-var cronFields = []string{"minute", "hour", "day-of-month", "month", "day-of-week"}
-
-var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
-
-// ParseSpec parses a schedule's timetable: a five-field cron expression, a
-// descriptor (@yearly, @monthly, @weekly, @daily, @hourly) or "@every D"
-// with D at least one second. Errors name the field at fault.
-func ParseSpec(spec string) (cron.Schedule, error) {
-	spec = strings.TrimSpace(spec)
-	if rest, ok := strings.CutPrefix(spec, "@every"); ok {
-		d, err := time.ParseDuration(strings.TrimSpace(rest))
-		if err != nil {
-			return nil, fmt.Errorf("schedule %q: @every wants a duration such as 30s or 5m: %w", spec, ErrInvalid)
-		}
-		if d < MinEvery {
-			return nil, fmt.Errorf("schedule %q: @every %s is below the minimum of %s: %w", spec, d, MinEvery, ErrInvalid)
-		}
-		if d%time.Second != 0 {
-			return nil, fmt.Errorf("schedule %q: @every %s: use whole seconds: %w", spec, d, ErrInvalid)
-		}
-		return cron.Every(d), nil
-	}
-	if strings.HasPrefix(spec, "@") {
-		s, err := cronParser.Parse(spec)
-		if err != nil {
-			return nil, fmt.Errorf("schedule %q: unknown descriptor (use @hourly, @daily, @weekly, @monthly, @yearly or @every D): %w", spec, ErrInvalid)
-		}
-		return s, nil
-	}
-	fields := strings.Fields(spec)
-	if len(fields) != len(cronFields) {
-		return nil, fmt.Errorf("schedule %q: want 5 fields (minute hour day-of-month month day-of-week) or @every D, got %d: %w", spec, len(fields), ErrInvalid)
-	}
-	// Parse each field alone in an otherwise all-stars expression, so the
-	// error names the field at fault.
-	for i, f := range fields {
-		probe := []string{"*", "*", "*", "*", "*"}
-		probe[i] = f
-		if _, err := cronParser.Parse(strings.Join(probe, " ")); err != nil {
-			return nil, fmt.Errorf("schedule %q: %s field %q: %v: %w", spec, cronFields[i], f, err, ErrInvalid)
-		}
-	}
-	s, err := cronParser.Parse(spec)
-	if err != nil {
-		return nil, fmt.Errorf("schedule %q: %v: %w", spec, err, ErrInvalid)
-	}
-	// The parser looks five years ahead and answers the zero time when no
-	// date matches (30 February): such a spec would never come due.
-	if s.Next(time.Now()).IsZero() {
-		return nil, fmt.Errorf("schedule %q never comes due: no date in the next five years matches its fields (check the day of month against the month): %w", spec, ErrInvalid)
-	}
-	return s, nil
-}
-
-// ValidateSchedule checks a schedule request, filling in the default
+// ValidateSchedule checks what of a schedule request needs no timetable
+// parser (package engine/schedule parses the spec), filling in the default
 // overlap.
 func ValidateSchedule(req *ScheduleRequest) error {
-	if _, err := ParseSpec(req.Spec); err != nil {
-		return err
+	if strings.TrimSpace(req.Spec) == "" {
+		return fmt.Errorf("schedule: no timetable given (a cron expression such as '*/5 * * * *', or @every D): %w", ErrInvalid)
 	}
 	o, err := ParseOverlap(string(req.Overlap))
 	if err != nil {

@@ -5,10 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/BurntSushi/toml"
-
-	"github.com/berthvm/berth/assets"
 )
 
 // The rules front ends share: each is table-tested here, where it is
@@ -215,112 +211,6 @@ func TestFormatAgo(t *testing.T) {
 	} {
 		if got := FormatAgo(c.d); got != c.want {
 			t.Errorf("FormatAgo(%v) = %q, want %q", c.d, got, c.want)
-		}
-	}
-}
-
-func TestDefaults(t *testing.T) {
-	got := Defaults{}.withFallbacks()
-	want := Defaults{Image: "mini", CPUs: 1, MemoryMiB: 512, DiskBytes: 4 << 30, SystemBytes: DefaultSystemBytes, VMM: "qemu", Accel: "auto", Retention: 256 << 20}
-	if got != want {
-		t.Errorf("zero Defaults become %+v, want %+v", got, want)
-	}
-	set := Defaults{Image: "big", CPUs: 4, MemoryMiB: 2048, DiskBytes: 1 << 30, SystemBytes: 2 << 30, VMM: "cloud-hypervisor", Accel: "tcg", Retention: 1 << 20}
-	if got := set.withFallbacks(); got != set {
-		t.Errorf("set Defaults become %+v, want them kept", got)
-	}
-	if DefaultIdleTimeout != 15*time.Minute {
-		t.Errorf("DefaultIdleTimeout %v", DefaultIdleTimeout)
-	}
-}
-
-// TestDefaultConfigDocumentsDefaults: assets/config.toml, written into a
-// new data directory, documents the defaults; its values must be these.
-func TestDefaultConfigDocumentsDefaults(t *testing.T) {
-	var f struct {
-		Image       string `toml:"image"`
-		CPUs        int    `toml:"cpus"`
-		Memory      string `toml:"memory"`
-		Disk        string `toml:"disk"`
-		SystemDisk  string `toml:"system_disk"`
-		VMM         string `toml:"vmm"`
-		Accel       string `toml:"accel"`
-		Retention   string `toml:"retention"`
-		IdleTimeout string `toml:"idle_timeout"`
-		Floor       string `toml:"free_space_floor"`
-		Budget      string `toml:"output_budget"`
-		RunTimeout  string `toml:"run_timeout"`
-		CkptLimit   int    `toml:"checkpoint_limit"`
-		CkptBytes   string `toml:"checkpoint_bytes"`
-		Net         string `toml:"net"`
-		NetMaxConns int    `toml:"net_max_conns"`
-	}
-	md, err := toml.Decode(assets.DefaultConfig(), &f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if und := md.Undecoded(); len(und) > 0 {
-		t.Fatalf("config.toml has keys this test does not check: %v", und)
-	}
-	mem, err := ParseMemory(f.Memory)
-	if err != nil {
-		t.Fatal(err)
-	}
-	disk, err := ParseSize(f.Disk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sys, err := ParseSize(f.SystemDisk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ret, err := ParseSize(f.Retention)
-	if err != nil {
-		t.Fatal(err)
-	}
-	idle, err := time.ParseDuration(f.IdleTimeout)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runTimeout, err := time.ParseDuration(f.RunTimeout)
-	if err != nil {
-		t.Fatal(err)
-	}
-	floor, err := ParseSize(f.Floor)
-	if err != nil {
-		t.Fatal(err)
-	}
-	budget, err := ParseSize(f.Budget)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ckptBytes, err := ParseSize(f.CkptBytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct {
-		key       string
-		doc, code any
-	}{
-		{"checkpoint_limit", f.CkptLimit, DefaultCheckpointLimit},
-		{"checkpoint_bytes", ckptBytes, int64(DefaultCheckpointBytes)},
-		{"image", f.Image, DefaultImage},
-		{"cpus", f.CPUs, DefaultCPUs},
-		{"memory", mem, DefaultMemoryMiB},
-		{"disk", disk, int64(DefaultDiskBytes)},
-		{"system_disk", sys, int64(DefaultSystemBytes)},
-		{"vmm", f.VMM, DefaultVMM},
-		{"accel", f.Accel, string(DefaultAccel)},
-		{"retention", ret, DefaultRetention},
-		{"idle_timeout", idle, DefaultIdleTimeout},
-		{"run_timeout", runTimeout, DefaultRunTimeout},
-		{"free_space_floor", floor, int64(DefaultFloor)},
-		{"output_budget", budget, int64(DefaultOutputBudget)},
-		{"net", f.Net, DefaultNet},
-		{"net_max_conns", f.NetMaxConns, DefaultNetMaxConns},
-	} {
-		if c.doc != c.code {
-			t.Errorf("config.toml documents %s = %v (%T), session defaults to %v (%T)", c.key, c.doc, c.doc, c.code, c.code)
 		}
 	}
 }

@@ -1,37 +1,15 @@
-// Package session is berth's domain: sessions, executions, their states and
-// transitions, the Manager that runs them, and the Service interface that the
-// TUI, the CLI and the SSH server use (in-process or over the daemon's socket).
+// Package session is berth's contract: what a session is, what can be done
+// to it and by whom, and every rule that decides whether a request is
+// allowed — names, state transitions (the action table in validate.go),
+// create limits, checkpoint preconditions, network policy, sizes — with
+// the Service interfaces that every front end codes against (the TUI, the
+// CLI, the SSH server, MCP) and the error classes that travel across the
+// daemon's socket. It imports only the standard library.
 //
-// # Locks
-//
-// The engine's locks are taken in this order and never against it; a lock
-// may be taken while holding only locks above it:
-//
-//  1. sess.op: one session's lifecycle, held for a whole boot, sleep or
-//     checkpoint. A fork takes its source's before its new session's (the
-//     new one is not listed yet, so nobody else can hold it).
-//  2. Manager.tmplMu, then imageBuilds.mu: template and image builds.
-//  3. sess.agentMu: (re)connecting a session's agent.
-//  4. harness.putMu, then harness.mu: runs and schedules.
-//  5. sess.putMu: orders one session's record writes (held from the copy
-//     under sess.mu through the store write and the event), then run.mu:
-//     one execution's record.
-//  6. sess.mu: one session's record and figures. Never two sessions' at once.
-//  7. Manager.mu: the maps of sessions and of executions being recorded. It
-//     is a leaf among these: nothing is locked while it is held (Manager.all
-//     copies the sessions out), and what must be read under sess.mu — how
-//     many commands a session runs — is an atomic of the session.
-//  8. Leaves, which call nothing that locks: space.mu, netState.mu, hub.mu
-//     (then a watcher's mu), the lock.Watch, and the store's own locks
-//     (store calls never call back into the engine).
-//
-// No lock is held across a call that waits on the guest, a VMM or the
-// network, except sess.op and sess.agentMu, whose waits are bounded by
-// contexts. make test builds this package with -tags lockcheck, under which
-// every one of these locks is checked (internal/lock): a test fails the
-// moment two locks are seen taken in both orders. berth serve -v logs any
-// hold of sess.mu, run.mu, harness.mu or Manager.mu longer than a second,
-// with the holder's stack.
+// The engine that keeps the promises is package session/engine (the
+// Manager, with the mechanisms beneath it in packages of their own); the
+// socket API is session/api; sessiontest has a fake that runs these same
+// rules.
 package session
 
 import (

@@ -128,12 +128,12 @@ func Allowed(action Action, state State) bool {
 // says what to do: `cannot pause session "a": it is stopped (start it
 // first)`. The service returns it; front ends show it as it is.
 func CheckTransition(name string, action Action, state State) error {
-	return checkTransition(name, action, state, hints[state])
+	return CheckTransitionHint(name, action, state, hints[state])
 }
 
-// checkTransition is CheckTransition with the hint given: a session that
+// CheckTransitionHint is CheckTransition with the hint given: a session that
 // paused itself says why.
-func checkTransition(name string, action Action, state State, hint string) error {
+func CheckTransitionHint(name string, action Action, state State, hint string) error {
 	if Allowed(action, state) {
 		return nil
 	}

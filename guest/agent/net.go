@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/session"
 )
 
 // Bounds on what the agent's network services take at once: the host
@@ -104,7 +105,7 @@ func (a *Agent) serveProxy(ctx context.Context, l net.Listener) {
 				refuseProxy(c, "503 berth: egress unavailable: "+err.Error())
 				return
 			}
-			guest.Splice(c, &guest.StreamConn{Stream: st})
+			session.Splice(c, &guest.StreamConn{Stream: st})
 		})
 	}
 }
@@ -198,7 +199,7 @@ func (a *Agent) dial(ctx context.Context, s *stream, rw any, port int) error {
 		c.Close()
 		return nil
 	}
-	guest.Splice(c, &guest.StreamConn{Stream: st})
+	session.Splice(c, &guest.StreamConn{Stream: st})
 	return nil // the reply went before the bytes
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/berthvm/berth/assets"
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/engine"
 	"github.com/berthvm/berth/vmm"
 )
 
@@ -40,7 +41,7 @@ type File struct {
 // Config is the parsed configuration. Sizes are read by session.ParseSize
 // (a bare number is bytes); unset keys take session's defaults.
 type Config struct {
-	Defaults    session.Defaults
+	Defaults    engine.Defaults
 	IdleTimeout time.Duration
 	// Floor is the free space on the data directory below which what
 	// needs space is refused; OutputBudget bounds all sessions' recorded
@@ -146,7 +147,7 @@ func ParseConfig(path string, b []byte) (Config, error) {
 			return c, err
 		}
 	}
-	c.Net, c.NetMaxConns = session.DefaultNet, session.DefaultNetMaxConns
+	c.Net, c.NetMaxConns = session.DefaultNet, engine.DefaultNetMaxConns
 	if f.Net != "" {
 		p, err := session.ParsePolicy(f.Net)
 		if err != nil {
@@ -166,7 +167,7 @@ func ParseConfig(path string, b []byte) (Config, error) {
 	} else {
 		c.IdleTimeout = session.DefaultIdleTimeout
 	}
-	c.RunTimeout = session.DefaultRunTimeout
+	c.RunTimeout = engine.DefaultRunTimeout
 	if f.RunTimeout != "" {
 		if c.RunTimeout, err = time.ParseDuration(f.RunTimeout); err != nil || c.RunTimeout < time.Second {
 			return c, fmt.Errorf("%s: run_timeout = %q: want a duration of at least 1s, such as 30m", path, f.RunTimeout)

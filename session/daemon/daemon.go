@@ -26,6 +26,7 @@ import (
 	"github.com/berthvm/berth/guest/image"
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/api"
+	"github.com/berthvm/berth/session/engine"
 	"github.com/berthvm/berth/session/metrics"
 	"github.com/berthvm/berth/store"
 	"github.com/berthvm/berth/vmm"
@@ -211,7 +212,7 @@ func Run(ctx context.Context, o Options) (err error) {
 	}()
 	st.SetOutputBudget(cfg.OutputBudget)
 	images := Images(o)
-	mgr, err := session.NewManager(ctx, st, session.Config{
+	mgr, err := engine.NewManager(ctx, st, engine.Config{
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
 		IdleTimeout: cfg.IdleTimeout, RunTimeout: cfg.RunTimeout, Floor: cfg.Floor,
 		CheckpointLimit: cfg.CheckpointLimit, CheckpointBytes: cfg.CheckpointBytes, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,

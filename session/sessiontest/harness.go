@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/engine/schedule"
 )
 
 // The fake keeps agent runs like the Manager does, in memory. Schedules
@@ -144,10 +145,10 @@ func (f *Fake) AddSchedule(ctx context.Context, name string, req session.Schedul
 	if err := f.enter(ctx, "AddSchedule"); err != nil {
 		return session.Schedule{}, err
 	}
-	if err := session.ValidateSchedule(&req); err != nil {
+	if err := schedule.Validate(&req); err != nil {
 		return session.Schedule{}, err
 	}
-	spec, _ := session.ParseSpec(req.Spec)
+	spec, _ := schedule.ParseSpec(req.Spec)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, err := f.getLocked(name); err != nil {

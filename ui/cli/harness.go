@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/engine/schedule"
 )
 
 // harnessCommands are the commands of agent runs and schedules.
@@ -167,7 +168,7 @@ in the daemon's store (on the host's disk), as it needs them at every firing.`,
 				if len(req.Env) == 0 {
 					req.Env = nil
 				}
-				if _, err := session.ParseSpec(req.Spec); err != nil {
+				if _, err := schedule.ParseSpec(req.Spec); err != nil {
 					return usageErrorf("%s", strings.TrimSuffix(err.Error(), ": "+session.ErrInvalid.Error()))
 				}
 				_, h, err := c.harness(ctx)

@@ -1,0 +1,465 @@
+package engine
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/engine/internal/lock"
+	"github.com/berthvm/berth/vmm"
+)
+
+var _ session.Imager = (*Manager)(nil)
+
+// Image is what a VM boots: a build of an image, pinned by its digest.
+type Image struct {
+	Name, Digest      string
+	Kernel, Initramfs string
+	// Layers are the read-only root layers, bottom first; none for an
+	// image whose root is its initramfs.
+	Layers []Layer
+}
+
+// Layer is one read-only root layer.
+type Layer struct{ Path, UUID string }
+
+// RootFS reports whether sessions of the image get a system disk.
+func (im Image) RootFS() bool { return len(im.Layers) > 0 }
+
+func fromBuild(b image.Image) Image {
+	im := Image{Name: b.Name, Digest: b.Digest, Kernel: b.Kernel, Initramfs: b.Initramfs}
+	for _, l := range b.Layers {
+		im.Layers = append(im.Layers, Layer{Path: l.Path, UUID: l.UUID})
+	}
+	return im
+}
+
+// imageBuilds serialises builds: two of the same image would race for its
+// name, and on two cores two mmdebstraps only make both slow.
+type imageBuilds struct{ mu lock.Mutex }
+
+// resolveImage returns the build of name a session uses: digest, or the
+// current build, built now if name is a shipped image never built here.
+func (m *Manager) resolveImage(ctx context.Context, name, digest string) (Image, error) {
+	st := m.cfg.Images
+	if st == nil {
+		return Image{}, fmt.Errorf("no image store configured: %w", session.ErrUnavailable)
+	}
+	b, err := st.Load(name, digest)
+	if err == nil {
+		return fromBuild(b), nil
+	}
+	if digest != "" {
+		return Image{}, fmt.Errorf("%v; the session's system disk was made on that build: `berth replace` moves the session to the current one: %w", err, session.ErrNotFound)
+	}
+	if !image.Shipped(name) {
+		return Image{}, fmt.Errorf("image %q is not built (berth image build --recipe FILE builds one; berth image ls lists them): %w", name, session.ErrNotFound)
+	}
+	m.log.Info("building image", "image", name)
+	m.builds.mu.Lock()
+	defer m.builds.mu.Unlock()
+	if b, err := st.Load(name, ""); err == nil {
+		return fromBuild(b), nil // built meanwhile
+	}
+	b, _, err = st.Build(ctx, image.Options{Name: name, Steps: stepRunner{m}, Report: func(p image.Progress) {
+		if p.Phase != "download" && p.Phase != "unpack" {
+			m.log.Info("image build", "image", name, "progress", p.String())
+		}
+	}})
+	if err != nil {
+		return Image{}, fmt.Errorf("build image %q: %w", name, err)
+	}
+	return fromBuild(b), nil
+}
+
+// Images lists every build on disk, with the sessions using each.
+func (m *Manager) Images(ctx context.Context) ([]session.ImageInfo, error) {
+	if m.cfg.Images == nil {
+		return nil, fmt.Errorf("no image store configured: %w", session.ErrUnavailable)
+	}
+	builds, err := m.cfg.Images.Builds()
+	if err != nil {
+		return nil, err
+	}
+	users := m.imageUsers()
+	out := make([]session.ImageInfo, 0, len(builds))
+	seen := map[string]bool{}
+	for _, b := range builds {
+		info := session.ImageInfo{
+			Name: b.Name, Digest: b.Digest, Current: !seen[b.Name], RootFS: b.RootFS(), Layers: len(b.Layers),
+			Packages: b.PackageCount(), DiskBytes: b.DiskBytes(), Built: b.Built, BuildTook: b.BuildTook,
+			Source: b.Source, Kernel: b.KernelVersion, Sessions: []string{},
+		}
+		seen[b.Name] = true
+		for _, u := range users[b.Name] {
+			if u.digest == b.Digest || (u.digest == "" && info.Current) {
+				info.Sessions = append(info.Sessions, u.session)
+			}
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+type imageUser struct{ session, digest string }
+
+// imageUsers maps image names to the sessions using them.
+func (m *Manager) imageUsers() map[string][]imageUser {
+	ss := m.all()
+	users := map[string][]imageUser{}
+	for _, s := range ss {
+		s.mu.Lock()
+		users[s.rec.Image] = append(users[s.rec.Image], imageUser{s.name, s.rec.ImageDigest})
+		s.mu.Unlock()
+	}
+	for _, u := range users {
+		sort.Slice(u, func(i, j int) bool { return u[i].session < u[j].session })
+	}
+	return users
+}
+
+// pruneImage removes builds of name no session uses any more.
+func (m *Manager) pruneImage(name string) {
+	if m.cfg.Images == nil {
+		return
+	}
+	users := m.imageUsers()[name]
+	m.cfg.Images.Prune(name, func(digest string) bool {
+		return slices.ContainsFunc(users, func(u imageUser) bool { return u.digest == digest })
+	})
+}
+
+// BuildImage builds a shipped image or a recipe.
+func (m *Manager) BuildImage(ctx context.Context, req session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+	if m.cfg.Images == nil {
+		return session.ImageInfo{}, fmt.Errorf("no image store configured: %w", session.ErrUnavailable)
+	}
+	if progress == nil {
+		progress = func(session.BuildProgress) {}
+	}
+	if err := m.checkFloor("build an image"); err != nil {
+		return session.ImageInfo{}, err
+	}
+	o := image.Options{Steps: stepRunner{m}, Report: func(p image.Progress) {
+		progress(session.BuildProgress{Phase: p.Phase, Done: p.Done, Total: p.Total, Bytes: p.Bytes, TotalBytes: p.TotalBytes, Line: p.Line})
+	}}
+	switch {
+	case req.Recipe != "":
+		r, err := image.ParseRecipe(req.Recipe)
+		if err != nil {
+			return session.ImageInfo{}, fmt.Errorf("%w: %w", err, session.ErrInvalid)
+		}
+		if r.Net != "" {
+			p, err := session.ParsePolicy(r.Net)
+			if err != nil {
+				return session.ImageInfo{}, fmt.Errorf("%s: net: %w", r.Source, err)
+			}
+			r.Net = p.String()
+		}
+		o.Recipe = r
+		req.Name = r.Name
+	case req.Name == "":
+		req.Name = "mini"
+		fallthrough
+	default:
+		if !image.Shipped(req.Name) {
+			return session.ImageInfo{}, fmt.Errorf("unknown image %q: berth ships %s; build others with --recipe FILE: %w", req.Name, strings.Join(image.Names(), ", "), session.ErrInvalid)
+		}
+		o.Name = req.Name
+	}
+	m.builds.mu.Lock()
+	b, built, err := m.cfg.Images.Build(ctx, o)
+	m.builds.mu.Unlock()
+	if err != nil {
+		switch {
+		case errors.Is(err, fs.ErrExist):
+			return session.ImageInfo{}, fmt.Errorf("%w: %w", err, session.ErrExists)
+		case ctx.Err() != nil:
+			return session.ImageInfo{}, err
+		}
+		return session.ImageInfo{}, fmt.Errorf("build image %q: %w", req.Name, err)
+	}
+	if built {
+		m.pruneImage(b.Name)
+	}
+	list, err := m.Images(ctx)
+	if err != nil {
+		return session.ImageInfo{}, err
+	}
+	for _, info := range list {
+		if info.Name == b.Name && info.Digest == b.Digest {
+			return info, nil
+		}
+	}
+	return session.ImageInfo{Name: b.Name, Digest: b.Digest, Current: true}, nil
+}
+
+// RemoveImage deletes an image no session uses.
+func (m *Manager) RemoveImage(ctx context.Context, name string) error {
+	if m.cfg.Images == nil {
+		return fmt.Errorf("no image store configured: %w", session.ErrUnavailable)
+	}
+	if err := image.ValidateName(name); err != nil {
+		return fmt.Errorf("%w: %w", err, session.ErrInvalid)
+	}
+	m.builds.mu.Lock()
+	defer m.builds.mu.Unlock()
+	if users := m.imageUsers()[name]; len(users) > 0 {
+		names := make([]string, len(users))
+		for i, u := range users {
+			names[i] = u.session
+		}
+		return fmt.Errorf("image %q is used by %s: delete or replace them first (berth replace NAME --image OTHER): %w",
+			name, strings.Join(names, ", "), session.ErrConflict)
+	}
+	if err := m.cfg.Images.Remove(name); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("image %q: %w", name, session.ErrNotFound)
+		}
+		return err
+	}
+	return nil
+}
+
+// stepRunner runs a recipe's setup commands in a VM of the image being
+// built: the layers built so far, the build's system disk on top, and a
+// scratch workspace. Nothing runs on the host.
+type stepRunner struct{ m *Manager }
+
+func (r stepRunner) RunSteps(ctx context.Context, b image.StepBuild) error {
+	m := r.m
+	pol, err := session.ParsePolicy(orNet(b.Net))
+	if err != nil {
+		return fmt.Errorf("the recipe's net: %w", err)
+	}
+	dir, err := os.MkdirTemp(filepath.Join(m.cfg.DataDir), ".build-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	wsUUID := vmm.NewUUID()
+	ws := filepath.Join(dir, "workspace.img")
+	if err := vmm.CreateWorkspace(ctx, ws, 256<<20, wsUUID); err != nil {
+		return err
+	}
+	d, err := m.driver(m.cfg.Defaults.VMM)
+	if err != nil {
+		return err
+	}
+	im := fromBuild(b.Image)
+	cfg := vmm.Config{
+		Dir: filepath.Join(dir, "vm"), Kernel: im.Kernel, Initramfs: im.Initramfs,
+		Cmdline: bootCmdline(wsUUID, b.SystemUUID, im, "berth-build", randomMachineID()),
+		CPUs:    m.cfg.Defaults.CPUs, MemoryMiB: max(m.cfg.Defaults.MemoryMiB, 1024),
+		Workspace: ws, System: b.System, Layers: layerPaths(im), Accel: m.cfg.Defaults.Accel,
+	}
+	// No count yet: the first step is step 1, and booting is none.
+	b.Report(image.Progress{Phase: "setup", Line: "booting a build VM of the image"})
+	bctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer cancel()
+	vm, err := d.Start(bctx, cfg)
+	if err != nil {
+		return fmt.Errorf("boot the build VM: %w", err)
+	}
+	defer func() {
+		vm.Kill(context.Background())
+		vm.Close()
+	}()
+	c, err := guest.Dial(bctx, vm.DialAgent)
+	if err != nil {
+		return fmt.Errorf("build VM: %w", err)
+	}
+	defer c.Close()
+	h, err := c.Hello(bctx)
+	if err == nil && !h.System.Mounted {
+		err = fmt.Errorf("its system disk did not mount: %s", h.System.Error)
+	}
+	if err != nil {
+		return fmt.Errorf("build VM: %w", err)
+	}
+	m.serveBuildEgress(c, pol, b.Report)
+	if err := runSetup(ctx, c, b); err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, stopGrace+30*time.Second)
+	defer cancel()
+	if _, err := c.Shutdown(sctx, stopGrace); err != nil {
+		return fmt.Errorf("shut the build VM down: %w", err)
+	}
+	select {
+	case <-vm.Done():
+	case <-time.After(20 * time.Second):
+		return errors.New("the build VM did not power off after its setup steps")
+	}
+	return nil
+}
+
+// setupStep is one step of a recipe's setup, as the build's progress and
+// its errors name it.
+type setupStep struct {
+	name   string // "copy files", or the command in backquotes
+	header string // the progress line that starts it
+	files  []byte // a tar to unpack into the scratch workspace first
+	cmd    string // run with sh -c in the build VM
+}
+
+// setupSteps lists a build's setup steps: the recipe's files, when it has
+// any, are the first, then each run command.
+func setupSteps(b image.StepBuild) []setupStep {
+	var out []setupStep
+	if len(b.Files) > 0 {
+		// The files go in through the scratch workspace (the file API
+		// writes nowhere else) and are moved into place from there.
+		out = append(out, setupStep{name: "copy files", header: "copy files", files: b.Files,
+			cmd: "cp -a /workspace/.berth-files/. / && rm -rf /workspace/.berth-files"})
+	}
+	for _, cmd := range b.Steps {
+		out = append(out, setupStep{name: "`" + oneLine(cmd, 80) + "`", header: "$ " + oneLine(cmd, 200), cmd: cmd})
+	}
+	return out
+}
+
+// runSetup runs a build's setup steps on the build VM's agent, in order,
+// stopping at the first that fails. Steps count from 1, the same in the
+// progress (setup 2/4) and in an error (setup step 2 of 4).
+func runSetup(ctx context.Context, c *guest.Client, b image.StepBuild) error {
+	steps := setupSteps(b)
+	for i, st := range steps {
+		if err := runStep(ctx, c, b, i+1, len(steps), st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runStep runs step number i (from 1) of n. Its header line carries the
+// count; the lines of its output do not (they are output, not progress).
+func runStep(ctx context.Context, c *guest.Client, b image.StepBuild, i, n int, st setupStep) error {
+	label := fmt.Sprintf("step %d of %d (%s)", i, n, st.name)
+	b.Report(image.Progress{Phase: "setup", Done: i, Total: n, Line: st.header})
+	if st.files != nil {
+		if _, err := c.Unpack(ctx, ".berth-files", bytes.NewReader(st.files)); err != nil {
+			return fmt.Errorf("setup %s: copy the recipe's files into the build VM: %w", label, err)
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, b.Timeout)
+	defer cancel()
+	id := newExecID()
+	x, err := c.Exec(sctx, guest.ExecRequest{ID: id, Argv: []string{"/bin/sh", "-c", st.cmd}, Cwd: "/workspace",
+		Env: map[string]string{"DEBIAN_FRONTEND": "noninteractive"}})
+	if err != nil {
+		return fmt.Errorf("setup %s could not start: %w", label, err)
+	}
+	var last string
+	var pending []byte
+	emit := func(line []byte) {
+		l := strings.TrimRight(string(line), "\r")
+		if strings.TrimSpace(l) != "" {
+			last = l
+		}
+		b.Report(image.Progress{Phase: "setup", Line: oneLine(l, 400)})
+	}
+	for o := range x.Output() {
+		pending = append(pending, o.Data...)
+		for {
+			k := bytes.IndexByte(pending, '\n')
+			if k < 0 {
+				break
+			}
+			emit(pending[:k])
+			pending = pending[k+1:]
+		}
+		if len(pending) > 64<<10 {
+			emit(pending)
+			pending = pending[:0]
+		}
+	}
+	if len(pending) > 0 {
+		emit(pending)
+	}
+	info, err := x.Result()
+	switch {
+	case sctx.Err() != nil && ctx.Err() == nil:
+		kctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c.Signal(kctx, id, 9) // bounded: builds.mu is held
+		cancel()
+		return fmt.Errorf("setup %s timed out after %s (step_timeout in the recipe): %s", label, b.Timeout, last)
+	case err != nil:
+		return fmt.Errorf("setup %s: %w", label, err)
+	case info == nil:
+		return fmt.Errorf("setup %s: the build VM lost the command", label)
+	case info.Signal != "":
+		return fmt.Errorf("setup %s was killed by %s: %s", label, info.Signal, last)
+	case info.ExitCode != 0:
+		return fmt.Errorf("setup %s exited with code %d: %s", label, info.ExitCode, last)
+	}
+	return nil
+}
+
+// oneLine shortens text for a one-line message.
+func oneLine(s string, n int) string {
+	sc := bufio.NewScanner(strings.NewReader(s))
+	if sc.Scan() {
+		s = sc.Text()
+	}
+	if len(s) > n {
+		s = s[:n] + "…"
+	}
+	return s
+}
+
+// randomMachineID returns a fresh machine id: 32 lower-case hex digits,
+// as machine-id(5) has it.
+func randomMachineID() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func layerPaths(im Image) []string {
+	var out []string
+	for _, l := range im.Layers {
+		out = append(out, l.Path)
+	}
+	return out
+}
+
+// bootCmdline tells the agent what a cold boot mounts and who it is.
+func bootCmdline(wsUUID, sysUUID string, im Image, hostname, machineID string) string {
+	parts := []string{"berth.ws=" + orNone(wsUUID)}
+	if im.RootFS() {
+		uuids := make([]string, len(im.Layers))
+		for i, l := range im.Layers {
+			uuids[i] = l.UUID
+		}
+		parts = append(parts, "berth.layers="+strings.Join(uuids, ","), "berth.sys="+orNone(sysUUID))
+	}
+	if hostname != "" {
+		parts = append(parts, "berth.name="+hostname)
+	}
+	if machineID != "" {
+		parts = append(parts, "berth.mid="+machineID)
+	}
+	return strings.Join(parts, " ")
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}

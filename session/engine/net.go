@@ -1,0 +1,175 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"syscall"
+
+	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/store"
+)
+
+// createNet validates a new session's policy, or gives the default.
+func (m *Manager) createNet(policy string) (string, error) {
+	if policy == "" {
+		policy = m.netConfig().Default
+	}
+	p, err := session.ParsePolicy(policy)
+	if err != nil {
+		return "", fmt.Errorf("--net: %w", err)
+	}
+	return p.String(), nil
+}
+
+// SetNet changes a session's policy. It is kept in the record, so sleep,
+// stop, start and replace keep it.
+func (m *Manager) SetNet(ctx context.Context, name, policy string) (session.Session, error) {
+	s, err := m.get(name)
+	if err != nil {
+		return session.Session{}, err
+	}
+	p, err := session.ParsePolicy(policy)
+	if err != nil {
+		return session.Session{}, err
+	}
+	switch st := s.state(); st {
+	case session.StateCreating, session.StateDeleting:
+		return session.Session{}, session.CheckTransition(name, "change the network of", st)
+	}
+	s.putMu.Lock()
+	defer s.putMu.Unlock()
+	s.mu.Lock()
+	old := s.rec.Net
+	if old == "" {
+		old = session.DefaultNet
+	}
+	s.rec.Net = p.String()
+	rec := s.rec
+	snap := s.snapshotLocked()
+	s.mu.Unlock()
+	if err := m.st.PutSession(rec); err != nil {
+		return session.Session{}, fmt.Errorf("record the network policy of %q: %w", name, err)
+	}
+	m.event(session.Event{Kind: session.EventState, Name: name, Message: fmt.Sprintf("network policy %s (was %s)", p, old), By: session.Actor(ctx), Session: &snap})
+	return snap, nil
+}
+
+// Forward connects to a port in the session's VM.
+func (m *Manager) Forward(ctx context.Context, name string, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("port %d: use 1 to 65535: %w", port, session.ErrInvalid)
+	}
+	s, err := m.get(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.check(session.ActionExec); err != nil {
+		return nil, err
+	}
+	if err := m.ensureAwake(ctx, s); err != nil {
+		return nil, err
+	}
+	c, err := s.connectedAgent()
+	if err != nil {
+		return nil, err
+	}
+	s.touch()
+	sc, err := c.DialGuest(ctx, port)
+	if err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("session %s: nothing listens on port %d in the VM: %w", name, port, session.ErrUnavailable)
+		}
+		return nil, agentErr(name, err)
+	}
+	ns := &s.net
+	ns.fwd.Add(1)
+	ns.mu.Lock()
+	if ns.fwdPorts == nil {
+		ns.fwdPorts = map[int]int{}
+	}
+	ns.fwdPorts[port]++
+	ns.mu.Unlock()
+	return &forwardConn{StreamConn: sc, done: func() {
+		ns.mu.Lock()
+		if ns.fwdPorts[port]--; ns.fwdPorts[port] <= 0 {
+			delete(ns.fwdPorts, port)
+		}
+		ns.mu.Unlock()
+		ns.fwd.Add(-1)
+		s.touch()
+	}}, nil
+}
+
+// forwardConn counts a forwarded connection while it is open.
+type forwardConn struct {
+	*guest.StreamConn
+	done func()
+	once sync.Once
+}
+
+func (c *forwardConn) Close() error {
+	err := c.StreamConn.Close()
+	c.once.Do(c.done)
+	return err
+}
+
+// NetStatus reports a session's network.
+func (m *Manager) NetStatus(ctx context.Context, name string) (session.NetStatus, error) {
+	s, err := m.get(name)
+	if err != nil {
+		return session.NetStatus{}, err
+	}
+	ns := &s.net
+	out := session.NetStatus{Policy: s.policy().String(), Open: ns.conns.Load(), Accepted: ns.accepted.Load(), Refused: ns.refused.Load(),
+		ReceivedBytes: ns.rx.Load(), SentBytes: ns.tx.Load()}
+	ns.mu.Lock()
+	if len(ns.fwdPorts) > 0 {
+		out.Forwarded = make(map[int]int, len(ns.fwdPorts))
+		for p, n := range ns.fwdPorts {
+			out.Forwarded[p] = n
+		}
+	}
+	ns.mu.Unlock()
+	if s.state() != session.StateRunning {
+		return out, nil
+	}
+	c, err := s.connectedAgent()
+	if err != nil {
+		return out, nil
+	}
+	l, err := c.Ports(ctx)
+	if err != nil {
+		return out, nil // an older agent: no ports to show
+	}
+	for _, p := range l {
+		out.Listening = append(out.Listening, session.ListenPort{Port: p.Port, Addr: p.Addr})
+	}
+	sort.Slice(out.Listening, func(i, j int) bool { return out.Listening[i].Port < out.Listening[j].Port })
+	return out, nil
+}
+
+func orNet(p string) string {
+	if p == "" {
+		return session.DefaultNet
+	}
+	return p
+}
+
+// serveBuildEgress serves a build VM's egress under the recipe's policy:
+// refusals are reported as build progress, not in a session's timeline.
+func (m *Manager) serveBuildEgress(c *guest.Client, pol session.Policy, report func(image.Progress)) {
+	s := m.newSess(store.Session{Name: "image-build", Net: pol.String()})
+	s.agent = c
+	s.note = func(msg string) {
+		if report != nil {
+			report(image.Progress{Phase: "setup", Line: msg})
+		}
+	}
+	s.serveGuest(c)
+}
