@@ -169,6 +169,9 @@ type Request struct {
 	Attrs  *Attrs `json:"attrs,omitempty"`  // setstat
 	// Port is the guest loopback port a dial connects to.
 	Port int `json:"port,omitempty"`
+	// TCP marks a DNS query that came over TCP: its reply may be longer
+	// than a UDP one.
+	TCP bool `json:"tcp,omitempty"`
 }
 
 // MountSpec is what a VM restored from a template (booted with no disks

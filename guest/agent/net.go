@@ -3,9 +3,11 @@ package agent
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -49,8 +51,72 @@ func (a *Agent) ServeNet(ctx context.Context) error {
 		}
 		context.AfterFunc(ctx, func() { pc.Close() })
 		wg.Go(func() { a.serveDNS(ctx, pc) })
+		// Over TCP too: a reply cut for UDP says so with the TC bit, and
+		// the resolver asks again here.
+		l, err := net.Listen("tcp", a.cfg.DNS)
+		if err != nil {
+			return fmt.Errorf("dns over tcp: %w", err)
+		}
+		context.AfterFunc(ctx, func() { l.Close() })
+		wg.Go(func() { a.serveDNSTCP(ctx, l) })
 	}
 	return nil
+}
+
+// dnsTCPIdle is how long a DNS client's TCP connection may sit idle.
+const dnsTCPIdle = 10 * time.Second
+
+// serveDNSTCP answers DNS over TCP: each message framed by its two-byte
+// length (RFC 1035 4.2.2), several on one connection.
+func (a *Agent) serveDNSTCP(ctx context.Context, l net.Listener) {
+	sem := make(chan struct{}, maxDNSInFlight)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			c.Close() // the resolver retries
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			defer c.Close()
+			stop := context.AfterFunc(ctx, func() { c.Close() })
+			defer stop()
+			var n [2]byte
+			for {
+				c.SetDeadline(time.Now().Add(dnsTCPIdle))
+				if _, err := io.ReadFull(c, n[:]); err != nil {
+					return
+				}
+				size := int(binary.BigEndian.Uint16(n[:]))
+				if size < 12 || size > guest.MaxDNSMessage {
+					return
+				}
+				q := make([]byte, size)
+				if _, err := io.ReadFull(c, q); err != nil {
+					return
+				}
+				reply := a.askHost(q, true)
+				if reply == nil {
+					return
+				}
+				out := binary.BigEndian.AppendUint16(make([]byte, 0, 2+len(reply)), uint16(len(reply)))
+				if _, err := c.Write(append(out, reply...)); err != nil {
+					return
+				}
+			}
+		})
+	}
 }
 
 // host returns the current host session, or nil.
@@ -143,15 +209,16 @@ func (a *Agent) serveDNS(ctx context.Context, pc net.PacketConn) {
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if reply := a.askHostDNS(buf[:n]); reply != nil {
+			if reply := a.askHost(buf[:n], false); reply != nil {
 				pc.WriteTo(reply, from)
 			}
 		})
 	}
 }
 
-func (a *Agent) askHostDNS(q []byte) []byte {
-	st, err := a.openToHost(&guest.Request{Op: guest.OpDNS, Data: q})
+// askHost asks the host to answer a DNS query that came over UDP or TCP.
+func (a *Agent) askHost(q []byte, tcp bool) []byte {
+	st, err := a.openToHost(&guest.Request{Op: guest.OpDNS, Data: q, TCP: tcp})
 	if err != nil {
 		return dnsServFail(q)
 	}

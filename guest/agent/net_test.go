@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -72,6 +73,7 @@ func netAgent(t *testing.T, handle func(context.Context, *guest.Incoming)) (*Age
 }
 
 func TestProxyAndDNSReachTheHost(t *testing.T) {
+	var overTCP atomic.Bool
 	a, _ := netAgent(t, func(ctx context.Context, in *guest.Incoming) {
 		switch in.Req.Op {
 		case guest.OpEgress:
@@ -83,6 +85,7 @@ func TestProxyAndDNSReachTheHost(t *testing.T) {
 			io.WriteString(in.Conn, "HTTP/1.1 403 berth: no\r\nContent-Length: 3\r\n\r\n"+req.URL.Host[:3])
 			in.Conn.Close()
 		case guest.OpDNS:
+			overTCP.Store(in.Req.TCP)
 			r := append([]byte(nil), in.Req.Data...)
 			r[2] |= 0x80
 			in.Reply(guest.DNSReply{Data: r})
@@ -112,8 +115,29 @@ func TestProxyAndDNSReachTheHost(t *testing.T) {
 	u.SetReadDeadline(time.Now().Add(5 * time.Second))
 	buf := make([]byte, 512)
 	n, err := u.Read(buf)
-	if err != nil || n != len(q) || buf[0] != 0xab || buf[2]&0x80 == 0 {
-		t.Fatalf("dns reply %x %v", buf[:n], err)
+	if err != nil || n != len(q) || buf[0] != 0xab || buf[2]&0x80 == 0 || overTCP.Load() {
+		t.Fatalf("dns reply %x %v (asked the host as tcp: %v)", buf[:n], err, overTCP.Load())
+	}
+	// Over TCP, as a resolver asks again after a reply with the TC bit:
+	// two queries on one connection, each framed by its length.
+	var tc net.Conn
+	for i := 0; ; i++ {
+		if tc, err = net.Dial("tcp", a.cfg.DNS); err == nil {
+			break
+		}
+		if i > 200 {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	defer tc.Close()
+	tc.SetDeadline(time.Now().Add(5 * time.Second))
+	for range 2 {
+		tc.Write(append([]byte{0, byte(len(q))}, q...))
+		got := make([]byte, 2+len(q))
+		if _, err := io.ReadFull(tc, got); err != nil || got[1] != byte(len(q)) || got[2] != 0xab || got[4]&0x80 == 0 || !overTCP.Load() {
+			t.Fatalf("dns over tcp: %x %v (asked the host as tcp: %v)", got, err, overTCP.Load())
+		}
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/berthvm/berth/assets"
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/engine"
+	"github.com/berthvm/berth/session/engine/egress"
 	"github.com/berthvm/berth/vmm"
 )
 
@@ -147,7 +148,7 @@ func ParseConfig(path string, b []byte) (Config, error) {
 			return c, err
 		}
 	}
-	c.Net, c.NetMaxConns = session.DefaultNet, engine.DefaultNetMaxConns
+	c.Net, c.NetMaxConns = session.DefaultNet, egress.DefaultMaxConns
 	if f.Net != "" {
 		p, err := session.ParsePolicy(f.Net)
 		if err != nil {

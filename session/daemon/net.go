@@ -6,13 +6,13 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/berthvm/berth/session/engine"
+	"github.com/berthvm/berth/session/engine/egress"
 )
 
 // netConfig is the Manager's network configuration from the config file
 // and the daemon's options.
-func netConfig(cfg Config, o Options) engine.NetConfig {
-	nc := engine.NetConfig{Default: cfg.Net, MaxConns: cfg.NetMaxConns, Forbidden: o.Forbidden}
+func netConfig(cfg Config, o Options) egress.Config {
+	nc := egress.Config{Default: cfg.Net, MaxConns: cfg.NetMaxConns, Forbidden: o.Forbidden}
 	if pinned := parseHosts(o.Hosts); len(pinned) > 0 {
 		nc.Resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
 			if a, ok := pinned[strings.ToLower(host)]; ok {

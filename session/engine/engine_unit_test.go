@@ -14,6 +14,7 @@ import (
 	"github.com/berthvm/berth/assets"
 	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/engine/egress"
 	"github.com/berthvm/berth/vmm"
 )
 
@@ -115,7 +116,7 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		{"free_space_floor", floor, int64(session.DefaultFloor)},
 		{"output_budget", budget, int64(session.DefaultOutputBudget)},
 		{"net", f.Net, session.DefaultNet},
-		{"net_max_conns", f.NetMaxConns, DefaultNetMaxConns},
+		{"net_max_conns", f.NetMaxConns, egress.DefaultMaxConns},
 	} {
 		if c.doc != c.code {
 			t.Errorf("config.toml documents %s = %v (%T), session defaults to %v (%T)", c.key, c.doc, c.doc, c.code, c.code)

@@ -52,6 +52,7 @@ import (
 	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/guest/image"
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/engine/egress"
 	"github.com/berthvm/berth/session/engine/internal/lock"
 	"github.com/berthvm/berth/store"
 	"github.com/berthvm/berth/vmm"
@@ -144,7 +145,7 @@ type Config struct {
 	// nil: nobody.
 	Observer session.Observer
 	// Net configures sessions' networking.
-	Net NetConfig
+	Net egress.Config
 	// CrashAt names a step at which the daemon kills itself (tests only).
 	CrashAt string
 	// LockWatch, when positive, logs every hold of the Manager's, the
@@ -175,7 +176,8 @@ type Manager struct {
 	sessions map[string]*sess
 	runs     map[string]*run // executions being recorded, by id
 
-	hx *harness // agent runs and schedules (runs.go, schedule.go)
+	hx    *harness      // agent runs and schedules (runs.go, schedule.go)
+	proxy *egress.Proxy // every session's egress (net.go)
 
 	locks *lock.Watch // nil unless Config.LockWatch
 }
@@ -205,7 +207,7 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 	if cfg.DataDir == "" {
 		return nil, errors.New("session manager: no data directory")
 	}
-	m := &Manager{cfg: cfg, st: st, log: cfg.Logger.With("component", "session"), hub: newHub(), sessions: map[string]*sess{}, runs: map[string]*run{}}
+	m := &Manager{cfg: cfg, st: st, log: cfg.Logger.With("component", "session"), hub: newHub(), sessions: map[string]*sess{}, runs: map[string]*run{}, proxy: egress.New(cfg.Net)}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if cfg.LockWatch > 0 {
 		m.locks = lock.NewWatch(cfg.LockWatch, m.log)

@@ -18,7 +18,7 @@ import (
 // createNet validates a new session's policy, or gives the default.
 func (m *Manager) createNet(policy string) (string, error) {
 	if policy == "" {
-		policy = m.netConfig().Default
+		policy = m.proxy.Config().Default
 	}
 	p, err := session.ParsePolicy(policy)
 	if err != nil {
@@ -87,21 +87,9 @@ func (m *Manager) Forward(ctx context.Context, name string, port int) (net.Conn,
 		}
 		return nil, agentErr(name, err)
 	}
-	ns := &s.net
-	ns.fwd.Add(1)
-	ns.mu.Lock()
-	if ns.fwdPorts == nil {
-		ns.fwdPorts = map[int]int{}
-	}
-	ns.fwdPorts[port]++
-	ns.mu.Unlock()
+	s.fwd.add(port, 1)
 	return &forwardConn{StreamConn: sc, done: func() {
-		ns.mu.Lock()
-		if ns.fwdPorts[port]--; ns.fwdPorts[port] <= 0 {
-			delete(ns.fwdPorts, port)
-		}
-		ns.mu.Unlock()
-		ns.fwd.Add(-1)
+		s.fwd.add(port, -1)
 		s.touch()
 	}}, nil
 }
@@ -125,17 +113,18 @@ func (m *Manager) NetStatus(ctx context.Context, name string) (session.NetStatus
 	if err != nil {
 		return session.NetStatus{}, err
 	}
-	ns := &s.net
-	out := session.NetStatus{Policy: s.policy().String(), Open: ns.conns.Load(), Accepted: ns.accepted.Load(), Refused: ns.refused.Load(),
-		ReceivedBytes: ns.rx.Load(), SentBytes: ns.tx.Load()}
-	ns.mu.Lock()
-	if len(ns.fwdPorts) > 0 {
-		out.Forwarded = make(map[int]int, len(ns.fwdPorts))
-		for p, n := range ns.fwdPorts {
+	ns := &s.egress
+	out := session.NetStatus{Policy: s.policy().String(), Open: ns.Conns.Load(), Accepted: ns.Accepted.Load(), Refused: ns.Refused.Load(),
+		ReceivedBytes: ns.RX.Load(), SentBytes: ns.TX.Load()}
+	fw := &s.fwd
+	fw.mu.Lock()
+	if len(fw.ports) > 0 {
+		out.Forwarded = make(map[int]int, len(fw.ports))
+		for p, n := range fw.ports {
 			out.Forwarded[p] = n
 		}
 	}
-	ns.mu.Unlock()
+	fw.mu.Unlock()
 	if s.state() != session.StateRunning {
 		return out, nil
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/engine/egress"
 	"github.com/berthvm/berth/session/engine/internal/lock"
 	"github.com/berthvm/berth/store"
 	"github.com/berthvm/berth/vmm"
@@ -50,7 +51,8 @@ type sess struct {
 	// lack of room (run.setHeld); read without a lock, as running is.
 	heldOut atomic.Int32
 	ckpt    ckptTotals // guarded by mu; see refreshCheckpoints
-	net     netState
+	egress  egress.Counters
+	fwd     fwdCounts
 	note    func(string) // where egress refusals are noted; nil: the timeline
 }
 
@@ -310,7 +312,7 @@ func (s *sess) refreshStats(ctx context.Context) {
 	s.keepWorkspaceUseLocked(st, now)
 	if hostOK {
 		lv := s.sampler.add(now, pid, s.rec.CPUs, ps, st, ringCap(s.m.cfg.StatsInterval))
-		lv.NetReceivedBytes, lv.NetSentBytes = s.net.rx.Load(), s.net.tx.Load()
+		lv.NetReceivedBytes, lv.NetSentBytes = s.egress.RX.Load(), s.egress.TX.Load()
 	} else {
 		s.sampler.live = nil // the VMM is gone: its series end
 	}

@@ -262,7 +262,7 @@ func (m *Manager) idleLoop() {
 			s.mu.Unlock()
 			// An open file is a client at work (an sftp upload, an
 			// sshfs mount's open file): sleeping would end its handle.
-			if !idle || m.runningCount(s) > 0 || s.files.Load() > 0 || s.net.fwd.Load() > 0 {
+			if !idle || m.runningCount(s) > 0 || s.files.Load() > 0 || s.fwd.open.Load() > 0 {
 				continue
 			}
 			// A session busy with a lifecycle change is not idle; waiting

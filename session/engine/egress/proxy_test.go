@@ -1,4 +1,4 @@
-package engine
+package egress
 
 import (
 	"bufio"
@@ -6,51 +6,32 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/berthvm/berth/store"
 )
 
-// egressSess is a session runtime with no VM: enough to drive its egress
-// proxy and DNS directly.
-func egressSess(t *testing.T, policy string, nc NetConfig) *sess {
+// egressSess is session s1 with policy and the test names pinned.
+func egressSess(t *testing.T, policy string, nc Config) *testSess {
 	t.Helper()
-	st, err := store.Open(filepath.Join(t.TempDir(), "store"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	pinned := map[string]string{"pkgs.test": "127.0.0.1", "ten.test": "10.0.0.1"}
 	if nc.Resolve == nil {
-		nc.Resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
-			if a, ok := pinned[host]; ok {
-				return []netip.Addr{netip.MustParseAddr(a)}, nil
-			}
-			return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-		}
+		nc.Resolve = pinned
 	}
-	m := &Manager{cfg: Config{Net: nc}, st: st, log: slog.New(slog.DiscardHandler), hub: newHub(), sessions: map[string]*sess{}, runs: map[string]*run{}}
-	m.ctx, m.cancel = context.WithCancel(context.Background())
-	t.Cleanup(m.cancel)
-	return m.newSess(store.Session{Name: "s1", Net: policy})
+	return newTestSess(t, policy, nc)
 }
 
 // proxyConn connects a client to the session's egress proxy as the agent
 // would: one connection per guest connection.
-func proxyConn(t *testing.T, s *sess) net.Conn {
+func proxyConn(t *testing.T, s *testSess) net.Conn {
 	t.Helper()
 	a, b := net.Pipe()
 	done := make(chan struct{})
-	go func() { s.serveEgress(context.Background(), b); close(done) }()
+	go func() { s.serve(context.Background(), b); close(done) }()
 	t.Cleanup(func() { a.Close(); <-done })
 	a.SetDeadline(time.Now().Add(10 * time.Second))
 	return a
@@ -89,7 +70,7 @@ func TestEgressProxy(t *testing.T) {
 		{"open", "http://nowhere.test/", false, 502, "cannot resolve nowhere.test"},
 	} {
 		t.Run(tc.policy+" "+tc.url, func(t *testing.T) {
-			s := egressSess(t, tc.policy, NetConfig{})
+			s := egressSess(t, tc.policy, Config{})
 			c := proxyConn(t, s)
 			br := bufio.NewReader(c)
 			if tc.connect {
@@ -124,7 +105,7 @@ func TestEgressProxy(t *testing.T) {
 			if tc.status == 403 {
 				wantRefused = 1
 			}
-			if got := s.net.refused.Load(); got != wantRefused {
+			if got := s.c.Refused.Load(); got != wantRefused {
 				t.Errorf("refusals counted %d, want %d", got, wantRefused)
 			}
 		})
@@ -143,7 +124,7 @@ func TestEgressBadInput(t *testing.T) {
 		{"bad connect target", "CONNECT a.test:99999 HTTP/1.1\r\nHost: a.test:99999\r\n\r\n", 502},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := egressSess(t, "open", NetConfig{})
+			s := egressSess(t, "open", Config{})
 			c := proxyConn(t, s)
 			go io.WriteString(c, tc.send)
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -173,7 +154,7 @@ func TestEgressBoundsConnections(t *testing.T) {
 		}
 	}()
 	target := "pkgs.test:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	s := egressSess(t, "allow:127.0.0.1,pkgs.test", NetConfig{MaxConns: 2})
+	s := egressSess(t, "allow:127.0.0.1,pkgs.test", Config{MaxConns: 2})
 	var held []net.Conn
 	for range 2 {
 		c := proxyConn(t, s)
@@ -192,7 +173,7 @@ func TestEgressBoundsConnections(t *testing.T) {
 	}
 	held[0].Close()
 	deadline := time.Now().Add(5 * time.Second)
-	for s.net.conns.Load() > 1 && time.Now().Before(deadline) {
+	for s.c.Conns.Load() > 1 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	c = proxyConn(t, s)
@@ -201,7 +182,7 @@ func TestEgressBoundsConnections(t *testing.T) {
 	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("after one closed: %v %v, want a tunnel", resp, err)
 	}
-	rx, tx := s.net.rx.Load(), s.net.tx.Load()
+	rx, tx := s.c.RX.Load(), s.c.TX.Load()
 	io.WriteString(c, "ping")
 	b := make([]byte, 4)
 	if _, err := io.ReadFull(br, b); err != nil || string(b) != "ping" {
@@ -209,19 +190,19 @@ func TestEgressBoundsConnections(t *testing.T) {
 	}
 	// The bytes are counted for the session's figures (stats, /metrics);
 	// a write is counted once it returns, which may be after its echo.
-	for deadline := time.Now().Add(5 * time.Second); s.net.tx.Load()-tx < 4 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(5 * time.Second); s.c.TX.Load()-tx < 4 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
-	if got := s.net.tx.Load() - tx; got != 4 {
+	if got := s.c.TX.Load() - tx; got != 4 {
 		t.Errorf("%d bytes counted sent, want 4", got)
 	}
-	if got := s.net.rx.Load() - rx; got != 4 {
+	if got := s.c.RX.Load() - rx; got != 4 {
 		t.Errorf("%d bytes counted received, want 4", got)
 	}
 }
 
 func TestEgressForbiddenPortAndRefusalNotes(t *testing.T) {
-	s := egressSess(t, "allow:127.0.0.1,pkgs.test,host.berth.internal", NetConfig{Forbidden: []int{2222}})
+	s := egressSess(t, "allow:127.0.0.1,pkgs.test,host.berth.internal", Config{Forbidden: []int{2222}})
 	for range 5 {
 		c := proxyConn(t, s)
 		fmt.Fprintf(c, "CONNECT host.berth.internal:2222 HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -248,22 +229,18 @@ func TestEgressForbiddenPortAndRefusalNotes(t *testing.T) {
 	}
 	refusedWant := int64(6)
 	if own.IsValid() {
-		s2 := egressSess(t, "open:"+own.String(), NetConfig{Forbidden: []int{2222}})
+		s2 := egressSess(t, "open:"+own.String(), Config{Forbidden: []int{2222}})
 		c := proxyConn(t, s2)
 		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: x\r\n\r\n", netip.AddrPortFrom(own, 2222))
 		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != 403 {
 			t.Fatalf("the SSH port on the host's address %s: %v %v, want 403", own, resp, err)
 		}
 	}
-	if got := s.net.refused.Load(); got != refusedWant {
+	if got := s.c.Refused.Load(); got != refusedWant {
 		t.Errorf("refused %d, want %d", got, refusedWant)
 	}
-	evs, err := s.m.st.Events("s1", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(evs) != 1 || !strings.Contains(evs[0].Message, "egress to host.berth.internal:2222 is not allowed") {
-		t.Errorf("timeline %+v, want one rate-limited note", evs)
+	if notes := s.Notes(); len(notes) != 1 || !strings.Contains(notes[0], "egress to host.berth.internal:2222 is not allowed") {
+		t.Errorf("notes %q, want one rate-limited note", notes)
 	}
 }
 
@@ -296,8 +273,8 @@ func TestDNSAnswers(t *testing.T) {
 		{"open", "nowhere.test", dnsTypeA, rcodeNXDomain, 0},
 		{"open:host.berth.internal", "host.berth.internal", dnsTypeA, rcodeRefused, 0},
 	} {
-		s := egressSess(t, tc.policy, NetConfig{})
-		r := s.answerDNS(context.Background(), dnsQuery(tc.name, tc.qtype))
+		s := egressSess(t, tc.policy, Config{})
+		r := s.answer(context.Background(), dnsQuery(tc.name, tc.qtype))
 		if len(r) < 12 || r[0] != 0x12 || r[1] != 0x34 || r[2]&0x80 == 0 {
 			t.Fatalf("%s %s: reply %x is no answer to the query", tc.policy, tc.name, r)
 		}
@@ -308,9 +285,9 @@ func TestDNSAnswers(t *testing.T) {
 			t.Errorf("%s: answer %x does not end in 127.0.0.1", tc.name, r)
 		}
 	}
-	s := egressSess(t, "open", NetConfig{})
+	s := egressSess(t, "open", Config{})
 	for _, bad := range [][]byte{{1, 2, 3}, append(dnsQuery("a.test", 1)[:14], 0xff)} {
-		r := s.answerDNS(context.Background(), bad)
+		r := s.answer(context.Background(), bad)
 		if len(bad) >= 12 && (len(r) != 12 || r[3]&0x0f != rcodeFormErr) {
 			t.Errorf("malformed %x: reply %x, want FORMERR", bad, r)
 		}
@@ -338,7 +315,7 @@ func TestEgressResponses(t *testing.T) {
 	}))
 	defer up.Close()
 	p := strconv.Itoa(up.Listener.Addr().(*net.TCPAddr).Port)
-	s := egressSess(t, "allow:127.0.0.1:"+p+",pkgs.test", NetConfig{})
+	s := egressSess(t, "allow:127.0.0.1:"+p+",pkgs.test", Config{})
 	do := func(req string) (*http.Response, string) {
 		c := proxyConn(t, s)
 		go io.WriteString(c, req)

@@ -1,4 +1,4 @@
-package engine
+package egress
 
 import (
 	"bufio"
@@ -63,23 +63,23 @@ func FuzzEgressRequest(f *testing.F) {
 	}
 	var resolved atomic.Int64
 	policies := []string{"none", "allow:*.allowed.test,pkgs.test", "allow:pkgs.test:8080"}
-	sessions := make([]*sess, len(policies))
+	sessions := make([]*testSess, len(policies))
 	for i, p := range policies {
-		sessions[i] = fuzzSess(f, p, func(ctx context.Context, host string) ([]netip.Addr, error) {
+		sessions[i] = newTestSess(f, p, Config{Resolve: func(ctx context.Context, host string) ([]netip.Addr, error) {
 			resolved.Add(1)
 			// Reserved addresses no policy here names.
 			return []netip.Addr{netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("fd00::1"), netip.MustParseAddr("127.0.0.9")}, nil
-		})
+		}})
 	}
 	f.Fuzz(func(t *testing.T, req []byte, which uint8) {
 		s := sessions[int(which)%len(sessions)]
-		pol := s.policy()
+		pol := s.Policy()
 		before := resolved.Load()
 		c := &scriptConn{r: bytes.NewReader(req)}
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			s.serveEgress(context.Background(), c)
+			s.serve(context.Background(), c)
 		}()
 		select {
 		case <-done:
