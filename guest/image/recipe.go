@@ -1,6 +1,8 @@
 package image
 
 import (
+	"github.com/berthvm/berth/session"
+
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -163,7 +164,11 @@ func (r *Recipe) validate() error {
 		}
 	}
 	if r.SystemDisk != "" {
-		if n, err := parseSize(r.SystemDisk); err != nil || n < 64<<20 {
+		n, err := session.ParseSize(r.SystemDisk)
+		if err != nil {
+			return fmt.Errorf("system_disk %q: %w", r.SystemDisk, err)
+		}
+		if n < 64<<20 {
 			return fmt.Errorf("system_disk %q: want a size of at least 64M, like 8G", r.SystemDisk)
 		}
 	}
@@ -178,29 +183,10 @@ func (r *Recipe) validate() error {
 
 // systemBytes is the build VM's system disk size.
 func (r *Recipe) systemBytes() int64 {
-	if n, err := parseSize(r.SystemDisk); err == nil && r.SystemDisk != "" {
+	if n, err := session.ParseSize(r.SystemDisk); err == nil && r.SystemDisk != "" {
 		return n
 	}
 	return 8 << 30
-}
-
-// parseSize reads 512M, 8G (binary units). The image package cannot use
-// session's parser (session imports image); recipes only need suffixed
-// sizes.
-func parseSize(s string) (int64, error) {
-	s = strings.TrimSpace(strings.ToUpper(s))
-	mult := map[byte]int64{'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30, 'T': 1 << 40}
-	if s == "" || mult[s[len(s)-1]] == 0 {
-		return 0, fmt.Errorf("want a number with a K, M, G or T suffix")
-	}
-	var n int64
-	if _, err := fmt.Sscanf(s[:len(s)-1], "%d", &n); err != nil || n <= 0 || fmt.Sprint(n) != s[:len(s)-1] {
-		return 0, fmt.Errorf("want a whole number with a K, M, G or T suffix")
-	}
-	if n > math.MaxInt64/mult[s[len(s)-1]] { // 16777217T would wrap to 1T
-		return 0, fmt.Errorf("%s is too large", s)
-	}
-	return n * mult[s[len(s)-1]], nil
 }
 
 // Timeout is the bound of each setup command.

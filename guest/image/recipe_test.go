@@ -46,6 +46,8 @@ system_disk = "1G"`, ""},
 		{"empty step", "name = \"x\"\nbase = \"debian\"\nrun = [\" \"]\n", "step 1 is empty"},
 		{"bad timeout", "name = \"x\"\nbase = \"debian\"\nstep_timeout = \"0s\"\n", `step_timeout "0s"`},
 		{"bad disk", "name = \"x\"\nbase = \"debian\"\nsystem_disk = \"10\"\n", `system_disk "10"`},
+		{"fractional disk", "name = \"x\"\nbase = \"debian\"\nsystem_disk = \"1.5G\"\n", ""}, // as create --disk reads it
+		{"disk of bytes", "name = \"x\"\nbase = \"debian\"\nsystem_disk = \"1.5\"\n", `system_disk "1.5": 1.5 is not a whole number of bytes`},
 		{"not toml", "name = \n", "recipe.toml"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
