@@ -50,16 +50,16 @@ func TestCheckCPUs(t *testing.T) {
 	}{
 		{1, ""},
 		{64, ""},
-		{0, `--cpus 0: use 1 to 64: invalid argument`},
-		{-1, `--cpus -1: use 1 to 64: invalid argument`},
-		{65, `--cpus 65: use 1 to 64: invalid argument`},
+		{0, `cpus 0: use 1 to 64`},
+		{-1, `cpus -1: use 1 to 64`},
+		{65, `cpus 65: use 1 to 64`},
 	} {
 		err := CheckCPUs(c.n)
 		got := ""
 		if err != nil {
 			got = err.Error()
-			if !errors.Is(err, ErrInvalid) {
-				t.Errorf("CheckCPUs(%d) = %v, not ErrInvalid", c.n, err)
+			if !errors.Is(err, ErrInvalid) || FieldOf(err) != FieldCPUs {
+				t.Errorf("CheckCPUs(%d) = %v, not ErrInvalid of field cpus", c.n, err)
 			}
 		}
 		if got != c.want {

@@ -158,7 +158,7 @@ const MaxCPUs = 64
 // rather than passing 0 through this check.
 func CheckCPUs(n int) error {
 	if n < 1 || n > MaxCPUs {
-		return fmt.Errorf("--cpus %d: use 1 to %d: %w", n, MaxCPUs, ErrInvalid)
+		return Invalid(FieldCPUs, fmt.Sprintf("%d: use 1 to %d", n, MaxCPUs), "")
 	}
 	return nil
 }

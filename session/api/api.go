@@ -119,6 +119,13 @@ type versionInfo struct {
 type errorBody struct {
 	Error string `json:"error"`
 	Class string `json:"class,omitempty"`
+	// The structure of a *session.Error in it (its text is in Error):
+	// the field at fault, a code (an errno's name or session's Code
+	// constants), the message without the field, and the hint.
+	Field string `json:"field,omitempty"`
+	Code  string `json:"code,omitempty"`
+	Msg   string `json:"msg,omitempty"`
+	Hint  string `json:"hint,omitempty"`
 }
 
 // inFrame is one line of an exec or attach request body. The exec body

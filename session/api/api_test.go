@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -93,6 +94,60 @@ func TestErrorClassRoundTrip(t *testing.T) {
 		}
 		wantClass(t, "Pause stopped", remote, session.ErrInvalidState)
 	})
+}
+
+// A *session.Error crosses the socket whole: its class, field, code,
+// message and hint, so a client renders the field its own way and matches
+// errno and codes, never message text.
+func TestStructuredErrorsRoundTrip(t *testing.T) {
+	h := start(t, nil)
+	ctx := t.Context()
+	h.create(t, "demo")
+	flag := func(f string) string { return "--" + f }
+	for _, c := range []struct {
+		what string
+		call func() error
+		want *session.Error
+	}{
+		{"memory too small", func() error {
+			_, err := h.client.Create(ctx, session.CreateOptions{Name: "x", MemoryMiB: 64})
+			return err
+		}, &session.Error{Class: session.ErrInvalid, Field: session.FieldMemory}},
+		{"no such checkpoint", func() error { return h.client.DeleteCheckpoint(ctx, "demo", "c9") },
+			&session.Error{Class: session.ErrNotFound, Field: session.FieldCheckpoint}},
+		{"a missing file", func() error { _, err := h.client.Stat(ctx, "demo", "nope"); return err },
+			&session.Error{Class: session.ErrNotFound, Code: "ENOENT"}},
+		{"a path out of the workspace", func() error { _, err := h.client.Stat(ctx, "demo", "../etc/passwd"); return err },
+			&session.Error{Class: session.ErrInvalid, Code: session.CodeEscape}},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			remote := c.call()
+			if !errors.Is(remote, c.want) {
+				t.Fatalf("over the socket: %v (field %q, code %q), want %+v", remote, session.FieldOf(remote), session.CodeOf(remote), c.want)
+			}
+			var direct error
+			switch c.what {
+			case "memory too small":
+				_, direct = h.fake.Create(ctx, session.CreateOptions{Name: "x", MemoryMiB: 64})
+			case "no such checkpoint":
+				direct = h.fake.DeleteCheckpoint(ctx, "demo", "c9")
+			case "a missing file":
+				_, direct = h.fake.Stat(ctx, "demo", "nope")
+			default:
+				_, direct = h.fake.Stat(ctx, "demo", "../etc/passwd")
+			}
+			if remote.Error() != direct.Error() || session.Render(remote, flag) != session.Render(direct, flag) {
+				t.Errorf("remote %q / %q, direct %q / %q", remote, session.Render(remote, flag), direct, session.Render(direct, flag))
+			}
+			if c.want.Code == "ENOENT" && !errors.Is(remote, syscall.ENOENT) {
+				t.Errorf("%v is not ENOENT across the socket", remote)
+			}
+		})
+	}
+	_, err := h.client.Create(ctx, session.CreateOptions{Name: "x", MemoryMiB: 64})
+	if got := session.Render(err, flag); !strings.HasPrefix(got, "--memory 64M is below") {
+		t.Errorf("rendered for the command line: %q", got)
+	}
 }
 
 func TestBadRequests(t *testing.T) {

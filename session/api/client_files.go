@@ -28,7 +28,7 @@ func workspacePath(p string) (string, error) {
 		return "", nil
 	}
 	if !strings.HasPrefix(full, "/workspace/") {
-		return "", fmt.Errorf("path %q is outside /workspace: %w", p, session.ErrInvalid)
+		return "", session.OutsideWorkspace(p)
 	}
 	parts := strings.Split(strings.TrimPrefix(full, "/workspace/"), "/")
 	for i, s := range parts {

@@ -121,7 +121,7 @@ func (s *sess) findCheckpoint(id string) (ckptMeta, error) {
 			}
 		}
 	}
-	return ckptMeta{}, fmt.Errorf("session %q has no checkpoint %q (`berth checkpoints %s` lists them): %w", s.name, id, s.name, session.ErrNotFound)
+	return ckptMeta{}, session.NoCheckpoint(s.name, id)
 }
 
 // cleanCheckpoints removes half-made checkpoints an earlier daemon left.
@@ -148,8 +148,8 @@ func (m *Manager) checkpointLimits() (int, int64) {
 // Checkpoint saves the session's disks, and with opts.Memory its memory.
 func (m *Manager) Checkpoint(ctx context.Context, name string, opts session.CheckpointOptions) (session.Checkpoint, error) {
 	var out session.Checkpoint
-	if len(opts.Label) > 200 || strings.ContainsAny(opts.Label, "\n\r\x00") {
-		return out, fmt.Errorf("--label: at most 200 characters on one line: %w", session.ErrInvalid)
+	if err := session.ValidateLabel(opts.Label); err != nil {
+		return out, err
 	}
 	_, err := m.lifecycle(ctx, name, session.ActionCheckpoint, func(s *sess) error {
 		var err error
@@ -165,7 +165,8 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts session.Checkpoin
 	start := time.Now()
 	st := s.state()
 	if opts.Memory && st != session.StateRunning && st != session.StateSleeping {
-		return session.Checkpoint{}, fmt.Errorf("cannot keep the memory of session %q: it is %s (a memory checkpoint needs a running or sleeping session; leave out --memory for its disks): %w", s.name, st, session.ErrInvalidState)
+		// Checked again with the limits below; this one costs no copy.
+		return session.Checkpoint{}, session.CheckCheckpoint(opts, session.CheckpointState{Name: s.name, State: st})
 	}
 	if err := m.checkFloor("checkpoint session " + s.name); err != nil {
 		return session.Checkpoint{}, err
@@ -181,9 +182,6 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts session.Checkpoin
 		used += c.Bytes
 		next = max(next, ckptNum(c.ID)+1)
 	}
-	if len(existing) >= limN {
-		return session.Checkpoint{}, fmt.Errorf("session %q has %d checkpoints, the limit (checkpoint_limit in config.toml); remove one with `berth checkpoint rm %s ID`: %w", s.name, len(existing), s.name, session.ErrConflict)
-	}
 	pairs := [][2]string{{s.wsPath(), ckptWorkspace}}
 	if rec.SystemUUID != "" {
 		pairs = append(pairs, [2]string{s.sysPath(), ckptSystem})
@@ -195,9 +193,9 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts session.Checkpoin
 	if opts.Memory {
 		est += int64(rec.MemoryMiB) << 20
 	}
-	if used+est > limB {
-		return session.Checkpoint{}, fmt.Errorf("a checkpoint of session %q would take up to %s; its %d checkpoints hold %s of the %s limit (checkpoint_bytes in config.toml); remove one with `berth checkpoint rm %s ID`: %w",
-			s.name, session.FormatBytes(est), len(existing), session.FormatBytes(used), session.FormatBytes(limB), s.name, session.ErrConflict)
+	cs := session.CheckpointState{Name: s.name, State: st, Count: len(existing), Bytes: used, Estimate: est, Limit: limN, LimitBytes: limB}
+	if err := session.CheckCheckpoint(opts, cs); err != nil {
+		return session.Checkpoint{}, err
 	}
 	id := "c" + strconv.FormatUint(next, 10)
 	if err := os.MkdirAll(s.ckptRoot(), 0o755); err != nil {
@@ -605,7 +603,9 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (session.ForkR
 	src.mu.Lock()
 	rec := src.rec
 	src.mu.Unlock()
-	if err := m.checkResources(session.CreateOptions{CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB, DiskBytes: 16 << 20}); err != nil {
+	// The fork is a create of the source's size: the same rules, though
+	// its workspace is copied (the floor below bounds that).
+	if _, err := session.ValidateCreate(session.CreateOptions{Name: newName, CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB, DiskBytes: session.MinDiskBytes, Net: rec.Net}, m.limits()); err != nil {
 		return res, err
 	}
 	if err := m.checkFloor("fork session " + name); err != nil {

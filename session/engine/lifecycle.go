@@ -35,29 +35,14 @@ func hostMemAvailable() int64 {
 	return 0
 }
 
-func (m *Manager) checkResources(opts session.CreateOptions) error {
-	if err := session.CheckCPUs(opts.CPUs); err != nil {
-		return err
-	}
-	if opts.CPUs > runtime.NumCPU()*4 {
-		return fmt.Errorf("--cpus %d is more than 4x this host's %d CPUs: %w", opts.CPUs, runtime.NumCPU(), session.ErrInvalid)
-	}
-	if opts.MemoryMiB < 128 {
-		return fmt.Errorf("--memory %dM is below the 128M a guest needs: %w", opts.MemoryMiB, session.ErrInvalid)
-	}
-	if avail := hostMemAvailable(); avail > 0 && int64(opts.MemoryMiB)<<20 > avail {
-		return fmt.Errorf("--memory %dM exceeds the host's available memory (%dM): %w", opts.MemoryMiB, avail>>20, session.ErrInvalid)
-	}
-	if opts.DiskBytes < 16<<20 {
-		return fmt.Errorf("--disk %d bytes is below the 16M minimum: %w", opts.DiskBytes, session.ErrInvalid)
-	}
+// limits are the host's side of a create's rules, measured now.
+func (m *Manager) limits() session.Limits {
+	lim := session.Limits{HostCPUs: runtime.NumCPU(), MemAvailable: hostMemAvailable(), DataDir: m.cfg.DataDir}
 	var fs unix.Statfs_t
 	if err := unix.Statfs(m.cfg.DataDir, &fs); err == nil {
-		if free := int64(fs.Bavail) * fs.Bsize; opts.DiskBytes > free {
-			return fmt.Errorf("--disk %dM exceeds the free space under %s (%dM): %w", opts.DiskBytes>>20, m.cfg.DataDir, free>>20, session.ErrInvalid)
-		}
+		lim.DiskFree = int64(fs.Bavail) * fs.Bsize
 	}
-	return nil
+	return lim
 }
 
 // Create makes a session: its workspace volume, then its VM. A failure at
@@ -82,10 +67,17 @@ func (m *Manager) Create(ctx context.Context, opts session.CreateOptions) (sessi
 	if opts.VMM == "" {
 		opts.VMM = d.VMM
 	}
-	if _, err := m.driver(opts.VMM); err != nil {
+	if opts.SystemBytes == 0 {
+		opts.SystemBytes = d.SystemBytes
+	}
+	if opts.Net == "" {
+		opts.Net = m.proxy.Config().Default
+	}
+	net, err := session.ValidateCreate(opts, m.limits())
+	if err != nil {
 		return session.Session{}, err
 	}
-	if err := m.checkResources(opts); err != nil {
+	if _, err := m.driver(opts.VMM); err != nil {
 		return session.Session{}, err
 	}
 	if err := m.checkFloor("create session " + opts.Name); err != nil {
@@ -97,22 +89,9 @@ func (m *Manager) Create(ctx context.Context, opts session.CreateOptions) (sessi
 		CPUs: opts.CPUs, MemoryMiB: opts.MemoryMiB, DiskBytes: opts.DiskBytes, CreatedAt: now, LastActivity: now,
 		Retention: d.Retention, WorkspaceUUID: vmm.NewUUID(), MachineID: randomMachineID(),
 	}
-	if opts.SystemBytes == 0 {
-		opts.SystemBytes = d.SystemBytes
-	}
-	if opts.SystemBytes < minSystemBytes {
-		return session.Session{}, fmt.Errorf("--system-disk %s is below the %s minimum: %w", session.FormatBytes(opts.SystemBytes), session.FormatBytes(minSystemBytes), session.ErrInvalid)
-	}
 	if opts.IdleTimeout != nil {
-		if *opts.IdleTimeout < 0 {
-			return session.Session{}, fmt.Errorf("--idle-timeout %s: want 0 (never) or a positive duration: %w", *opts.IdleTimeout, session.ErrInvalid)
-		}
 		t := *opts.IdleTimeout
 		rec.IdleTimeout = &t
-	}
-	net, err := m.createNet(opts.Net)
-	if err != nil {
-		return session.Session{}, err
 	}
 	rec.Net = net
 	s := m.newSess(rec)

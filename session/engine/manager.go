@@ -368,9 +368,14 @@ func agentErr(name string, err error) error {
 		return nil
 	}
 	var class error
+	var code string
+	var ge *guest.Error
+	if errors.As(err, &ge) {
+		code = ge.Code
+	}
 	switch {
 	case errors.Is(err, guest.ErrEscape):
-		class = session.ErrInvalid
+		class, code = session.ErrInvalid, session.CodeEscape
 	case errors.Is(err, os.ErrNotExist):
 		class = session.ErrNotFound
 	case errors.Is(err, os.ErrExist):
@@ -380,11 +385,11 @@ func agentErr(name string, err error) error {
 	case errors.Is(err, guest.ErrDisconnected), errors.Is(err, vmm.ErrNotRunning):
 		class = session.ErrUnavailable
 	default:
-		var ge *guest.Error
-		if errors.As(err, &ge) {
+		if ge != nil {
 			switch ge.Code {
 			case "ENOSPC", "EDQUOT":
-				return classed{session.ErrConflict, fmt.Errorf("workspace of %q is full (free space in it, or create a session with a larger --disk): %w", name, err)}
+				return &session.Error{Class: session.ErrConflict, Code: ge.Code, Msg: fmt.Sprintf("workspace of %q is full: %v", name, err),
+					Hint: "free space in it, or create a session with a larger disk", Err: err}
 			case "EISDIR", "ENOTDIR", "ENOTEMPTY", "EINVAL", "ENAMETOOLONG", "EBUSY", "ELOOP", "EBADF", "EXDEV", "EMLINK":
 				class = session.ErrInvalid
 			case "EACCES", "EPERM", "EROFS":
@@ -392,10 +397,11 @@ func agentErr(name string, err error) error {
 			}
 		}
 	}
-	if class == nil {
+	if class == nil && code == "" {
 		return err
 	}
-	return classed{class, err}
+	// The same text, with its class and code kept for every client.
+	return &session.Error{Class: class, Code: code, Msg: err.Error(), Err: err}
 }
 
 // classed gives an error a Service error class without changing its text.

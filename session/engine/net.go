@@ -15,18 +15,6 @@ import (
 	"github.com/berthvm/berth/store"
 )
 
-// createNet validates a new session's policy, or gives the default.
-func (m *Manager) createNet(policy string) (string, error) {
-	if policy == "" {
-		policy = m.proxy.Config().Default
-	}
-	p, err := session.ParsePolicy(policy)
-	if err != nil {
-		return "", fmt.Errorf("--net: %w", err)
-	}
-	return p.String(), nil
-}
-
 // SetNet changes a session's policy. It is kept in the record, so sleep,
 // stop, start and replace keep it.
 func (m *Manager) SetNet(ctx context.Context, name, policy string) (session.Session, error) {

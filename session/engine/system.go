@@ -20,9 +20,6 @@ import (
 // stay with the session across stop/start, sleep/wake and crashes; only
 // Replace gives it a fresh one.
 
-// minSystemBytes is the smallest system disk: ext4's metadata and room for
-// a package or two.
-const minSystemBytes = 64 << 20
 
 // newSystem makes the session's system disk when its image has a root
 // filesystem, pinning the image's current build. The caller holds s.op.

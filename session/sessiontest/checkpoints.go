@@ -56,21 +56,25 @@ func (f *Fake) Checkpoint(ctx context.Context, name string, opts session.Checkpo
 	if err != nil {
 		return session.Checkpoint{}, err
 	}
-	if !session.Allowed(session.ActionCheckpoint, s.info.State) {
-		return session.Checkpoint{}, invalidState(session.ActionCheckpoint, s)
-	}
 	return f.checkpointLocked(ctx, s, opts, false)
 }
 
 func (f *Fake) checkpointLocked(ctx context.Context, s *fakeSession, opts session.CheckpointOptions, auto bool) (session.Checkpoint, error) {
-	if opts.Memory && s.info.State != session.StateRunning && s.info.State != session.StateSleeping {
-		return session.Checkpoint{}, fmt.Errorf("cannot keep the memory of session %q: it is %s (a memory checkpoint needs a running or sleeping session; leave out --memory for its disks): %w", s.info.Name, s.info.State, session.ErrInvalidState)
+	c := fakeCkpt{root: cloneTree(s.root)}
+	limN, limB := f.opts.CheckpointLimit, f.opts.CheckpointBytes
+	if limN == 0 {
+		limN = session.DefaultCheckpointLimit
 	}
-	if len(s.ckpts) >= session.DefaultCheckpointLimit {
-		return session.Checkpoint{}, fmt.Errorf("session %q has %d checkpoints, the limit (checkpoint_limit in config.toml); remove one with `berth checkpoint rm %s ID`: %w", s.info.Name, len(s.ckpts), s.info.Name, session.ErrConflict)
+	if limB == 0 {
+		limB = session.DefaultCheckpointBytes
+	}
+	if err := session.CheckCheckpoint(opts, session.CheckpointState{
+		Name: s.info.Name, State: s.info.State, Count: len(s.ckpts), Bytes: s.info.CheckpointBytes,
+		Estimate: treeBytes(c.root), Limit: limN, LimitBytes: limB,
+	}); err != nil {
+		return session.Checkpoint{}, err
 	}
 	s.ckptSeq++
-	c := fakeCkpt{root: cloneTree(s.root)}
 	c.info = session.Checkpoint{
 		ID: fmt.Sprintf("c%d", s.ckptSeq), Session: s.info.Name, Label: opts.Label, Auto: auto, CreatedAt: f.now(),
 		Memory: opts.Memory, Bytes: treeBytes(c.root), Copy: "sparse copy", State: s.info.State, Took: time.Millisecond,
@@ -108,7 +112,7 @@ func (s *fakeSession) findCkpt(id string) (int, error) {
 			return i, nil
 		}
 	}
-	return -1, fmt.Errorf("session %q has no checkpoint %q (`berth checkpoints %s` lists them): %w", s.info.Name, id, s.info.Name, session.ErrNotFound)
+	return -1, session.NoCheckpoint(s.info.Name, id)
 }
 
 // DeleteCheckpoint removes one checkpoint.

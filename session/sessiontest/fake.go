@@ -48,6 +48,14 @@ type Options struct {
 	Delay time.Duration
 	// FlushTook is how long Flush reports it took; zero means 3 ms.
 	FlushTook time.Duration
+	// Limits are the host the fake pretends to run on, for the contract's
+	// create rules; zero fields are not checked.
+	Limits session.Limits
+	// CheckpointLimit and CheckpointBytes bound each session's
+	// checkpoints as the daemon's config does; zero means session's
+	// defaults.
+	CheckpointLimit int
+	CheckpointBytes int64
 }
 
 // Fake is an in-memory session.Service. Create one with New and Close it

@@ -3,6 +3,7 @@ package sessiontest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/berthvm/berth/session"
@@ -181,5 +182,37 @@ func TestFakeForkKeepsSchedules(t *testing.T) {
 	got, err := f.Schedules(ctx, "dst")
 	if err != nil || len(got) != 1 || got[0].Spec != "@every 1h" || got[0].ID == sc.ID || got[0].Session != "dst" {
 		t.Fatalf("the fork's schedules: %+v, %v", got, err)
+	}
+}
+
+// The fake refuses checkpoints by the contract's own rules: a memory
+// snapshot of a stopped session, and one over the checkpoint limit, each
+// with its class and field.
+func TestFakeCheckpointRules(t *testing.T) {
+	f := New(Options{CheckpointLimit: 2})
+	defer f.Close()
+	ctx := t.Context()
+	if _, err := f.Create(ctx, session.CreateOptions{Name: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := f.Checkpoint(ctx, "a", session.CheckpointOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := f.Checkpoint(ctx, "a", session.CheckpointOptions{})
+	if !errors.Is(err, session.ErrConflict) || session.FieldOf(err) != session.FieldCheckpoint || !strings.Contains(err.Error(), "checkpoint_limit") {
+		t.Errorf("third checkpoint over a limit of 2: %v", err)
+	}
+	if _, err := f.Stop(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	f2 := New(Options{})
+	defer f2.Close()
+	f2.Create(ctx, session.CreateOptions{Name: "b"})
+	f2.Stop(ctx, "b")
+	_, err = f2.Checkpoint(ctx, "b", session.CheckpointOptions{Memory: true})
+	if !errors.Is(err, session.ErrInvalidState) || session.FieldOf(err) != session.FieldKeepMemory {
+		t.Errorf("memory checkpoint of a stopped session: %v", err)
 	}
 }

@@ -44,7 +44,9 @@ func cleanPath(p string) (string, error) {
 		return "", nil
 	}
 	if !strings.HasPrefix(full, "/workspace/") {
-		return "", withErrno(fmt.Errorf("path %q is outside /workspace: %w", p, session.ErrInvalid), guest.ErrEscape)
+		e := session.OutsideWorkspace(p)
+		e.Err = guest.ErrEscape
+		return "", e
 	}
 	return strings.TrimPrefix(full, "/workspace/"), nil
 }
@@ -92,7 +94,8 @@ func (s *fakeSession) resolve(rel string, followLast bool) (*node, string, error
 			}
 			to := path.Join(append(append([]string{"/workspace"}, real...), c.link)...)
 			if path.IsAbs(c.link) || (to != "/workspace" && !strings.HasPrefix(to, "/workspace/")) {
-				return nil, "", withErrno(fmt.Errorf("%s: symlink %s → %s leads out of /workspace: %w", displayPath(rel), displayPath(path.Join(append(real, part)...)), c.link, session.ErrInvalid), guest.ErrEscape)
+				return nil, "", &session.Error{Class: session.ErrInvalid, Code: session.CodeEscape, Err: guest.ErrEscape,
+					Msg: fmt.Sprintf("%s: symlink %s → %s leads out of /workspace", displayPath(rel), displayPath(path.Join(append(real, part)...)), c.link)}
 			}
 			parts = append(splitPath(strings.TrimPrefix(strings.TrimPrefix(to, "/workspace"), "/")), parts...)
 			n, real = s.root, real[:0]

@@ -62,16 +62,17 @@ func agentError(name, code, op, rel string) error {
 	case "EEXIST":
 		class = session.ErrExists
 	case "ENOSPC":
-		return classedErr{session.ErrConflict, fmt.Errorf("workspace of %q is full (free space in it, or create a session with a larger --disk): %w", name, ge)}
+		return &session.Error{Class: session.ErrConflict, Code: code, Msg: fmt.Sprintf("workspace of %q is full: %v", name, ge),
+			Hint: "free space in it, or create a session with a larger disk", Err: ge}
 	case "EISDIR", "ENOTDIR", "ENOTEMPTY", "EINVAL", "EBUSY", guest.CodeEscape:
 		class = session.ErrInvalid
 	case "EPERM":
 		class = session.ErrPermission
 	}
-	if class == nil {
-		return ge
+	if code == guest.CodeEscape {
+		code = session.CodeEscape
 	}
-	return classedErr{class, ge}
+	return &session.Error{Class: class, Code: code, Msg: ge.Error(), Err: ge}
 }
 
 // fakeFile is an open File. Its fields after ctx are guarded by Fake.mu.

@@ -50,24 +50,9 @@ func (f *Fake) Create(ctx context.Context, opts session.CreateOptions) (session.
 	return s.info, nil
 }
 
+// validateCreate fills in the defaults and applies the contract's create
+// rules, as the Manager does.
 func (f *Fake) validateCreate(opts *session.CreateOptions) error {
-	if err := session.ValidateName(opts.Name); err != nil {
-		return err
-	}
-	if opts.CPUs != 0 { // 0: the default
-		if err := session.CheckCPUs(opts.CPUs); err != nil {
-			return err
-		}
-	}
-	switch {
-	case opts.MemoryMiB < 0 || (opts.MemoryMiB > 0 && opts.MemoryMiB < 64):
-		return fmt.Errorf("memory %d MiB: want at least 64 MiB: %w", opts.MemoryMiB, session.ErrInvalid)
-	case opts.DiskBytes < 0 || (opts.DiskBytes > 0 && opts.DiskBytes < 16<<20):
-		return fmt.Errorf("disk %d bytes: want at least 16 MiB: %w", opts.DiskBytes, session.ErrInvalid)
-	}
-	if err := validateNet(&opts.Net); err != nil {
-		return err
-	}
 	if opts.CPUs == 0 {
 		opts.CPUs = f.opts.CPUs
 	}
@@ -83,6 +68,11 @@ func (f *Fake) validateCreate(opts *session.CreateOptions) error {
 	if opts.VMM == "" {
 		opts.VMM = f.opts.VMM
 	}
+	net, err := session.ValidateCreate(*opts, f.opts.Limits)
+	if err != nil {
+		return err
+	}
+	opts.Net = net
 	if !slices.Contains(f.opts.Images, opts.Image) {
 		return fmt.Errorf("image %q not found (build it with 'berth image build %s'): %w", opts.Image, opts.Image, session.ErrNotFound)
 	}

@@ -12,20 +12,6 @@ import (
 	"github.com/berthvm/berth/session"
 )
 
-// validateNet checks a create's policy and fills in the default, as the
-// Manager does.
-func validateNet(policy *string) error {
-	if *policy == "" {
-		*policy = session.DefaultNet
-	}
-	p, err := session.ParsePolicy(*policy)
-	if err != nil {
-		return fmt.Errorf("--net: %w", err)
-	}
-	*policy = p.String()
-	return nil
-}
-
 // Serve makes the fake guest of session name listen on port: each
 // forwarded connection is handed to h, which owns it.
 func (f *Fake) Serve(name string, port int, h func(net.Conn)) error {

@@ -26,8 +26,34 @@ func Suite(t *testing.T, svc session.Service) {
 			_, err := svc.Create(ctx, session.CreateOptions{Name: bad})
 			wantClass(t, "Create "+bad, err, session.ErrInvalid)
 		}
-		_, err := svc.Create(ctx, session.CreateOptions{Name: "conf-bad", CPUs: -1})
-		wantClass(t, "Create CPUs -1", err, session.ErrInvalid)
+		// The contract's create limits, each refused with its class and
+		// the field at fault, whichever side of the socket checks them.
+		idle := -time.Second
+		for _, c := range []struct {
+			what  string
+			opts  session.CreateOptions
+			field string
+		}{
+			{"CPUs -1", session.CreateOptions{CPUs: -1}, session.FieldCPUs},
+			{"CPUs over the most", session.CreateOptions{CPUs: session.MaxCPUs + 1}, session.FieldCPUs},
+			{"memory below the minimum", session.CreateOptions{MemoryMiB: session.MinMemoryMiB - 1}, session.FieldMemory},
+			{"memory of 64M", session.CreateOptions{MemoryMiB: 64}, session.FieldMemory},
+			{"disk below the minimum", session.CreateOptions{DiskBytes: session.MinDiskBytes - 1}, session.FieldDisk},
+			{"system disk below the minimum", session.CreateOptions{SystemBytes: session.MinSystemBytes - 1}, session.FieldSystemDisk},
+			{"negative idle timeout", session.CreateOptions{IdleTimeout: &idle}, session.FieldIdleTimeout},
+			{"bad policy", session.CreateOptions{Net: "allow:"}, session.FieldNet},
+			{"unknown policy", session.CreateOptions{Net: "sometimes"}, session.FieldNet},
+		} {
+			c.opts.Name = "conf-bad"
+			_, err := svc.Create(ctx, c.opts)
+			wantClass(t, "Create "+c.what, err, session.ErrInvalid)
+			if got := session.FieldOf(err); got != c.field {
+				t.Errorf("Create %s: %v points at field %q, want %q", c.what, err, got, c.field)
+			}
+		}
+		if _, err := svc.Get(ctx, "conf-bad"); !errors.Is(err, session.ErrNotFound) {
+			t.Errorf("a refused create left session conf-bad: %v", err)
+		}
 	})
 
 	events, err := svc.Watch(ctx)

@@ -36,8 +36,27 @@ func suiteCheckpoints(t *testing.T, ctx context.Context, svc session.Service, na
 		t.Errorf("Get counts %d checkpoints, listed %d (%v)", s.Checkpoints, len(list), err)
 	}
 
+	// The contract's checkpoint preconditions, with their fields.
+	for _, c := range []struct {
+		what  string
+		opts  session.CheckpointOptions
+		class error
+		field string
+	}{
+		{"label over the most", session.CheckpointOptions{Label: strings.Repeat("l", session.MaxLabel+1)}, session.ErrInvalid, session.FieldLabel},
+		{"label of two lines", session.CheckpointOptions{Label: "a\nb"}, session.ErrInvalid, session.FieldLabel},
+	} {
+		_, err := svc.Checkpoint(ctx, name, c.opts)
+		wantClass(t, "Checkpoint "+c.what, err, c.class)
+		if got := session.FieldOf(err); got != c.field {
+			t.Errorf("Checkpoint %s: %v points at field %q, want %q", c.what, err, got, c.field)
+		}
+	}
 	_, err = svc.Restore(ctx, name, "c999")
 	wantClass(t, "Restore unknown", err, session.ErrNotFound)
+	if got := session.FieldOf(err); got != session.FieldCheckpoint {
+		t.Errorf("Restore unknown: %v points at field %q, want %q", err, got, session.FieldCheckpoint)
+	}
 	_, err = svc.Restore(ctx, "conf-missing", ck.ID)
 	wantClass(t, "Restore missing session", err, session.ErrNotFound)
 	wantClass(t, "DeleteCheckpoint unknown", svc.DeleteCheckpoint(ctx, name, "c999"), session.ErrNotFound)

@@ -26,7 +26,7 @@ func TestCheckpointCommands(t *testing.T) {
 		{name: "restore", args: []string{"restore", "demo", "c1"}, env: cli.Env{StdinTTY: true, Stdin: strings.NewReader("demo\n")},
 			stdout: "restored demo to checkpoint c1; it is running; the state before is checkpoint c3 ('berth restore demo c3' goes back)\n", stderr: "~Type the session name to confirm: "},
 		{name: "rm", args: []string{"checkpoint", "rm", "demo", "c2"}, stdout: "removed checkpoint c2 of demo\n"},
-		{name: "rm again", args: []string{"checkpoint", "rm", "demo", "c2"}, code: 1, stderr: "~not found"},
+		{name: "rm again", args: []string{"checkpoint", "rm", "demo", "c2"}, code: 1, stderr: "~checkpoint \"c2\": session \"demo\" has no such checkpoint"},
 		{name: "fork bad name", args: []string{"fork", "demo", "Bad_Name"}, code: 2, stderr: "~invalid session name"},
 		{name: "fork exists", args: []string{"fork", "demo", "demo"}, code: 1, stderr: "~already exists"},
 		{name: "fork", args: []string{"fork", "demo", "demo2"}, stdout: "~forked demo into demo2 in "},

@@ -248,8 +248,24 @@ func (c *Call) finish(ctx context.Context, cmd *Command, err error) int {
 		fmt.Fprintln(c.env.Stderr, "berth: interrupted")
 		return ExitInterrupted
 	}
-	fmt.Fprintf(c.env.Stderr, "berth: %s\n", oneLine(err.Error()))
+	fmt.Fprintf(c.env.Stderr, "berth: %s\n", oneLine(session.Render(err, flagOf)))
 	return ExitFailed
+}
+
+// flagOf names a field of the contract's errors as the command line
+// gives it: "--memory".
+func flagOf(field string) string {
+	switch field {
+	case session.FieldKeepMemory:
+		return "--memory"
+	case session.FieldSystemDisk:
+		return "--system-disk"
+	case session.FieldIdleTimeout:
+		return "--idle-timeout"
+	case session.FieldCPUs, session.FieldMemory, session.FieldDisk, session.FieldNet, session.FieldImage, session.FieldLabel:
+		return "--" + field
+	}
+	return field // an argument, not a flag: named as the contract does
 }
 
 // oneLine keeps an error on one line, whatever the service put in it.

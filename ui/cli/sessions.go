@@ -41,7 +41,7 @@ func createCmd() *Command {
 				// by the same rule the daemon applies.
 				if flagGiven(fs, "cpus") {
 					if err := session.CheckCPUs(*cpus); err != nil {
-						return &exitError{code: ExitUsage, msg: err.Error()}
+						return &exitError{code: ExitUsage, msg: session.Render(err, flagOf)}
 					}
 				}
 				opts := session.CreateOptions{

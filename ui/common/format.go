@@ -33,7 +33,7 @@ func ErrorText(err error) string {
 	if err == nil {
 		return ""
 	}
-	msg := SanitizeLine(err.Error())
+	msg := SanitizeLine(session.Render(err, FieldLabel))
 	if errors.Is(err, session.ErrInvalidState) {
 		// A refusal says "cannot ... (what to do)"; the class adds nothing.
 		msg = strings.TrimSuffix(msg, ": "+session.ErrInvalidState.Error())
@@ -48,6 +48,42 @@ func ErrorText(err error) string {
 		return "unavailable: " + msg
 	}
 	return msg
+}
+
+// FieldLabel names a field of the contract's errors as the TUI's forms
+// label it.
+func FieldLabel(field string) string {
+	switch field {
+	case session.FieldCPUs:
+		return "vCPUs"
+	case session.FieldMemory:
+		return "Memory"
+	case session.FieldDisk:
+		return "Disk"
+	case session.FieldSystemDisk:
+		return "System disk"
+	case session.FieldIdleTimeout:
+		return "Idle timeout"
+	case session.FieldNet:
+		return "Network policy"
+	case session.FieldImage:
+		return "Image"
+	case session.FieldLabel:
+		return "Label"
+	case session.FieldKeepMemory:
+		return "Memory snapshot"
+	case session.FieldCheckpoint:
+		return "Checkpoint"
+	case session.FieldName:
+		return "Name"
+	case session.FieldPath:
+		return "Path"
+	case session.FieldSpec:
+		return "Schedule"
+	case session.FieldCommand:
+		return "Command"
+	}
+	return field
 }
 
 // ExecLabel is a short human label for an execution: its command line,

@@ -237,9 +237,10 @@ func (s *Server) unknownTools(next mcp.MethodHandler) mcp.MethodHandler {
 	}
 }
 
-// toolError is err as a tool error: berth's one-line message.
+// toolError is err as a tool error: berth's one-line message, naming the
+// field at fault as the tool's argument.
 func toolError(err error) error {
-	msg := strings.TrimSpace(err.Error())
+	msg := strings.TrimSpace(session.Render(err, argOf))
 	if i := strings.IndexAny(msg, "\r\n"); i >= 0 {
 		msg = msg[:i] + " …"
 	}
@@ -264,4 +265,15 @@ func handler[In, Out any](s *Server, fn func(ctx context.Context, in In) (Out, e
 		}
 		return nil, out, nil
 	}
+}
+
+// argOf names a field of the contract's errors as the tools' argument.
+func argOf(field string) string {
+	switch field {
+	case session.FieldKeepMemory:
+		return "argument memory (of a checkpoint):"
+	case session.FieldSpec, session.FieldCheckpoint, session.FieldRun, session.FieldIdleTimeout, session.FieldSystemDisk, session.FieldNet, session.FieldLabel:
+		return field // no tool takes it: named as the contract does
+	}
+	return "argument " + field + ":"
 }

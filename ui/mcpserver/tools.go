@@ -256,7 +256,9 @@ func checkPath(p string) (string, error) {
 	if path.IsAbs(p) {
 		clean := path.Clean(p)
 		if clean != "/workspace" && !strings.HasPrefix(clean, "/workspace/") {
-			return "", fmt.Errorf("path %q is outside /workspace: the file tools work in /workspace only: %w", p, session.ErrInvalid)
+			e := session.OutsideWorkspace(p)
+			e.Hint = "the file tools work in /workspace only"
+			return "", e
 		}
 		rel = strings.TrimPrefix(strings.TrimPrefix(clean, "/workspace"), "/")
 	}

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/session"
 )
 
@@ -84,19 +83,9 @@ func hasErrno(err error) bool {
 	return errors.As(err, &errno)
 }
 
-// isEscape reports a path refused because it leads out of /workspace:
-// the agent's EESCAPE, or (through the socket API, where only the class
-// travels) an invalid path saying so.
-func isEscape(err error) bool {
-	if errors.Is(err, guest.ErrEscape) {
-		return true
-	}
-	if !errors.Is(err, session.ErrInvalid) {
-		return false
-	}
-	s := err.Error()
-	return strings.Contains(s, "outside /workspace") || strings.Contains(s, "out of /workspace") || strings.Contains(s, "escapes")
-}
+// isEscape reports a path refused because it leads out of /workspace, by
+// its code (which the socket API carries).
+func isEscape(err error) bool { return session.CodeOf(err) == session.CodeEscape }
 
 // oneLine flattens and bounds a message.
 func oneLine(s string) string {
