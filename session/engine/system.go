@@ -20,7 +20,6 @@ import (
 // stay with the session across stop/start, sleep/wake and crashes; only
 // Replace gives it a fresh one.
 
-
 // newSystem makes the session's system disk when its image has a root
 // filesystem, pinning the image's current build. The caller holds s.op.
 func (s *sess) newSystem(ctx context.Context, imageName string, size int64) error {
