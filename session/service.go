@@ -377,6 +377,10 @@ type Files interface {
 }
 
 // Service is everything the UI and CLI use.
+//
+// Every capability is part of it: a side that does not do one (the socket
+// client has no file handles, the fake builds no images) says so with an
+// error wrapping ErrUnsupported, never by lacking the method.
 type Service interface {
 	Lister
 	Watcher
@@ -386,4 +390,7 @@ type Service interface {
 	Checkpointer
 	Sampler
 	Networker
+	Harness
+	Handles
+	Imager
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -42,55 +43,6 @@ func ValidateName(name string) error {
 	return nil
 }
 
-// An Action is something done to a session that only some states allow.
-type Action string
-
-// The actions of the transition table.
-const (
-	ActionPause   Action = "pause"
-	ActionResume  Action = "resume" // also wakes a sleeping session
-	ActionStop    Action = "stop"
-	ActionStart   Action = "start"
-	ActionDelete  Action = "delete"
-	ActionFlush   Action = "flush"
-	ActionExec    Action = "exec"
-	ActionFiles   Action = "files"
-	ActionSleep   Action = "sleep"
-	ActionReplace Action = "replace" // a new VM with a fresh system disk
-	// Checkpoints (checkpoint.go).
-	ActionCheckpoint Action = "checkpoint"
-	ActionRestore    Action = "restore"
-	ActionFork       Action = "fork"
-)
-
-// transitions lists, per action, the states it is allowed from.
-var transitions = map[Action][]State{
-	ActionPause:  {StateRunning},
-	ActionResume: {StatePaused, StateSleeping},
-	ActionStop:   {StateRunning, StatePaused, StateCrashed, StateSleeping},
-	ActionStart:  {StateStopped, StateCrashed, StateSleeping},
-	ActionDelete: {StateRunning, StatePaused, StateStopped, StateCrashed, StateSleeping},
-	ActionFlush:  {StateRunning, StateSleeping},
-	ActionExec:   {StateRunning, StateSleeping},
-	ActionFiles:  {StateRunning, StateSleeping},
-	ActionSleep:  {StateRunning},
-	// replace works from any settled state: a VM that cannot start is
-	// what it is for.
-	ActionReplace: {StateRunning, StatePaused, StateStopped, StateCrashed, StateSleeping},
-	// a paused VM cannot flush and freeze its disks; a stopped or crashed
-	// one has disks nothing writes to.
-	ActionCheckpoint: {StateRunning, StateStopped, StateCrashed, StateSleeping},
-	ActionRestore:    {StateRunning, StateStopped, StateCrashed, StateSleeping},
-	ActionFork:       {StateRunning, StateSleeping},
-}
-
-// phrases are how a refusal names an action when its bare name does not
-// read ("cannot exec in session").
-var phrases = map[Action]string{
-	ActionExec:  "exec in",
-	ActionFiles: "use files of",
-}
-
 // hints say what to do when an action is refused in a state.
 var hints = map[State]string{
 	StatePaused:   "resume it first",
@@ -112,15 +64,15 @@ var leadsTo = map[Action]State{
 	ActionSleep:  StateSleeping,
 }
 
-// Allowed reports whether the transition table allows action in state.
-// An action the table does not list is allowed in no state.
+// Allowed reports whether the action table allows action in state: an
+// action without states is allowed in every one, and one the table does
+// not list in none.
 func Allowed(action Action, state State) bool {
-	for _, s := range transitions[action] {
-		if s == state {
-			return true
-		}
+	v, ok := Lookup(action)
+	if !ok {
+		return false
 	}
-	return false
+	return v.States == nil || slices.Contains(v.States, state)
 }
 
 // CheckTransition returns nil when action is allowed in state, else an
@@ -144,8 +96,8 @@ func CheckTransitionHint(name string, action Action, state State, hint string) e
 		hint = " (" + hint + ")"
 	}
 	verb := string(action)
-	if p, ok := phrases[action]; ok {
-		verb = p
+	if v, ok := Lookup(action); ok && v.Refusal != "" {
+		verb = v.Refusal
 	}
 	return fmt.Errorf("cannot %s session %q: it is %s%s: %w", verb, name, state, hint, ErrInvalidState)
 }

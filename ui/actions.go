@@ -116,26 +116,28 @@ type action struct {
 	verbs []string
 	// args are the command line's arguments after the verb (after the
 	// session name for onSession), for usage messages.
-	args string
-	// mutates: it changes something, so read-only mode hides and refuses
-	// it.
-	mutates bool
-	target  targetKind
+	args   string
+	target targetKind
 	// when, if set, says whether the key applies in the current view.
 	when func(m *Model) bool
 	// confirm is what is asked first; prompt gives the dialog's title and
 	// body.
 	confirm confirmKind
 	prompt  func(m *Model, c call) (title string, body []string)
-	// act is the transition-table action it is, if any: before the
-	// confirmation, the operator's permission (Options.Permit) and the
-	// session's state are checked for it.
+	// act is the contract's action it is, if any: the action table says
+	// whether it changes anything (read-only mode hides and refuses it),
+	// and before a confirmation the operator's permission
+	// (Options.Permit) and the session's state are checked for it.
 	act session.Action
 	// vet, if set, checks more before the confirmation (off the UI
 	// goroutine), filling in what it found.
 	vet func(ctx context.Context, svc session.Service, c call) (call, error)
 	run func(m *Model, c call) tea.Cmd
 }
+
+// mutates reports whether the action changes anything, as the contract's
+// action table says.
+func (a *action) mutates() bool { return a.act != "" && session.Mutates(a.act) }
 
 // call is one invocation of an action.
 type call struct {
@@ -158,41 +160,41 @@ func bind(k, help string) key.Binding {
 // order of the help and the footer.
 func actionTable() []action {
 	return []action{
-		{key: bind("p", "pause/resume (does not flush)"), mutates: true, target: onSession,
+		{key: bind("p", "pause/resume (does not flush)"), act: session.ActionPause, target: onSession,
 			run: func(m *Model, c call) tea.Cmd {
 				return m.do(pick(c.s.State, session.ActionPause, session.ActionResume), c)
 			}},
-		{verbs: []string{"pause"}, mutates: true, target: onSession, run: (*Model).pause},
-		{verbs: []string{"resume"}, mutates: true, target: onSession, run: (*Model).resume},
-		{key: bind("S", "sleep/wake (snapshot to disk)"), mutates: true, target: onSession,
+		{verbs: []string{"pause"}, act: session.ActionPause, target: onSession, run: (*Model).pause},
+		{verbs: []string{"resume"}, act: session.ActionResume, target: onSession, run: (*Model).resume},
+		{key: bind("S", "sleep/wake (snapshot to disk)"), act: session.ActionSleep, target: onSession,
 			run: func(m *Model, c call) tea.Cmd {
 				if c.s.State == session.StateSleeping {
 					return m.do(session.ActionResume, c)
 				}
 				return m.do(session.ActionSleep, c)
 			}},
-		{verbs: []string{"sleep"}, mutates: true, target: onSession, run: (*Model).sleep},
-		{key: bind("f", "flush workspace"), verbs: []string{"flush"}, mutates: true, target: onSession, run: (*Model).flush},
-		{key: bind("s", "stop/start"), mutates: true, target: onSession,
+		{verbs: []string{"sleep"}, act: session.ActionSleep, target: onSession, run: (*Model).sleep},
+		{key: bind("f", "flush workspace"), verbs: []string{"flush"}, act: session.ActionFlush, target: onSession, run: (*Model).flush},
+		{key: bind("s", "stop/start"), act: session.ActionStop, target: onSession,
 			run: func(m *Model, c call) tea.Cmd {
 				return m.do(pick(c.s.State, session.ActionStart, session.ActionStop), c)
 			}},
-		{verbs: []string{"stop"}, mutates: true, target: onSession, confirm: confirmYes, prompt: stopPrompt, act: session.ActionStop, run: (*Model).stop},
-		{verbs: []string{"start"}, mutates: true, target: onSession, run: (*Model).start},
-		{key: bind("R", "replace VM (keeps /workspace)"), verbs: []string{"replace"}, mutates: true, target: onSession,
+		{verbs: []string{"stop"}, target: onSession, confirm: confirmYes, prompt: stopPrompt, act: session.ActionStop, run: (*Model).stop},
+		{verbs: []string{"start"}, act: session.ActionStart, target: onSession, run: (*Model).start},
+		{key: bind("R", "replace VM (keeps /workspace)"), verbs: []string{"replace"}, target: onSession,
 			confirm: confirmName, prompt: replacePrompt, act: session.ActionReplace, run: (*Model).replace},
-		{key: bind("c", "checkpoint (disks, or memory too)"), verbs: []string{"checkpoint"}, args: "[--memory] [LABEL]", mutates: true, target: onSession, run: (*Model).checkpoint},
-		{key: bind("u", "restore latest checkpoint"), verbs: []string{"restore"}, args: "[ID]", mutates: true, target: onSession,
+		{key: bind("c", "checkpoint (disks, or memory too)"), verbs: []string{"checkpoint"}, args: "[--memory] [LABEL]", act: session.ActionCheckpoint, target: onSession, run: (*Model).checkpoint},
+		{key: bind("u", "restore latest checkpoint"), verbs: []string{"restore"}, args: "[ID]", target: onSession,
 			confirm: confirmName, prompt: restorePrompt, act: session.ActionRestore, vet: vetRestore, run: (*Model).restore},
-		{key: bind("F", "fork into a new session"), verbs: []string{"fork"}, args: "NEW", mutates: true, target: onSession, run: (*Model).fork},
-		{key: bind("d", "delete session"), verbs: []string{"delete"}, mutates: true, target: onSession,
+		{key: bind("F", "fork into a new session"), verbs: []string{"fork"}, args: "NEW", act: session.ActionFork, target: onSession, run: (*Model).fork},
+		{key: bind("d", "delete session"), verbs: []string{"delete"}, target: onSession,
 			confirm: confirmName, prompt: deletePrompt, act: session.ActionDelete, run: (*Model).delete},
 		{key: bind("n", "new session"), verbs: []string{"create", "new"}, args: "NAME [cpus=N] [mem=SIZE] [disk=SIZE] [image=NAME]",
-			mutates: true, run: (*Model).create},
-		{key: bind("x", "run command"), verbs: []string{"exec", "x"}, args: "COMMAND", mutates: true, target: onSession, run: (*Model).execAction},
-		{key: bind("N", "network policy"), verbs: []string{"net"}, args: "[POLICY]", mutates: true, target: onSession, run: (*Model).netAction},
-		{key: bind("P", "forward a port"), verbs: []string{"forward", "port-forward"}, args: "[LOCAL:]REMOTE", mutates: true, target: onSession, run: (*Model).forwardAction},
-		{key: bind("K", "cancel execution"), mutates: true, target: onExecution, when: (*Model).onExecTab,
+			act: session.ActionCreate, run: (*Model).create},
+		{key: bind("x", "run command"), verbs: []string{"exec", "x"}, args: "COMMAND", act: session.ActionExec, target: onSession, run: (*Model).execAction},
+		{key: bind("N", "network policy"), verbs: []string{"net"}, args: "[POLICY]", act: session.ActionNet, target: onSession, run: (*Model).netAction},
+		{key: bind("P", "forward a port"), verbs: []string{"forward", "port-forward"}, args: "[LOCAL:]REMOTE", act: session.ActionNet, target: onSession, run: (*Model).forwardAction},
+		{key: bind("K", "cancel execution"), act: session.ActionCancel, target: onExecution, when: (*Model).onExecTab,
 			confirm: confirmYes, prompt: cancelPrompt, run: (*Model).cancelExec},
 		{verbs: []string{"open"}, target: onSession, run: func(m *Model, c call) tea.Cmd { return m.openDetail(c.s.Name) }},
 		{verbs: []string{"sort"}, args: "COLUMN", run: func(m *Model, c call) tea.Cmd {
@@ -217,7 +219,7 @@ func actionTable() []action {
 func newActions(readOnly bool) []action {
 	acts := actionTable()
 	for i := range acts {
-		if readOnly && acts[i].mutates {
+		if readOnly && acts[i].mutates() {
 			acts[i].key.SetEnabled(false)
 		}
 	}
@@ -285,7 +287,7 @@ func (m *Model) do(a session.Action, c call) tea.Cmd {
 // then asks for confirmation if a wants it.
 func (m *Model) invoke(a *action, c call) tea.Cmd {
 	c.a = a
-	if a.mutates && m.c.ReadOnly {
+	if a.mutates() && m.c.ReadOnly {
 		what := a.key.Help().Desc
 		if c.line {
 			what = ":" + c.verb

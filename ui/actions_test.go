@@ -147,7 +147,7 @@ func TestReadOnlyRefusesEveryMutatingVerb(t *testing.T) {
 	f := fixture()
 	h := newHarness(t, f, Options{ReadOnly: true})
 	for _, a := range h.m.actions {
-		if !a.mutates {
+		if !a.mutates() {
 			continue
 		}
 		if a.key.Enabled() {

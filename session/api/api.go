@@ -17,8 +17,8 @@
 // X-Berth-Error with the error as JSON (class kept), so an error after
 // the stream began reaches the client as one, never as a short tar.
 //
-// The image routes need a Service that is also a session.Imager (the
-// Manager is); otherwise they answer "unavailable".
+// What the Service behind it does not do (the fake builds no images) is
+// answered with the class "unsupported" (501), as ErrUnsupported.
 //
 // The client names its caller in the X-Berth-By header; the server passes
 // it on with session.WithActor.

@@ -30,6 +30,7 @@ var classes = []errorClass{
 	{"permission", session.ErrPermission, http.StatusForbidden},
 	{"unavailable", session.ErrUnavailable, http.StatusServiceUnavailable},
 	{"no_space", session.ErrNoSpace, http.StatusInsufficientStorage},
+	{"unsupported", session.ErrUnsupported, http.StatusNotImplemented},
 	{"canceled", context.Canceled, 499}, // nginx's "client closed request"
 	{"timeout", context.DeadlineExceeded, http.StatusGatewayTimeout},
 }

@@ -2,15 +2,12 @@ package api
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 
 	"github.com/berthvm/berth/session"
 )
 
 var _ session.Harness = (*Client)(nil)
-
-var errNoHarness = fmt.Errorf("this daemon keeps no agent runs or schedules (is it older than this client?): %w", session.ErrUnavailable)
 
 // endRunBody is the body of POST /v1/runs/{id}/end.
 type endRunBody struct {
@@ -21,12 +18,7 @@ type endRunBody struct {
 // side has none.
 func (s *server) withHarness(f func(h session.Harness, w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		h, ok := s.svc.(session.Harness)
-		if !ok {
-			s.writeError(w, r, errNoHarness)
-			return
-		}
-		f(h, w, r)
+		f(s.svc, w, r)
 	}
 }
 

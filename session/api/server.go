@@ -27,15 +27,12 @@ func WithVersion(v string) ServerOption {
 
 type server struct {
 	svc     session.Service
-	img     session.Imager // nil: svc builds no images
 	log     *slog.Logger
 	version string
 	mux     *http.ServeMux
 }
 
 // NewServer returns the API handler for svc. A nil logger discards logs.
-// When svc is also a session.Imager (the Manager is), the image routes
-// serve it; otherwise they answer with session.ErrUnavailable.
 // Streams (watch, exec, attach) last until the client goes away or the
 // request context ends; give the http.Server a BaseContext that is
 // cancelled at shutdown so Shutdown does not wait for them.
@@ -44,7 +41,6 @@ func NewServer(svc session.Service, logger *slog.Logger, opts ...ServerOption) h
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &server{svc: svc, log: logger.With("component", "api"), version: buildVersion()}
-	s.img, _ = svc.(session.Imager)
 	for _, o := range opts {
 		o(s)
 	}

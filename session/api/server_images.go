@@ -9,14 +9,8 @@ import (
 	"github.com/berthvm/berth/session"
 )
 
-var errNoImager = fmt.Errorf("this daemon does not build or keep images: %w", session.ErrUnavailable)
-
 func (s *server) images(w http.ResponseWriter, r *http.Request) {
-	if s.img == nil {
-		s.writeError(w, r, errNoImager)
-		return
-	}
-	list, err := s.img.Images(r.Context())
+	list, err := s.svc.Images(r.Context())
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -28,11 +22,7 @@ func (s *server) images(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) removeImage(w http.ResponseWriter, r *http.Request) {
-	if s.img == nil {
-		s.writeError(w, r, errNoImager)
-		return
-	}
-	if err := s.img.RemoveImage(r.Context(), r.PathValue("name")); err != nil {
+	if err := s.svc.RemoveImage(r.Context(), r.PathValue("name")); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -43,10 +33,6 @@ func (s *server) removeImage(w http.ResponseWriter, r *http.Request) {
 // the image or the error (buildFrame). The build runs on the request's
 // context: a client that goes away cancels it.
 func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
-	if s.img == nil {
-		s.writeError(w, r, errNoImager)
-		return
-	}
 	var req session.BuildRequest
 	if err := readJSON(w, r, &req); err != nil {
 		s.writeError(w, r, err)
@@ -73,7 +59,7 @@ func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
 	var dropped atomic.Int64
 	done := make(chan result, 1)
 	go func() {
-		info, err := s.img.BuildImage(r.Context(), req, func(p session.BuildProgress) {
+		info, err := s.svc.BuildImage(r.Context(), req, func(p session.BuildProgress) {
 			select {
 			case reports <- p:
 			default:

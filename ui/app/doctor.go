@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/berthvm/berth/session"
-	"golang.org/x/sys/unix"
 	"io"
 	"os"
 	"os/exec"
@@ -14,6 +12,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/berthvm/berth/session"
+	"golang.org/x/sys/unix"
 
 	"github.com/berthvm/berth/guest/image"
 	"github.com/berthvm/berth/session/api"

@@ -16,7 +16,7 @@ import (
 
 func portForwardCmd() *cli.Command {
 	return &cli.Command{
-		Name: "port-forward", Group: local, Usage: "NAME [LOCAL:]REMOTE...", Args: []string{"NAME", "PORT..."},
+		Name: "port-forward", Action: session.ActionNet, Group: local, Usage: "NAME [LOCAL:]REMOTE...", Args: []string{"NAME", "PORT..."},
 		Summary: "forward host loopback ports into a session's VM",
 		Help: "Listens on 127.0.0.1:LOCAL on this host (LOCAL defaults to REMOTE; 0 picks a free port)\n" +
 			"and carries each connection over the agent channel to 127.0.0.1:REMOTE inside the VM, so\n" +

@@ -28,7 +28,7 @@ func imager(ctx context.Context, c *cli.Call) (session.Imager, func(), error) {
 
 func imageBuildCmd() *cli.Command {
 	return &cli.Command{
-		Name: "image build", Group: local, Usage: "[NAME] [--recipe FILE]", Args: []string{"[NAME]"},
+		Name: "image build", Action: session.ActionImage, Group: local, Usage: "[NAME] [--recipe FILE]", Args: []string{"[NAME]"},
 		Summary: "build a guest image: mini, debian, or one from a recipe",
 		Help: `Builds an image unless one from the same inputs exists (then it says so at once).
   mini    an initramfs: the berth agent, busybox and the kernel modules; the root is in memory
@@ -166,7 +166,7 @@ func (b *buildProgress) end() {
 
 func imageLsCmd() *cli.Command {
 	return &cli.Command{
-		Name: "image ls", Group: local, Usage: "[--json]",
+		Name: "image ls", Action: session.ActionRead, Group: local, Usage: "[--json]",
 		Summary: "list images: size, digest, build time, the sessions using each",
 		Help:    "Older builds of an image are listed while sessions made with them exist.",
 		Example: "berth image ls",
@@ -222,7 +222,7 @@ func imageLsCmd() *cli.Command {
 
 func imageRmCmd() *cli.Command {
 	return &cli.Command{
-		Name: "image rm", Group: local, Usage: "NAME", Args: []string{"NAME"},
+		Name: "image rm", Action: session.ActionImage, Group: local, Usage: "NAME", Args: []string{"NAME"},
 		Summary: "remove an image and all its builds; refused while a session uses it",
 		Example: "berth image rm py-tools",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {

@@ -17,7 +17,7 @@ func checkpointCmds() []*Command {
 
 func checkpointCmd() *Command {
 	return &Command{
-		Name: "checkpoint", Group: "Checkpoints", Usage: "NAME [--label L] [--memory]", Args: []string{"NAME"},
+		Name: "checkpoint", Action: session.ActionCheckpoint, Group: "Checkpoints", Usage: "NAME [--label L] [--memory]", Args: []string{"NAME"},
 		Summary: "save a session's disks (and with --memory its processes) to go back to later",
 		Help: `Flushes and freezes the session's filesystems, copies its workspace and system disk
 copy-on-write (a reflink where the data directory's filesystem has one, else a sparse
@@ -53,7 +53,7 @@ checkpoint_limit and checkpoint_bytes in config.toml bound a session's checkpoin
 
 func checkpointsCmd() *Command {
 	return &Command{
-		Name: "checkpoints", Group: "Checkpoints", Usage: "NAME [--json]", Args: []string{"NAME"},
+		Name: "checkpoints", Action: session.ActionRead, Group: "Checkpoints", Usage: "NAME [--json]", Args: []string{"NAME"},
 		Summary: "list a session's checkpoints",
 		Example: "berth checkpoints demo",
 		Setup: func(fs *flag.FlagSet) RunFunc {
@@ -89,7 +89,7 @@ func checkpointsCmd() *Command {
 
 func checkpointRmCmd() *Command {
 	return &Command{
-		Name: "checkpoint rm", Group: "Checkpoints", Usage: "NAME ID", Args: []string{"NAME", "ID"},
+		Name: "checkpoint rm", Action: session.ActionDeleteCheckpoint, Group: "Checkpoints", Usage: "NAME ID", Args: []string{"NAME", "ID"},
 		Summary: "remove a checkpoint",
 		Example: "berth checkpoint rm demo c3",
 		Setup: func(fs *flag.FlagSet) RunFunc {
@@ -110,7 +110,7 @@ func checkpointRmCmd() *Command {
 
 func restoreCmd() *Command {
 	return &Command{
-		Name: "restore", Group: "Checkpoints", Usage: "NAME ID [--yes]", Args: []string{"NAME", "ID"},
+		Name: "restore", Action: session.ActionRestore, Group: "Checkpoints", Usage: "NAME ID [--yes]", Args: []string{"NAME", "ID"},
 		Summary: "put a session back on a checkpoint (its current state is checkpointed first)",
 		Help: `Takes an automatic checkpoint of the session's current disks (so the restore can be
 undone with another restore), stops its VM as 'berth stop' does, puts the checkpoint's
@@ -173,7 +173,7 @@ terminal, --yes is required.`,
 
 func forkCmd() *Command {
 	return &Command{
-		Name: "fork", Group: "Checkpoints", Usage: "NAME NEW", Args: []string{"NAME", "NEW"},
+		Name: "fork", Action: session.ActionFork, Group: "Checkpoints", Usage: "NAME NEW", Args: []string{"NAME", "NEW"},
 		Summary: "make a new session from a running or sleeping one, processes and all",
 		Help: `Saves the session's memory and copies its disks (copy-on-write where it can) in one
 short freeze, and starts session NEW from them: the same processes, files and system as

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/berthvm/berth/session"
 )
 
 // RunFunc runs a command with its positional arguments; the flags it uses
@@ -36,6 +38,9 @@ type Command struct {
 	// Hidden leaves the command out of the overview and completion (the
 	// completion scripts' own helper).
 	Hidden bool
+	// Action is the contract's action the command does, if it does one:
+	// its help says from the action table what it needs over SSH.
+	Action session.Action
 	// Setup binds the command's flags to fs and returns its run function;
 	// each Run gets fresh flags.
 	Setup func(fs *flag.FlagSet) RunFunc
@@ -264,6 +269,13 @@ func writeCommandHelp(w io.Writer, cmd *Command) {
 	if hasFlags(fs) {
 		fmt.Fprint(w, "\nFlags:\n")
 		writeFlags(w, fs)
+	}
+	if v, ok := session.Lookup(cmd.Action); ok {
+		what := "reads only"
+		if v.Mutates {
+			what = "changes what it names"
+		}
+		fmt.Fprintf(w, "\nOver SSH it needs the %s role or above (it %s).\n", v.Role, what)
 	}
 	fmt.Fprintf(w, "\nExample:\n%s\n", indent(cmd.Example))
 }

@@ -19,7 +19,7 @@ import (
 
 func cpCmd() *Command {
 	return &Command{
-		Name: "cp", Group: "Files", Usage: "SRC DST [--run ID]", Args: []string{"SRC", "DST"},
+		Name: "cp", Action: session.ActionWriteFile, Group: "Files", Usage: "SRC DST [--run ID]", Args: []string{"SRC", "DST"},
 		Summary: "copy files or directory trees in or out of a session, durably",
 		Help: `One of SRC and DST is NAME:PATH, a path in session NAME's /workspace (relative to it or
 absolute under it); the other is a local path, or '-' for a tar stream on stdin or stdout.

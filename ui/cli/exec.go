@@ -16,7 +16,7 @@ import (
 
 func execCmd() *Command {
 	return &Command{
-		Name: "exec", Group: "Commands",
+		Name: "exec", Action: session.ActionExec, Group: "Commands",
 		Usage:   "NAME [--detach] [--timeout D] [--env K=V]... [--cwd DIR] [-t] [--run ID] [--] CMD [ARGS...]",
 		Args:    []string{"NAME", "CMD..."},
 		Summary: "run a recorded command in a session",
@@ -66,7 +66,7 @@ Output is recorded: 'berth logs' replays it, also after --detach.`,
 
 func shellCmd() *Command {
 	return &Command{
-		Name: "shell", Group: "Commands", Usage: "NAME", Args: []string{"NAME"},
+		Name: "shell", Action: session.ActionExec, Group: "Commands", Usage: "NAME", Args: []string{"NAME"},
 		Summary: "open an interactive shell in a session's /workspace",
 		Help:    "Runs sh on a terminal, as a recorded command. It needs a terminal here; for scripts use\n'berth exec NAME -- sh -c SCRIPT'.",
 		Example: "berth shell demo",
@@ -85,7 +85,7 @@ func shellCmd() *Command {
 
 func cancelCmd() *Command {
 	return &Command{
-		Name: "cancel", Group: "Commands", Usage: "NAME EXEC", Args: []string{"NAME", "EXEC"},
+		Name: "cancel", Action: session.ActionCancel, Group: "Commands", Usage: "NAME EXEC", Args: []string{"NAME", "EXEC"},
 		Summary: "cancel a running command, as the TUI's K does",
 		Help: `Kills EXEC's whole process group in the guest (SIGKILL), as the TUI's K does, and waits
 for its end to be recorded: it ends as cancelled. EXEC is the id 'exec --detach' printed

@@ -15,7 +15,7 @@ import (
 
 func filesCmd() *Command {
 	return &Command{
-		Name: "files", Group: "Files", Usage: "NAME [PATH] [-l]", Args: []string{"NAME", "[PATH]"},
+		Name: "files", Action: session.ActionRead, Group: "Files", Usage: "NAME [PATH] [-l]", Args: []string{"NAME", "[PATH]"},
 		Summary: "list files in a session's /workspace",
 		Help:    "PATH is relative to /workspace or absolute under it; default /workspace itself.",
 		Example: "berth files demo src -l",
@@ -74,7 +74,7 @@ func displayName(f session.FileInfo) string {
 
 func catCmd() *Command {
 	return &Command{
-		Name: "cat", Group: "Files", Usage: "NAME PATH", Args: []string{"NAME", "PATH"},
+		Name: "cat", Action: session.ActionRead, Group: "Files", Usage: "NAME PATH", Args: []string{"NAME", "PATH"},
 		Summary: "print a workspace file",
 		Example: "berth cat demo notes.txt",
 		Setup: func(fs *flag.FlagSet) RunFunc {
@@ -103,7 +103,7 @@ const progressThreshold = 8 << 20
 
 func putCmd() *Command {
 	return &Command{
-		Name: "put", Group: "Files", Usage: "NAME LOCAL [REMOTE] [--run ID]", Args: []string{"NAME", "LOCAL", "[REMOTE]"},
+		Name: "put", Action: session.ActionWriteFile, Group: "Files", Usage: "NAME LOCAL [REMOTE] [--run ID]", Args: []string{"NAME", "LOCAL", "[REMOTE]"},
 		Summary: "copy a local file into a session's /workspace, durably",
 		Help: `Writes LOCAL ('-' for stdin) to REMOTE (default: LOCAL's base name; into it when it is a
 directory). When put succeeds the file is durable: written to a temporary file, synced
@@ -176,7 +176,7 @@ func workspaceDisplay(p string) string {
 
 func getCmd() *Command {
 	return &Command{
-		Name: "get", Group: "Files", Usage: "NAME REMOTE [LOCAL]", Args: []string{"NAME", "REMOTE", "[LOCAL]"},
+		Name: "get", Action: session.ActionRead, Group: "Files", Usage: "NAME REMOTE [LOCAL]", Args: []string{"NAME", "REMOTE", "[LOCAL]"},
 		Summary: "copy a workspace file out of a session",
 		Help: `Writes REMOTE to LOCAL ('-' for stdout; default: REMOTE's base name; into it when it is
 a directory). LOCAL is replaced only once the whole file has arrived.`,
@@ -261,7 +261,7 @@ func writeLocal(dst string, r io.Reader) (n int64, err error) {
 
 func rmCmd() *Command {
 	return &Command{
-		Name: "rm", Group: "Files", Usage: "NAME PATH [-r]", Args: []string{"NAME", "PATH"},
+		Name: "rm", Action: session.ActionRemoveFile, Group: "Files", Usage: "NAME PATH [-r]", Args: []string{"NAME", "PATH"},
 		Summary: "remove a workspace file (or, with -r, a directory tree)",
 		Example: "berth rm demo build -r",
 		Setup: func(fs *flag.FlagSet) RunFunc {
@@ -286,7 +286,7 @@ func rmCmd() *Command {
 
 func mkdirCmd() *Command {
 	return &Command{
-		Name: "mkdir", Group: "Files", Usage: "NAME PATH", Args: []string{"NAME", "PATH"},
+		Name: "mkdir", Action: session.ActionMkdir, Group: "Files", Usage: "NAME PATH", Args: []string{"NAME", "PATH"},
 		Summary: "make a workspace directory and any missing parents",
 		Example: "berth mkdir demo data/raw",
 		Setup: func(fs *flag.FlagSet) RunFunc {

@@ -22,11 +22,7 @@ func (c *Call) harness(ctx context.Context) (session.Service, session.Harness, e
 	if err != nil {
 		return nil, nil, err
 	}
-	h, ok := svc.(session.Harness)
-	if !ok {
-		return nil, nil, fmt.Errorf("this berth service keeps no agent runs or schedules (is the daemon older than this client?): %w", session.ErrUnavailable)
-	}
-	return svc, h, nil
+	return svc, svc, nil
 }
 
 // runFlag binds --run, which makes a command's calls count in an agent run.
@@ -47,7 +43,7 @@ func inRun(ctx context.Context, id string) (context.Context, error) {
 
 func runStartCmd() *Command {
 	return &Command{
-		Name: "run start", Group: "Agent runs and schedules", Usage: "NAME [--title T]", Args: []string{"NAME"},
+		Name: "run start", Action: session.ActionRun, Group: "Agent runs and schedules", Usage: "NAME [--title T]", Args: []string{"NAME"},
 		Summary: "open an agent run on a session and print its id",
 		Help: `An agent run is one task a harness (a coding agent, a CI driver) performs on a session.
 Commands and file writes made with --run ID count in it ('berth exec --run ID', put, cp);
@@ -75,7 +71,7 @@ the session and its files as they are for the next task.`,
 
 func runEndCmd() *Command {
 	return &Command{
-		Name: "run end", Group: "Agent runs and schedules", Usage: "ID [--status ok|failed|cancelled]", Args: []string{"ID"},
+		Name: "run end", Action: session.ActionRun, Group: "Agent runs and schedules", Usage: "ID [--status ok|failed|cancelled]", Args: []string{"ID"},
 		Summary: "end an agent run",
 		Help:    "Ends an open run with a status (default ok). Commands still running in it go on.",
 		Example: "berth run end r3f9a0c1d2e4b --status failed",
@@ -103,7 +99,7 @@ func runEndCmd() *Command {
 
 func runsCmd() *Command {
 	return &Command{
-		Name: "runs", Group: "Agent runs and schedules", Usage: "NAME [--json]", Args: []string{"NAME"},
+		Name: "runs", Action: session.ActionRead, Group: "Agent runs and schedules", Usage: "NAME [--json]", Args: []string{"NAME"},
 		Summary: "list a session's agent runs",
 		Help:    "Lists runs oldest first: title, who started it, when it started and ended, its status,\nits executions and the bytes written through the file API in it.",
 		Example: "berth runs demo\nberth runs demo --json",
@@ -142,7 +138,7 @@ func runsCmd() *Command {
 
 func scheduleAddCmd() *Command {
 	return &Command{
-		Name: "schedule add", Group: "Agent runs and schedules",
+		Name: "schedule add", Action: session.ActionSchedule, Group: "Agent runs and schedules",
 		Usage:   "NAME SPEC [--overlap skip|queue|allow] [--cwd DIR] [--env K=V]... -- CMD [ARGS...]",
 		Args:    []string{"NAME", "SPEC", "CMD..."},
 		Summary: "run a command in a session on a timetable",
@@ -191,7 +187,7 @@ in the daemon's store (on the host's disk), as it needs them at every firing.`,
 
 func scheduleLsCmd() *Command {
 	return &Command{
-		Name: "schedule ls", Group: "Agent runs and schedules", Usage: "NAME [--json]", Args: []string{"NAME"},
+		Name: "schedule ls", Action: session.ActionRead, Group: "Agent runs and schedules", Usage: "NAME [--json]", Args: []string{"NAME"},
 		Summary: "list a session's schedules",
 		Help:    "Lists schedules with their timetable, overlap, next due time, how often they fired\nand skipped, their last run, and whether the session's state holds them.",
 		Example: "berth schedule ls demo",
@@ -233,7 +229,7 @@ func scheduleLsCmd() *Command {
 
 func scheduleRmCmd() *Command {
 	return &Command{
-		Name: "schedule rm", Group: "Agent runs and schedules", Usage: "NAME ID", Args: []string{"NAME", "ID"},
+		Name: "schedule rm", Action: session.ActionSchedule, Group: "Agent runs and schedules", Usage: "NAME ID", Args: []string{"NAME", "ID"},
 		Summary: "remove a schedule",
 		Help:    "Removes the schedule; a command it started goes on.",
 		Example: "berth schedule rm demo c1a2b3c4",
@@ -256,11 +252,7 @@ func scheduleRmCmd() *Command {
 // writeScheduleInfo adds a session's schedules to 'berth info', saying
 // when its state holds them.
 func writeScheduleInfo(ctx context.Context, w io.Writer, svc session.Service, s session.Session) {
-	h, ok := svc.(session.Harness)
-	if !ok {
-		return
-	}
-	list, err := h.Schedules(ctx, s.Name)
+	list, err := svc.Schedules(ctx, s.Name)
 	if err != nil || len(list) == 0 {
 		return
 	}

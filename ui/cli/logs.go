@@ -11,7 +11,7 @@ import (
 
 func logsCmd() *Command {
 	return &Command{
-		Name: "logs", Group: "Commands",
+		Name: "logs", Action: session.ActionRead, Group: "Commands",
 		Usage:   "NAME [EXEC] [-f] [--since SEQ] [--stream stdout|stderr]",
 		Args:    []string{"NAME", "[EXEC]"},
 		Summary: "replay a command's recorded output",
@@ -116,7 +116,7 @@ func replay(ctx context.Context, svc session.Service, id string, from uint64, er
 
 func psCmd() *Command {
 	return &Command{
-		Name: "ps", Group: "Commands", Usage: "NAME [--all] [--json]", Args: []string{"NAME"},
+		Name: "ps", Action: session.ActionRead, Group: "Commands", Usage: "NAME [--all] [--json]", Args: []string{"NAME"},
 		Summary: "list a session's commands",
 		Help:    "Lists running commands, or with --all every recorded one, oldest first.",
 		Example: "berth ps demo --all",

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/ui/mcpserver"
 )
 
@@ -44,11 +43,7 @@ after the daemon's run_timeout. Failures are tool errors with berth's one-line m
 					}
 				}
 				if *run != "" {
-					h, ok := svc.(session.Harness)
-					if !ok {
-						return fmt.Errorf("--run: this berth service keeps no agent runs: %w", session.ErrUnavailable)
-					}
-					r, err := h.GetRun(ctx, *run)
+					r, err := svc.GetRun(ctx, *run)
 					if err != nil {
 						return err
 					}

@@ -23,7 +23,7 @@ const netHelp = "A policy is none (no egress: the default), open (any public add
 
 func netCmd() *Command {
 	return &Command{
-		Name: "net", Group: "Sessions", Usage: "NAME [POLICY] [--json]", Args: []string{"NAME", "[POLICY]"},
+		Name: "net", Action: session.ActionNet, Group: "Sessions", Usage: "NAME [POLICY] [--json]", Args: []string{"NAME", "[POLICY]"},
 		Summary: "show or change a session's network policy",
 		Help: "Without POLICY, shows the session's policy, the ports its VM listens on, its\n" +
 			"forwarded connections and egress counts. With POLICY, changes the policy; a running\n" +

@@ -13,7 +13,7 @@ import (
 
 func createCmd() *Command {
 	return &Command{
-		Name: "create", Group: "Sessions",
+		Name: "create", Action: session.ActionCreate, Group: "Sessions",
 		Usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--system-disk SIZE] [--vmm qemu|cloud-hypervisor] [--idle-timeout D] [--net POLICY]",
 		Args:    []string{"NAME"},
 		Summary: "create a session and boot it",
@@ -80,7 +80,7 @@ func createCmd() *Command {
 
 func lsCmd() *Command {
 	return &Command{
-		Name: "ls", Group: "Sessions", Usage: "[--json]",
+		Name: "ls", Action: session.ActionRead, Group: "Sessions", Usage: "[--json]",
 		Summary: "list sessions",
 		Help: "USED is the workspace's use as last measured (kept while a session is stopped or asleep;\n" +
 			"? until it is first measured). DIRTY is what a crash of the VM would lose now; 'berth flush'\n" +
@@ -125,7 +125,7 @@ func lsCmd() *Command {
 
 func infoCmd() *Command {
 	return &Command{
-		Name: "info", Group: "Sessions", Usage: "NAME [--json]", Args: []string{"NAME"},
+		Name: "info", Action: session.ActionRead, Group: "Sessions", Usage: "NAME [--json]", Args: []string{"NAME"},
 		Summary: "show one session in detail",
 		Example: "berth info demo",
 		Setup: func(fs *flag.FlagSet) RunFunc {
@@ -258,7 +258,7 @@ func writeInfo(w io.Writer, c *Call, s session.Session) {
 // lifecycleCmd makes pause, resume, stop and start.
 func lifecycleCmd(name, summary, help string) *Command {
 	return &Command{
-		Name: name, Group: "Sessions", Usage: "NAME", Args: []string{"NAME"},
+		Name: name, Action: session.Action(name), Group: "Sessions", Usage: "NAME", Args: []string{"NAME"},
 		Summary: summary, Help: help,
 		Example: "berth " + name + " demo",
 		Setup: func(fs *flag.FlagSet) RunFunc {
@@ -283,7 +283,7 @@ func lifecycleCmd(name, summary, help string) *Command {
 
 func flushCmd() *Command {
 	return &Command{
-		Name: "flush", Group: "Sessions", Usage: "NAME", Args: []string{"NAME"},
+		Name: "flush", Action: session.ActionFlush, Group: "Sessions", Usage: "NAME", Args: []string{"NAME"},
 		Summary: "make every pending write in /workspace durable",
 		Help:    "Writes by commands can sit in the guest's page cache until flushed; a crash loses them.\nFlush syncs /workspace down to the host's disk and prints how much it wrote.",
 		Example: "berth flush demo",
@@ -311,7 +311,7 @@ func flushCmd() *Command {
 
 func deleteCmd() *Command {
 	return &Command{
-		Name: "delete", Group: "Sessions", Usage: "NAME [--yes]", Args: []string{"NAME"},
+		Name: "delete", Action: session.ActionDelete, Group: "Sessions", Usage: "NAME [--yes]", Args: []string{"NAME"},
 		Summary: "delete a session: its VM and all its storage, permanently",
 		Help:    "Without --yes, asks you to type the session's name; without a terminal, --yes is required.",
 		Example: "berth delete demo\nberth delete demo --yes",
@@ -358,7 +358,7 @@ func deleteCmd() *Command {
 
 func replaceCmd() *Command {
 	return &Command{
-		Name: "replace", Group: "Sessions", Usage: "NAME [--image IMAGE] [--yes]", Args: []string{"NAME"},
+		Name: "replace", Action: session.ActionReplace, Group: "Sessions", Usage: "NAME [--image IMAGE] [--yes]", Args: []string{"NAME"},
 		Summary: "give a session a new VM with a fresh system disk; /workspace is kept",
 		Help: `Replaces the session's VM with a new one from its image (or --image IMAGE): running
 commands end as a stop ends them, the disks are flushed, and the old system disk, with
@@ -436,7 +436,7 @@ func readLine(r io.Reader) (string, error) {
 
 func eventsCmd() *Command {
 	return &Command{
-		Name: "events", Group: "Sessions", Usage: "[NAME] [-n N] [--json] [--follow [--stats]]", Args: []string{"[NAME]"},
+		Name: "events", Action: session.ActionRead, Group: "Sessions", Usage: "[NAME] [-n N] [--json] [--follow [--stats]]", Args: []string{"[NAME]"},
 		Summary: "show a session's timeline, or follow every session's events",
 		Help: "Without --follow, prints NAME's recorded events. With --follow, prints them (without NAME,\n" +
 			"every session's, merged in time; -n counts them all) and then every new event as it\n" +

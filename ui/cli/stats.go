@@ -38,7 +38,7 @@ func statsRow(s session.Session) StatsRow {
 
 func statsCmd() *Command {
 	return &Command{
-		Name: "stats", Group: "Sessions", Usage: "[NAME...] [--no-stream] [--json] [--all]",
+		Name: "stats", Action: session.ActionRead, Group: "Sessions", Usage: "[NAME...] [--no-stream] [--json] [--all]",
 		Args:    []string{"[NAME...]"},
 		Summary: "show live CPU, memory and disk figures of sessions",
 		Help: "A live table like 'docker stats', refreshed as the daemon samples (every few seconds),\n" +

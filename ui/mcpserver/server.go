@@ -89,7 +89,7 @@ func New(ctx context.Context, svc session.Service, opts Options) *Server {
 		opts.Version = "dev"
 	}
 	s := &Server{svc: svc, opts: opts, runs: map[string]string{}, own: map[string]bool{}, fwd: newForwards()}
-	s.hx, _ = svc.(session.Harness)
+	s.hx = svc
 	if ro, ok := svc.(ReadOnly); ok && ro.ReadOnly(ctx) {
 		s.read = true
 	}

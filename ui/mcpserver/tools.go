@@ -167,24 +167,28 @@ type listFilesOut struct {
 }
 
 func (s *Server) addTools() {
-	tool := func(name, desc string, readOnly bool) *mcp.Tool {
-		return &mcp.Tool{Name: name, Description: desc, Annotations: &mcp.ToolAnnotations{ReadOnlyHint: readOnly}}
-	}
-	mcp.AddTool(s.srv, tool("list_sessions", "List berth sessions with their state and sizes.", true), handler(s, s.listSessions))
-	mcp.AddTool(s.srv, tool("session_info", "Describe one session: state, image, CPUs, memory, disk use, running commands.", true), handler(s, s.sessionInfo))
-	mcp.AddTool(s.srv, tool("read_output", "Read an execution's recorded output from a chunk sequence number; exec's result says when its output was cut.", true), handler(s, s.readOutput))
-	mcp.AddTool(s.srv, tool("read_file", "Read a text file in the session's /workspace, optionally a range of lines.", true), handler(s, s.readFile))
-	mcp.AddTool(s.srv, tool("list_files", "List a directory in the session's /workspace.", true), handler(s, s.listFiles))
-	if s.read {
+	addTool(s, "list_sessions", "List berth sessions with their state and sizes.", session.ActionRead, s.listSessions)
+	addTool(s, "session_info", "Describe one session: state, image, CPUs, memory, disk use, running commands.", session.ActionRead, s.sessionInfo)
+	addTool(s, "read_output", "Read an execution's recorded output from a chunk sequence number; exec's result says when its output was cut.", session.ActionRead, s.readOutput)
+	addTool(s, "read_file", "Read a text file in the session's /workspace, optionally a range of lines.", session.ActionRead, s.readFile)
+	addTool(s, "list_files", "List a directory in the session's /workspace.", session.ActionRead, s.listFiles)
+	addTool(s, "create_session", "Create a new session (a microVM with a durable /workspace) and wait until it runs.", session.ActionCreate, s.createSession)
+	addTool(s, "exec", "Run a command in the session and wait for it: exit code, stdout and stderr (each cut to its head and tail when long; read_output has it all). The command is recorded and keeps running if the call is abandoned.", session.ActionExec, s.exec)
+	addTool(s, "cancel", "Cancel a running command (one whose exec call was abandoned, or still runs): kills its whole process group, as berth's TUI and 'berth cancel' do. What it changed so far remains.", session.ActionCancel, s.cancel)
+	addTool(s, "write_file", "Write a file in the session's /workspace, replacing it. Durable when it returns.", session.ActionWriteFile, s.writeFile)
+	addTool(s, "edit_file", "Replace an exact string that occurs exactly once in a file; fails, changing nothing, when it is absent or occurs more than once.", session.ActionWriteFile, s.editFile)
+	addTool(s, "forward_port", "Forward a host loopback port to a port in the session (a dev server the agent started); returns its local URL. The forward lasts as long as this MCP connection.", session.ActionNet, s.forwardPort)
+	addTool(s, "flush", "Flush the session's /workspace to its volume on the host, so a crash of the VM loses nothing written so far.", session.ActionFlush, s.flush)
+}
+
+// addTool offers a tool doing action a: its read-only hint is the action
+// table's, and a read-only server (an SSH viewer's) offers only the tools
+// that change nothing.
+func addTool[In, Out any](s *Server, name, desc string, a session.Action, fn func(ctx context.Context, in In) (Out, error)) {
+	if s.read && session.Mutates(a) {
 		return
 	}
-	mcp.AddTool(s.srv, tool("create_session", "Create a new session (a microVM with a durable /workspace) and wait until it runs.", false), handler(s, s.createSession))
-	mcp.AddTool(s.srv, tool("exec", "Run a command in the session and wait for it: exit code, stdout and stderr (each cut to its head and tail when long; read_output has it all). The command is recorded and keeps running if the call is abandoned.", false), handler(s, s.exec))
-	mcp.AddTool(s.srv, tool("cancel", "Cancel a running command (one whose exec call was abandoned, or still runs): kills its whole process group, as berth's TUI and 'berth cancel' do. What it changed so far remains.", false), handler(s, s.cancel))
-	mcp.AddTool(s.srv, tool("write_file", "Write a file in the session's /workspace, replacing it. Durable when it returns.", false), handler(s, s.writeFile))
-	mcp.AddTool(s.srv, tool("edit_file", "Replace an exact string that occurs exactly once in a file; fails, changing nothing, when it is absent or occurs more than once.", false), handler(s, s.editFile))
-	mcp.AddTool(s.srv, tool("forward_port", "Forward a host loopback port to a port in the session (a dev server the agent started); returns its local URL. The forward lasts as long as this MCP connection.", false), handler(s, s.forwardPort))
-	mcp.AddTool(s.srv, tool("flush", "Flush the session's /workspace to its volume on the host, so a crash of the VM loses nothing written so far.", false), handler(s, s.flush))
+	mcp.AddTool(s.srv, &mcp.Tool{Name: name, Description: desc, Annotations: &mcp.ToolAnnotations{ReadOnlyHint: !session.Mutates(a)}}, handler(s, fn))
 }
 
 func summary(x session.Session) sessionSummary {

@@ -111,27 +111,15 @@ func (forwardAddr) String() string  { return "ssh-channel" }
 
 // SetNet changes a session's network policy.
 func (g *guard) SetNet(ctx context.Context, name, policy string) (session.Session, error) {
-	ctx, err := g.enter(ctx, opNet)
-	if err != nil {
-		return session.Session{}, err
-	}
-	return g.svc.SetNet(ctx, name, policy)
+	return call(g, ctx, session.ActionNet, func(ctx context.Context) (session.Session, error) { return g.svc.SetNet(ctx, name, policy) })
 }
 
 // Forward connects into a session's VM.
 func (g *guard) Forward(ctx context.Context, name string, port int) (net.Conn, error) {
-	ctx, err := g.enter(ctx, opNet)
-	if err != nil {
-		return nil, err
-	}
-	return g.svc.Forward(ctx, name, port)
+	return call(g, ctx, session.ActionNet, func(ctx context.Context) (net.Conn, error) { return g.svc.Forward(ctx, name, port) })
 }
 
 // NetStatus reads a session's network.
 func (g *guard) NetStatus(ctx context.Context, name string) (session.NetStatus, error) {
-	ctx, err := g.enter(ctx, opRead)
-	if err != nil {
-		return session.NetStatus{}, err
-	}
-	return g.svc.NetStatus(ctx, name)
+	return call(g, ctx, session.ActionRead, func(ctx context.Context) (session.NetStatus, error) { return g.svc.NetStatus(ctx, name) })
 }

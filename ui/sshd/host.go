@@ -75,7 +75,7 @@ func (s *Server) runInSession(sess ssh.Session, ak AuthorizedKey, sn session.Ses
 	if err != nil {
 		return say("%s", oneLine(err))
 	}
-	if err := role.allows(opExec); err != nil {
+	if err := session.Permit(role, session.ActionExec); err != nil {
 		return say("%s; %s@ logs you in to the session's shell, which viewers may not (sftp %s@HOST reads its files)", oneLine(err), sn.Name, sn.Name)
 	}
 	switch sn.State {

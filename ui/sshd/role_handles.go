@@ -14,18 +14,8 @@ import (
 // operator. A guard always has these methods; when the service it wraps
 // has no Handles they fail with errNoHandles.
 
-var _ session.Handles = (*guard)(nil)
-
 // errNoHandles is a service that cannot open files (a socket client).
 var errNoHandles = fmt.Errorf("this berth service cannot open files in sessions (sftp needs the daemon's own session manager): %w", session.ErrUnavailable)
-
-func (g *guard) handles() (session.Handles, error) {
-	h, ok := g.svc.(session.Handles)
-	if !ok {
-		return nil, errNoHandles
-	}
-	return h, nil
-}
 
 // writeFlags are the open flags that change a file.
 const writeFlags = session.OpenWrite | session.OpenAppend | session.OpenCreate | session.OpenTruncate | session.OpenExclusive
@@ -33,19 +23,15 @@ const writeFlags = session.OpenWrite | session.OpenAppend | session.OpenCreate |
 // Open is a read, or a write when flags would change the file; the file
 // checks the role again on every write and setstat.
 func (g *guard) Open(ctx context.Context, name, path string, flags int, perm fs.FileMode) (session.File, error) {
-	o := opRead
+	o := session.ActionRead
 	if flags&writeFlags != 0 {
-		o = opWriteFile
+		o = session.ActionWriteFile
 	}
 	ctx, err := g.enter(ctx, o)
 	if err != nil {
 		return nil, err
 	}
-	h, err := g.handles()
-	if err != nil {
-		return nil, err
-	}
-	f, err := h.Open(ctx, name, path, flags, perm)
+	f, err := g.svc.Open(ctx, name, path, flags, perm)
 	if err != nil {
 		return nil, err
 	}
@@ -53,75 +39,27 @@ func (g *guard) Open(ctx context.Context, name, path string, flags int, perm fs.
 }
 
 func (g *guard) Setstat(ctx context.Context, name, path string, a session.Attrs) error {
-	ctx, err := g.enter(ctx, opSetattr)
-	if err != nil {
-		return err
-	}
-	h, err := g.handles()
-	if err != nil {
-		return err
-	}
-	return h.Setstat(ctx, name, path, a)
+	return call0(g, ctx, session.ActionSetattr, func(ctx context.Context) error { return g.svc.Setstat(ctx, name, path, a) })
 }
 
 func (g *guard) StatFollow(ctx context.Context, name, path string) (session.FileInfo, error) {
-	ctx, err := g.enter(ctx, opRead)
-	if err != nil {
-		return session.FileInfo{}, err
-	}
-	h, err := g.handles()
-	if err != nil {
-		return session.FileInfo{}, err
-	}
-	return h.StatFollow(ctx, name, path)
+	return call(g, ctx, session.ActionRead, func(ctx context.Context) (session.FileInfo, error) { return g.svc.StatFollow(ctx, name, path) })
 }
 
 func (g *guard) Symlink(ctx context.Context, name, target, path string) error {
-	ctx, err := g.enter(ctx, opLink)
-	if err != nil {
-		return err
-	}
-	h, err := g.handles()
-	if err != nil {
-		return err
-	}
-	return h.Symlink(ctx, name, target, path)
+	return call0(g, ctx, session.ActionLink, func(ctx context.Context) error { return g.svc.Symlink(ctx, name, target, path) })
 }
 
 func (g *guard) Link(ctx context.Context, name, oldpath, newpath string) error {
-	ctx, err := g.enter(ctx, opLink)
-	if err != nil {
-		return err
-	}
-	h, err := g.handles()
-	if err != nil {
-		return err
-	}
-	return h.Link(ctx, name, oldpath, newpath)
+	return call0(g, ctx, session.ActionLink, func(ctx context.Context) error { return g.svc.Link(ctx, name, oldpath, newpath) })
 }
 
 func (g *guard) Statfs(ctx context.Context, name, path string) (session.FSStat, error) {
-	ctx, err := g.enter(ctx, opRead)
-	if err != nil {
-		return session.FSStat{}, err
-	}
-	h, err := g.handles()
-	if err != nil {
-		return session.FSStat{}, err
-	}
-	return h.Statfs(ctx, name, path)
+	return call(g, ctx, session.ActionRead, func(ctx context.Context) (session.FSStat, error) { return g.svc.Statfs(ctx, name, path) })
 }
 
 func (g *guard) Rmdir(ctx context.Context, name, path string) error {
-	ctx, err := g.enter(ctx, opRemoveFile)
-	if err != nil {
-		return err
-	}
-	h, err := g.handles()
-	if err != nil {
-		return err
-	}
-	return h.Rmdir(ctx, name, path)
+	return call0(g, ctx, session.ActionRemoveFile, func(ctx context.Context) error { return g.svc.Rmdir(ctx, name, path) })
 }
 
 // guardedFile checks the caller's current role before each change to an
@@ -134,14 +72,14 @@ type guardedFile struct {
 }
 
 func (f *guardedFile) WriteAt(p []byte, off int64) (int, error) {
-	if _, err := f.g.enter(context.Background(), opWriteFile); err != nil {
+	if _, err := f.g.enter(context.Background(), session.ActionWriteFile); err != nil {
 		return 0, err
 	}
 	return f.File.WriteAt(p, off)
 }
 
 func (f *guardedFile) Setstat(ctx context.Context, a session.Attrs) error {
-	ctx, err := f.g.enter(ctx, opSetattr)
+	ctx, err := f.g.enter(ctx, session.ActionSetattr)
 	if err != nil {
 		return err
 	}

@@ -2,7 +2,6 @@ package sshd
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/berthvm/berth/session"
 )
@@ -11,103 +10,52 @@ import (
 // and 'mcp' over SSH), checked like the rest: reading them is a read,
 // starting and ending runs and changing schedules needs an operator.
 
-var _ session.Harness = (*guard)(nil)
-
-func (g *guard) harness() (session.Harness, error) {
-	h, ok := g.svc.(session.Harness)
-	if !ok {
-		return nil, fmt.Errorf("this berth server keeps no agent runs or schedules: %w", session.ErrUnavailable)
-	}
-	return h, nil
-}
-
 // ReadOnly reports whether the caller may only read now: the MCP server
 // then offers the read tools alone.
 func (g *guard) ReadOnly(ctx context.Context) bool {
 	role, err := g.role(ctx)
-	return err != nil || role.allows(opExec) != nil
+	return err != nil || session.Permit(role, session.ActionExec) != nil
 }
 
 func (g *guard) StartRun(ctx context.Context, name string, opts session.RunOptions) (session.Run, error) {
-	ctx, err := g.enter(ctx, opRun)
-	if err != nil {
-		return session.Run{}, err
-	}
-	h, err := g.harness()
-	if err != nil {
-		return session.Run{}, err
-	}
-	return h.StartRun(ctx, name, opts)
+	return call(g, ctx, session.ActionRun, func(ctx context.Context) (session.Run, error) { return g.svc.StartRun(ctx, name, opts) })
 }
 
 func (g *guard) EndRun(ctx context.Context, runID string, status session.RunStatus) (session.Run, error) {
-	ctx, err := g.enter(ctx, opRun)
-	if err != nil {
-		return session.Run{}, err
-	}
-	h, err := g.harness()
-	if err != nil {
-		return session.Run{}, err
-	}
-	return h.EndRun(ctx, runID, status)
+	return call(g, ctx, session.ActionRun, func(ctx context.Context) (session.Run, error) { return g.svc.EndRun(ctx, runID, status) })
 }
 
 func (g *guard) Runs(ctx context.Context, name string) ([]session.Run, error) {
-	ctx, err := g.enter(ctx, opRead)
-	if err != nil {
-		return nil, err
-	}
-	h, err := g.harness()
-	if err != nil {
-		return nil, err
-	}
-	return h.Runs(ctx, name)
+	return call(g, ctx, session.ActionRead, func(ctx context.Context) ([]session.Run, error) { return g.svc.Runs(ctx, name) })
 }
 
 func (g *guard) GetRun(ctx context.Context, runID string) (session.Run, error) {
-	ctx, err := g.enter(ctx, opRead)
-	if err != nil {
-		return session.Run{}, err
-	}
-	h, err := g.harness()
-	if err != nil {
-		return session.Run{}, err
-	}
-	return h.GetRun(ctx, runID)
+	return call(g, ctx, session.ActionRead, func(ctx context.Context) (session.Run, error) { return g.svc.GetRun(ctx, runID) })
 }
 
 func (g *guard) AddSchedule(ctx context.Context, name string, req session.ScheduleRequest) (session.Schedule, error) {
-	ctx, err := g.enter(ctx, opSchedule)
-	if err != nil {
-		return session.Schedule{}, err
-	}
-	h, err := g.harness()
-	if err != nil {
-		return session.Schedule{}, err
-	}
-	return h.AddSchedule(ctx, name, req)
+	return call(g, ctx, session.ActionSchedule, func(ctx context.Context) (session.Schedule, error) { return g.svc.AddSchedule(ctx, name, req) })
 }
 
 func (g *guard) Schedules(ctx context.Context, name string) ([]session.Schedule, error) {
-	ctx, err := g.enter(ctx, opRead)
-	if err != nil {
-		return nil, err
-	}
-	h, err := g.harness()
-	if err != nil {
-		return nil, err
-	}
-	return h.Schedules(ctx, name)
+	return call(g, ctx, session.ActionRead, func(ctx context.Context) ([]session.Schedule, error) { return g.svc.Schedules(ctx, name) })
 }
 
 func (g *guard) RemoveSchedule(ctx context.Context, name, id string) error {
-	ctx, err := g.enter(ctx, opSchedule)
-	if err != nil {
-		return err
-	}
-	h, err := g.harness()
-	if err != nil {
-		return err
-	}
-	return h.RemoveSchedule(ctx, name, id)
+	return call0(g, ctx, session.ActionSchedule, func(ctx context.Context) error { return g.svc.RemoveSchedule(ctx, name, id) })
+}
+
+// Images are the daemon host's: listing them is a read, building and
+// removing them an admin's.
+
+func (g *guard) Images(ctx context.Context) ([]session.ImageInfo, error) {
+	return call(g, ctx, session.ActionRead, func(ctx context.Context) ([]session.ImageInfo, error) { return g.svc.Images(ctx) })
+}
+
+func (g *guard) BuildImage(ctx context.Context, req session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+	return call(g, ctx, session.ActionImage, func(ctx context.Context) (session.ImageInfo, error) { return g.svc.BuildImage(ctx, req, progress) })
+}
+
+func (g *guard) RemoveImage(ctx context.Context, name string) error {
+	return call0(g, ctx, session.ActionImage, func(ctx context.Context) error { return g.svc.RemoveImage(ctx, name) })
 }

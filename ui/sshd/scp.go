@@ -93,8 +93,7 @@ func (s *Server) runSCP(sess ssh.Session, svc session.Service, sn session.Sessio
 		fmt.Fprintf(sess.Stderr(), "scp: %v\n", err)
 		return 1
 	}
-	handles, _ := svc.(session.Handles)
-	t := &scpTransfer{ctx: sess.Context(), svc: svc, handles: handles, name: sn.Name, args: a,
+	t := &scpTransfer{ctx: sess.Context(), svc: svc, handles: svc, name: sn.Name, args: a,
 		r: bufio.NewReaderSize(sess, 64<<10), w: sess, stderr: sess.Stderr()}
 	if a.sink {
 		err = t.sink()

@@ -48,12 +48,13 @@ type timelineMsg struct {
 type Source interface {
 	Timeline(ctx context.Context, name string, limit int) ([]session.Event, error)
 	NetStatus(ctx context.Context, name string) (session.NetStatus, error)
+	Checkpoints(ctx context.Context, name string) ([]session.Checkpoint, error)
 }
 
 // Model is the Info tab.
 type Model struct {
 	c    *common.Common
-	svc  Source // reads the timeline and the network
+	svc  Source // reads the timeline, the network and the checkpoints
 	keys KeyMap
 	w, h int
 
@@ -136,8 +137,8 @@ func (m *Model) load() tea.Cmd {
 		defer cancel()
 		evs, err := svc.Timeline(ctx, name, timelineLimit)
 		msg := timelineMsg{gen: gen, events: evs, err: err}
-		if cp, ok := svc.(session.Checkpointer); ok && err == nil {
-			msg.ckpts, _ = cp.Checkpoints(ctx, name)
+		if err == nil {
+			msg.ckpts, _ = svc.Checkpoints(ctx, name)
 		}
 		if st, err := svc.NetStatus(ctx, name); err == nil {
 			msg.net = &st

@@ -109,8 +109,8 @@ func (m *Model) SetSession(name string) tea.Cmd {
 
 // Reload loads the runs again (after an event of the session).
 func (m *Model) Reload() tea.Cmd {
-	h, ok := m.svc.(session.Harness)
-	if !ok || m.name == "" {
+	h := m.svc
+	if m.name == "" {
 		return nil
 	}
 	m.gen++

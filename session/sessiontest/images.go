@@ -1,0 +1,52 @@
+package sessiontest
+
+import (
+	"context"
+	"slices"
+
+	"github.com/berthvm/berth/session"
+)
+
+// The fake has images only by name (Options.Images): it lists them and
+// builds or removes none, saying so.
+
+func errNoBuilds(op string) error {
+	return &session.Error{Class: session.ErrUnsupported, Msg: op + ": the fake builds and removes no images", Hint: "give the images it has in Options.Images"}
+}
+
+// Images lists the images Create accepts, each current.
+func (f *Fake) Images(ctx context.Context) ([]session.ImageInfo, error) {
+	if err := f.enter(ctx, "Images"); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []session.ImageInfo
+	for _, name := range f.opts.Images {
+		im := session.ImageInfo{Name: name, Digest: "fake", Current: true, Source: "berth"}
+		for n, s := range f.sessions {
+			if s.info.Image == name {
+				im.Sessions = append(im.Sessions, n)
+			}
+		}
+		slices.Sort(im.Sessions)
+		out = append(out, im)
+	}
+	return out, nil
+}
+
+// BuildImage builds nothing: it fails with ErrUnsupported.
+func (f *Fake) BuildImage(ctx context.Context, req session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+	if err := f.enter(ctx, "BuildImage"); err != nil {
+		return session.ImageInfo{}, err
+	}
+	return session.ImageInfo{}, errNoBuilds("build image " + req.Name)
+}
+
+// RemoveImage removes nothing: it fails with ErrUnsupported.
+func (f *Fake) RemoveImage(ctx context.Context, name string) error {
+	if err := f.enter(ctx, "RemoveImage"); err != nil {
+		return err
+	}
+	return errNoBuilds("remove image " + name)
+}
