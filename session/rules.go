@@ -128,3 +128,34 @@ func NoCheckpoint(name, id string) error {
 		Msg:  fmt.Sprintf("%q: session %q has no such checkpoint", id, name),
 		Hint: "list its checkpoints to see their ids"}
 }
+
+// WithDefaults returns o with its zero fields (resources, image, VMM,
+// system disk, policy) taken from d: what a create gets when it leaves
+// them out.
+func (o CreateOptions) WithDefaults(d CreateOptions) CreateOptions {
+	if o.CPUs == 0 {
+		o.CPUs = d.CPUs
+	}
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = d.MemoryMiB
+	}
+	if o.DiskBytes == 0 {
+		o.DiskBytes = d.DiskBytes
+	}
+	if o.Image == "" {
+		o.Image = d.Image
+	}
+	if o.VMM == "" {
+		o.VMM = d.VMM
+	}
+	if o.SystemBytes == 0 {
+		o.SystemBytes = d.SystemBytes
+	}
+	if o.Net == "" {
+		o.Net = d.Net
+	}
+	if o.IdleTimeout == nil {
+		o.IdleTimeout = d.IdleTimeout
+	}
+	return o
+}

@@ -69,54 +69,35 @@ const dnsTCPIdle = 10 * time.Second
 // serveDNSTCP answers DNS over TCP: each message framed by its two-byte
 // length (RFC 1035 4.2.2), several on one connection.
 func (a *Agent) serveDNSTCP(ctx context.Context, l net.Listener) {
-	sem := make(chan struct{}, maxDNSInFlight)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
+	// A connection over the bound is closed: the resolver retries.
+	serveConns(ctx, l, maxDNSInFlight, func(c net.Conn) { c.Close() }, func(c net.Conn) {
+		defer c.Close()
+		stop := context.AfterFunc(ctx, func() { c.Close() })
+		defer stop()
+		var n [2]byte
+		for {
+			c.SetDeadline(time.Now().Add(dnsTCPIdle))
+			if _, err := io.ReadFull(c, n[:]); err != nil {
 				return
 			}
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		select {
-		case sem <- struct{}{}:
-		default:
-			c.Close() // the resolver retries
-			continue
-		}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			defer c.Close()
-			stop := context.AfterFunc(ctx, func() { c.Close() })
-			defer stop()
-			var n [2]byte
-			for {
-				c.SetDeadline(time.Now().Add(dnsTCPIdle))
-				if _, err := io.ReadFull(c, n[:]); err != nil {
-					return
-				}
-				size := int(binary.BigEndian.Uint16(n[:]))
-				if size < 12 || size > guest.MaxDNSMessage {
-					return
-				}
-				q := make([]byte, size)
-				if _, err := io.ReadFull(c, q); err != nil {
-					return
-				}
-				reply := a.askHost(q, true)
-				if reply == nil {
-					return
-				}
-				out := binary.BigEndian.AppendUint16(make([]byte, 0, 2+len(reply)), uint16(len(reply)))
-				if _, err := c.Write(append(out, reply...)); err != nil {
-					return
-				}
+			size := int(binary.BigEndian.Uint16(n[:]))
+			if size < 12 || size > guest.MaxDNSMessage {
+				return
 			}
-		})
-	}
+			q := make([]byte, size)
+			if _, err := io.ReadFull(c, q); err != nil {
+				return
+			}
+			reply := a.askHost(q, true)
+			if reply == nil {
+				return
+			}
+			out := binary.BigEndian.AppendUint16(make([]byte, 0, 2+len(reply)), uint16(len(reply)))
+			if _, err := c.Write(append(out, reply...)); err != nil {
+				return
+			}
+		}
+	})
 }
 
 // host returns the current host session, or nil.
@@ -146,7 +127,23 @@ func (a *Agent) openToHost(req *guest.Request) (*yamux.Stream, error) {
 }
 
 func (a *Agent) serveProxy(ctx context.Context, l net.Listener) {
-	sem := make(chan struct{}, maxProxyConns)
+	serveConns(ctx, l, maxProxyConns, func(c net.Conn) {
+		refuseProxy(c, "503 berth: too many connections through the egress proxy in this VM")
+	}, func(c net.Conn) {
+		st, err := a.openToHost(&guest.Request{Op: guest.OpEgress})
+		if err != nil {
+			refuseProxy(c, "503 berth: egress unavailable: "+err.Error())
+			return
+		}
+		session.Splice(c, &guest.StreamConn{Stream: st})
+	})
+}
+
+// serveConns accepts l's connections until ctx ends, serving each with
+// serve while at most max are served; a connection over that goes to
+// busy, which closes it.
+func serveConns(ctx context.Context, l net.Listener, max int, busy, serve func(net.Conn)) {
+	sem := make(chan struct{}, max)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -161,17 +158,12 @@ func (a *Agent) serveProxy(ctx context.Context, l net.Listener) {
 		select {
 		case sem <- struct{}{}:
 		default:
-			refuseProxy(c, "503 berth: too many connections through the egress proxy in this VM")
+			busy(c)
 			continue
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			st, err := a.openToHost(&guest.Request{Op: guest.OpEgress})
-			if err != nil {
-				refuseProxy(c, "503 berth: egress unavailable: "+err.Error())
-				return
-			}
-			session.Splice(c, &guest.StreamConn{Stream: st})
+			serve(c)
 		})
 	}
 }

@@ -52,27 +52,8 @@ func (m *Manager) Create(ctx context.Context, opts session.CreateOptions) (sessi
 		return session.Session{}, err
 	}
 	d := m.cfg.Defaults
-	if opts.CPUs == 0 {
-		opts.CPUs = d.CPUs
-	}
-	if opts.MemoryMiB == 0 {
-		opts.MemoryMiB = d.MemoryMiB
-	}
-	if opts.DiskBytes == 0 {
-		opts.DiskBytes = d.DiskBytes
-	}
-	if opts.Image == "" {
-		opts.Image = d.Image
-	}
-	if opts.VMM == "" {
-		opts.VMM = d.VMM
-	}
-	if opts.SystemBytes == 0 {
-		opts.SystemBytes = d.SystemBytes
-	}
-	if opts.Net == "" {
-		opts.Net = m.proxy.Config().Default
-	}
+	opts = opts.WithDefaults(session.CreateOptions{CPUs: d.CPUs, MemoryMiB: d.MemoryMiB, DiskBytes: d.DiskBytes,
+		Image: d.Image, VMM: d.VMM, SystemBytes: d.SystemBytes, Net: m.proxy.Config().Default})
 	net, err := session.ValidateCreate(opts, m.limits())
 	if err != nil {
 		return session.Session{}, err

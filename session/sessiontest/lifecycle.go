@@ -53,21 +53,8 @@ func (f *Fake) Create(ctx context.Context, opts session.CreateOptions) (session.
 // validateCreate fills in the defaults and applies the contract's create
 // rules, as the Manager does.
 func (f *Fake) validateCreate(opts *session.CreateOptions) error {
-	if opts.CPUs == 0 {
-		opts.CPUs = f.opts.CPUs
-	}
-	if opts.MemoryMiB == 0 {
-		opts.MemoryMiB = f.opts.MemoryMiB
-	}
-	if opts.DiskBytes == 0 {
-		opts.DiskBytes = f.opts.DiskBytes
-	}
-	if opts.Image == "" {
-		opts.Image = f.opts.Image
-	}
-	if opts.VMM == "" {
-		opts.VMM = f.opts.VMM
-	}
+	*opts = opts.WithDefaults(session.CreateOptions{CPUs: f.opts.CPUs, MemoryMiB: f.opts.MemoryMiB, DiskBytes: f.opts.DiskBytes,
+		Image: f.opts.Image, VMM: f.opts.VMM})
 	net, err := session.ValidateCreate(*opts, f.opts.Limits)
 	if err != nil {
 		return err
