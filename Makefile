@@ -79,6 +79,7 @@ FUZZ_TARGETS := \
 	ui/sshd/sftp:FuzzSFTP ui/sshd:FuzzSCPSink \
 	session:FuzzDNSQuery session:FuzzEgressRequest session:FuzzParsePolicy session:FuzzParseSpec \
 	session/api:FuzzAPIBody guest/image:FuzzRecipe \
+	guest/image/oci:FuzzParseJSON guest/image/oci:FuzzParseEntry guest/image/oci:FuzzApplyLayer \
 	ui/common:FuzzSanitizeLine ui/components/output:FuzzOutputWindow
 
 fuzz:

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/berthvm/berth/assets"
@@ -182,4 +183,19 @@ func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 		return Image{}, false, err
 	}
 	return im, true, nil
+}
+
+// DropLayer removes the cached layer hash unless an image links it: what
+// a failed import made goes with it. The caller holds it (HoldLayer).
+func DropLayer(imagesDir, hash string) {
+	if checkHash(hash) != nil {
+		return
+	}
+	p := filepath.Join(LayerCacheDir(imagesDir), hash+".img")
+	var st syscall.Stat_t
+	if syscall.Stat(p, &st) == nil && st.Nlink > 1 {
+		return
+	}
+	os.Remove(p)
+	os.Remove(strings.TrimSuffix(p, ".img") + ".json")
 }

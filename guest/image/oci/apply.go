@@ -180,7 +180,7 @@ func (a *applier) write(ctx context.Context, e entry, s *layerStream) error {
 		return a.v.set(nil, n)
 	}
 	last := len(e.parts) - 1
-	parent, err := a.v.resolve(e.parts[:last], true)
+	parent, err := a.v.resolveDir(e.parts[:last])
 	if err != nil {
 		return err
 	}
@@ -274,9 +274,8 @@ func (a *applier) write(ctx context.Context, e entry, s *layerStream) error {
 		if err := a.create(e, pfd, name, m, s); err != nil {
 			return what(err)
 		}
-		n.link = h.Linkname
-		if e.kind != kindSymlink {
-			n.link = ""
+		if e.kind == kindSymlink {
+			n.link, n.mode = h.Linkname, 0o777 // what lstat says of any symlink
 		}
 		if e.kind != kindDir && e.kind != kindSymlink {
 			if err := setTimes(pfd, name, h.ModTime); err != nil {

@@ -66,7 +66,7 @@ func layerCompression(mt string) (compression, error) {
 	case mtOCILayerZstd, mtOCIForeignZst:
 		return zstded, nil
 	}
-	return 0, fmt.Errorf("layer media type %q is not one berth can unpack (tar, tar+gzip, tar+zstd)", clip(mt))
+	return 0, fmt.Errorf("media type %q is not a layer berth can unpack (tar, tar+gzip, tar+zstd)", clip(mt))
 }
 
 // Descriptor points at a blob by digest (OCI image-spec descriptor).

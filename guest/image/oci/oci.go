@@ -127,11 +127,12 @@ func Import(ctx context.Context, o Options) (image.Image, error) {
 	if err != nil {
 		return image.Image{}, err
 	}
-	defer l.Release()
 	im, _, err := image.Assemble(ctx, image.Options{ImagesDir: o.ImagesDir, CacheDir: o.CacheDir, Agent: o.Agent, Report: o.Report}, l.Image)
 	if err != nil {
+		l.Discard()
 		return image.Image{}, err
 	}
+	l.Release()
 	o.Report(image.Progress{Phase: "done", Line: fmt.Sprintf("imported %s (%s) as image %s: %d layer(s), %d reused, %s on disk: %s",
 		im.Source, short(im.SourceDigest), im.Name, len(im.Layers), l.Reused, gb(im.DiskBytes()), im.Dir)})
 	return im, nil
@@ -161,8 +162,21 @@ type Layers struct {
 	// commits it.
 	Image image.Image
 	// Reused counts the layers found cached.
-	Reused  int
-	release []func()
+	Reused    int
+	imagesDir string
+	made      []string // hashes of the layers this import made
+	release   []func()
+}
+
+// Discard removes the layers this import made, unless an image links
+// them, and releases them all: a failed import leaves nothing behind.
+func (l *Layers) Discard() {
+	if l.release != nil {
+		for _, h := range l.made {
+			image.DropLayer(l.imagesDir, h)
+		}
+	}
+	l.Release()
 }
 
 // Release lets go of the layers: pruning may take them from then on,
@@ -241,10 +255,10 @@ func Read(ctx context.Context, o Options) (_ *Layers, err error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &Layers{}
+	out := &Layers{imagesDir: o.ImagesDir}
 	defer func() {
 		if err != nil {
-			out.Release()
+			out.Discard()
 		}
 	}()
 	for _, g := range groups {
@@ -282,8 +296,8 @@ func Read(ctx context.Context, o Options) (_ *Layers, err error) {
 	for gi, g := range groups {
 		if g.cached {
 			err = r.replay(ctx, g, gi, v)
-		} else {
-			err = r.make(ctx, groups, gi, v)
+		} else if err = r.make(ctx, groups, gi, v); err == nil {
+			out.made = append(out.made, g.key)
 		}
 		if err != nil {
 			return nil, err
@@ -433,8 +447,8 @@ func (r *reader) tooBig(err error, l *layerRef, free int64) error {
 	if !errors.As(err, &big) {
 		return err
 	}
-	return fmt.Errorf("%s unpacks to more than the %s free on the data filesystem (%s): nothing was written; free some space or use a data directory with more",
-		l, gb(free), r.o.ImagesDir)
+	return fmt.Errorf("%s unpacks to more than the data filesystem (%s) can take: %s free, %s of it kept free; nothing was written: free some space or use a data directory with more",
+		l, r.o.ImagesDir, gb(free), gb(reserve))
 }
 
 // checkSpace refuses an import the data filesystem cannot hold: each

@@ -96,6 +96,18 @@ func (v *view) resolve(parts []string, followLast bool) ([]string, error) {
 	return real, nil
 }
 
+// resolveDir resolves a parent directory: a file there is refused.
+func (v *view) resolveDir(parts []string) ([]string, error) {
+	real, err := v.resolve(parts, true)
+	if err != nil {
+		return nil, err
+	}
+	if n := v.lookup(real); n != nil && n.kind != kindDir {
+		return nil, fmt.Errorf("%q is not a directory", clip(path.Join(real...)))
+	}
+	return real, nil
+}
+
 // lookup returns the node at a real path, or nil.
 func (v *view) lookup(real []string) *node {
 	n := v.root
