@@ -328,8 +328,14 @@ func (a *applier) create(e entry, pfd int, name string, m meta, s *layerStream) 
 // cannot reach into another berth layer, and overlayfs copies a file up
 // to link it anyway.
 func (a *applier) copyLower(ctx context.Context, t *node, target []string, pfd int, name string) error {
+	if t.kind == kindSymlink {
+		if err := unix.Symlinkat(t.link, pfd, name); err != nil {
+			return err
+		}
+		return setMetaAt(pfd, name, meta{uid: t.uid, gid: t.gid}, true, a.drop)
+	}
 	if t.kind != kindFile {
-		return errors.New("only regular files can be linked across layers")
+		return errors.New("only regular files and symlinks can be linked across layers")
 	}
 	if a.lower == nil {
 		return errors.New("the layers below cannot be read")

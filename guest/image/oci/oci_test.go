@@ -371,3 +371,31 @@ func TestImport(t *testing.T) {
 		t.Fatalf("loaded %+v, %v", back, err)
 	}
 }
+
+// Within one berth layer, a directory whited out and then named only
+// implicitly by a later layer comes back empty of what was below, as a
+// directory entry would; across berth layers the same.
+func TestWhiteoutThenImplicitParent(t *testing.T) {
+	needRoot(t)
+	spec := imageSpec{layers: [][]byte{
+		layerTar(t, dir("d/", 0o755), file("d/old", 0o644, "old"), hard("d/link", "d/old"), sym("s", "d/old")),
+		layerTar(t, wh(".wh.d"), hard("h", "s")),
+		layerTar(t, file("d/new", 0o644, "new")),
+	}}
+	want := []string{
+		"/ d 0755 0:0",
+		"/d d 0755 0:0",
+		"/d/new f 0644 0:0 " + hashOf("new"),
+		"/h l 0777 0:0 -> d/old",
+		"/s l 0777 0:0 -> d/old",
+	}
+	for _, max := range []int{1, 2, 3} {
+		dir := t.TempDir()
+		o, _ := options(filepath.Join(dir, "images"), writeLayout(t, filepath.Join(dir, "layout"), spec.image(t)))
+		o.MaxLayers = max
+		l := read(t, o)
+		if got := mergedTree(t, l.Image); !slices.Equal(got, want) {
+			t.Errorf("%d berth layers: tree differs:\n%s", max, diffLines(got, want))
+		}
+	}
+}

@@ -65,8 +65,23 @@ func (s *stage) openDir(real []string, mk func(real []string) (meta, error)) (in
 func (s *stage) child(fd int, c string, real []string, mk func([]string) (meta, error)) (int, error) {
 	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
 	nfd, err := unix.Openat(fd, c, flags, 0)
-	if err == nil || !errors.Is(err, unix.ENOENT) || mk == nil {
+	if err == nil || mk == nil {
 		return nfd, err
+	}
+	// A whiteout this group made: the directory that replaces it must
+	// keep hiding what is below.
+	opaque := false
+	if errors.Is(err, unix.ENOTDIR) {
+		st, ok, serr := lstat(fd, c)
+		if serr != nil || !ok || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != 0 {
+			return -1, err
+		}
+		if err := unix.Unlinkat(fd, c, 0); err != nil {
+			return -1, err
+		}
+		opaque = true
+	} else if !errors.Is(err, unix.ENOENT) {
+		return -1, err
 	}
 	m, err := mk(real)
 	if err != nil {
@@ -78,7 +93,10 @@ func (s *stage) child(fd int, c string, real []string, mk func([]string) (meta, 
 	if nfd, err = unix.Openat(fd, c, flags, 0); err != nil {
 		return -1, err
 	}
-	if err := setMetaFd(nfd, m, nil); err != nil {
+	if err = setMetaFd(nfd, m, nil); err == nil && opaque {
+		err = setOpaque(nfd)
+	}
+	if err != nil {
 		unix.Close(nfd)
 		return -1, err
 	}
