@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/berthvm/berth/guest/image"
 	"golang.org/x/sys/unix"
@@ -196,11 +197,21 @@ type group struct {
 	layer  image.Layer
 	// unpacked is what scanning found the layers unpack to.
 	unpacked, content int64
+	// done closes once the layer is in the cache (or failed to be).
+	done chan struct{}
 }
 
 type reader struct {
 	o    Options
 	work string
+	mu   sync.Mutex // serializes o.Report: layers are verified, and sealed, concurrently
+	v    *view      // the image's tree, as the layers applied so far make it
+}
+
+func (r *reader) report(p image.Progress) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.o.Report(p)
 }
 
 func (r *reader) free() (int64, error) { return r.o.FreeSpace(r.o.ImagesDir) }
@@ -274,35 +285,20 @@ func Read(ctx context.Context, o Options) (_ *Layers, err error) {
 	}
 	// Every layer to unpack is read once before anything is written:
 	// digests, sizes and paths checked, what it unpacks to measured.
-	for _, g := range groups {
-		if g.cached {
-			continue
+	if src.kind == kindRootFS {
+		if g := groups[0]; !g.cached {
+			g.unpacked, g.content = p.layers[0].unpacked, p.layers[0].content
 		}
-		for _, l := range g.layers {
-			var sc scanned
-			if src.kind == kindRootFS {
-				sc = scanned{unpacked: p.layers[0].unpacked, content: p.layers[0].content}
-			} else if sc, err = r.scan(ctx, l); err != nil {
-				return nil, err
-			}
-			g.unpacked += sc.unpacked
-			g.content += sc.content
-		}
+	} else if err := r.scanAll(ctx, groups); err != nil {
+		return nil, err
 	}
 	if err := r.checkSpace(groups); err != nil {
 		return nil, err
 	}
-	v := newView(o.MaxFiles)
-	for gi, g := range groups {
-		if g.cached {
-			err = r.replay(ctx, g, gi, v)
-		} else if err = r.make(ctx, groups, gi, v); err == nil {
-			out.made = append(out.made, g.key)
-		}
-		if err != nil {
-			return nil, err
-		}
+	if err := r.build(ctx, groups, out); err != nil {
+		return nil, err
 	}
+	v := r.v
 	im := image.Image{Name: o.Name, Source: src.kind + ":" + sourcePath(o.Source), SourceDigest: p.digest}
 	if p.config != nil {
 		c := p.config.Config
@@ -369,7 +365,7 @@ func (r *reader) group(p *plan) ([]*group, error) {
 			r.o.Report(image.Progress{Phase: "resolve", Line: fmt.Sprintf("the image has %d layers: its top %d are merged into one berth layer (at most %d are stacked)",
 				len(keep), len(keep)-k, r.o.MaxLayers)})
 		}
-		groups = append(groups, &group{layers: []*layerRef{p.layers[i]}})
+		groups = append(groups, &group{layers: []*layerRef{p.layers[i]}, done: make(chan struct{})})
 	}
 	for _, g := range groups {
 		first, last := g.layers[0].n-1, g.layers[len(g.layers)-1].n-1
@@ -381,6 +377,103 @@ func (r *reader) group(p *plan) ([]*group, error) {
 		g.key = "oci-" + hex.EncodeToString(h[:])[:40]
 	}
 	return groups, nil
+}
+
+// scanAll scans the layers to unpack, two at a time (scanning is
+// decompressing and hashing: CPU-bound), and returns the first failure
+// in layer order.
+func (r *reader) scanAll(ctx context.Context, groups []*group) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var jobs []*layerRef
+	for _, g := range groups {
+		if !g.cached {
+			jobs = append(jobs, g.layers...)
+		}
+	}
+	errs := make([]error, len(jobs))
+	sem := make(chan struct{}, 2)
+	var wg sync.WaitGroup
+	for i, l := range jobs {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if ctx.Err() != nil {
+				errs[i] = ctx.Err()
+				return
+			}
+			if _, errs[i] = r.scan(ctx, l); errs[i] != nil {
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	var first error
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		return first
+	}
+	for _, g := range groups {
+		for _, l := range g.layers {
+			g.unpacked += l.unpacked
+			g.content += l.content
+		}
+	}
+	return nil
+}
+
+// build makes the view and the layers the cache lacks, in order: a
+// group is applied while the one below is sealed (made an ext4 layer).
+func (r *reader) build(ctx context.Context, groups []*group, out *Layers) (err error) {
+	r.v = newView(r.o.MaxFiles)
+	var pending chan error // the seal in flight
+	var pendingKey string
+	wait := func() error {
+		if pending == nil {
+			return nil
+		}
+		err := <-pending
+		pending = nil
+		if err == nil {
+			out.made = append(out.made, pendingKey)
+		}
+		return err
+	}
+	defer func() {
+		if werr := wait(); err == nil {
+			err = werr
+		}
+	}()
+	for gi, g := range groups {
+		if g.cached {
+			close(g.done)
+			if err := r.replay(ctx, g, gi, r.v); err != nil {
+				return err
+			}
+			continue
+		}
+		seal, err := r.make(ctx, groups, gi, r.v)
+		if err != nil {
+			close(g.done)
+			return err
+		}
+		if err := wait(); err != nil {
+			seal() // removes the stage; the layer made goes with the import
+			out.made = append(out.made, g.key)
+			return err
+		}
+		ch := make(chan error, 1)
+		pending, pendingKey = ch, g.key
+		go func() { ch <- seal() }()
+	}
+	return nil
 }
 
 // scanned is what reading a layer once found.
@@ -414,7 +507,7 @@ func (r *reader) scan(ctx context.Context, l *layerRef) (scanned, error) {
 			if err := ctx.Err(); err != nil {
 				return scanned{}, err
 			}
-			r.o.Report(image.Progress{Phase: "verify", Done: l.n, Total: l.of, Bytes: s.plain.n, TotalBytes: total, Line: l.String()})
+			r.report(image.Progress{Phase: "verify", Done: l.n, Total: l.of, Bytes: s.plain.n, TotalBytes: total, Line: l.String()})
 		}
 		h, err := s.next()
 		if err == io.EOF {
@@ -437,7 +530,7 @@ func (r *reader) scan(ctx context.Context, l *layerRef) (scanned, error) {
 		sc.digest = l.digest
 	}
 	l.unpacked, l.content = sc.unpacked, sc.content
-	r.o.Report(image.Progress{Phase: "verify", Done: l.n, Total: l.of, Bytes: sc.unpacked, TotalBytes: sc.unpacked, Line: l.String() + " verified"})
+	r.report(image.Progress{Phase: "verify", Done: l.n, Total: l.of, Bytes: sc.unpacked, TotalBytes: sc.unpacked, Line: l.String() + " verified"})
 	return sc, nil
 }
 
@@ -455,13 +548,17 @@ func (r *reader) tooBig(err error, l *layerRef, free int64) error {
 // layer is staged as files, then written into its ext4 image, then the
 // files go.
 func (r *reader) checkSpace(groups []*group) error {
-	var sum, peak int64
+	// A layer is staged while the one below is still being written,
+	// so two stages can be there at once.
+	var sum, peak, prev int64
 	for _, g := range groups {
 		if g.cached {
+			prev = 0
 			continue
 		}
 		sum += g.content + g.content/10
-		peak = max(peak, g.content)
+		peak = max(peak, prev+g.content)
+		prev = g.content
 	}
 	if sum == 0 {
 		return nil
@@ -480,7 +577,7 @@ func (r *reader) checkSpace(groups []*group) error {
 
 // replay brings a cached layer into the view from the index it holds.
 func (r *reader) replay(ctx context.Context, g *group, gi int, v *view) error {
-	r.o.Report(image.Progress{Phase: "unpack", Done: g.layers[len(g.layers)-1].n, Total: g.layers[0].of, Line: fmt.Sprintf("%s is cached (%s)", g.layers[0], g.key)})
+	r.report(image.Progress{Phase: "unpack", Done: g.layers[len(g.layers)-1].n, Total: g.layers[0].of, Line: fmt.Sprintf("%s is cached (%s)", g.layers[0], g.key)})
 	f, err := os.CreateTemp(r.work, "index-")
 	if err != nil {
 		return err
@@ -498,48 +595,63 @@ func (r *reader) replay(ctx context.Context, g *group, gi int, v *view) error {
 	return nil
 }
 
-// make applies a group's layers into a stage, checks their digests,
-// and stores the ext4 layer made of it in the cache.
-func (r *reader) make(ctx context.Context, groups []*group, gi int, v *view) error {
+// make applies a group's layers into a stage and checks their digests.
+// It returns what seals the stage: its index written, the ext4 layer
+// made of it and stored in the cache, the stage removed. Sealing runs
+// while the next group is applied; done closes when it has.
+func (r *reader) make(ctx context.Context, groups []*group, gi int, v *view) (seal func() error, err error) {
 	g := groups[gi]
 	cache := image.LayerCacheDir(r.o.ImagesDir)
 	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	// 0700: the stage holds the image's devices and setuid files.
 	work, err := os.MkdirTemp(cache, ".oci-")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer os.RemoveAll(work)
+	defer func() {
+		if err != nil {
+			os.RemoveAll(work)
+		}
+	}()
 	tree := filepath.Join(work, "tree")
 	upper := filepath.Join(tree, "upper")
 	if err := os.Mkdir(tree, 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	if err := os.Mkdir(upper, 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	st, err := openStage(upper)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer st.close()
 	root := v.lookup(nil)
 	if err := setMetaFd(st.root, meta{mode: root.mode, uid: root.uid, gid: root.gid, xattr: root.xattr}, nil); err != nil {
-		return fmt.Errorf("stage %s: %w", upper, err)
+		return nil, fmt.Errorf("stage %s: %w", upper, err)
 	}
 	a := newApplier(v, st, gi)
 	a.lower = func(ctx context.Context, group int, real []string, dst io.Writer) error {
-		return readLayerFile(ctx, groups[group].layer.Path, "/upper/"+strings.Join(real, "/"), dst, 16<<30)
+		lg := groups[group]
+		select {
+		case <-lg.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if lg.layer.Path == "" {
+			return errors.New("the layer below was not made")
+		}
+		return readLayerFile(ctx, lg.layer.Path, "/upper/"+strings.Join(real, "/"), dst, 16<<30)
 	}
 	for _, l := range g.layers {
 		s, err := openLayer(l, l.unpacked+1)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		err = a.apply(ctx, s, func(n int64) {
-			r.o.Report(image.Progress{Phase: "unpack", Done: l.n, Total: l.of, Bytes: n, TotalBytes: l.unpacked, Line: l.String()})
+			r.report(image.Progress{Phase: "unpack", Done: l.n, Total: l.of, Bytes: n, TotalBytes: l.unpacked, Line: l.String()})
 		})
 		if err == nil {
 			// Read again since it was verified: checked again.
@@ -547,31 +659,35 @@ func (r *reader) make(ctx context.Context, groups []*group, gi int, v *view) err
 		}
 		s.Close()
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := a.endGroup(); err != nil {
-		return err
+		return nil, err
 	}
 	if a.dropped > 0 {
-		r.o.Report(image.Progress{Phase: "unpack", Line: fmt.Sprintf("%d extended attribute(s) not kept, the first %s", a.dropped, a.dropOne)})
+		r.report(image.Progress{Phase: "unpack", Line: fmt.Sprintf("%d extended attribute(s) not kept, the first %s", a.dropped, a.dropOne)})
 	}
-	if _, err := writeIndex(upper, filepath.Join(tree, indexFile)); err != nil {
-		return fmt.Errorf("list the layer: %w", err)
-	}
-	r.o.Report(image.Progress{Phase: "image", Done: g.layers[len(g.layers)-1].n, Total: g.layers[0].of, Bytes: g.content,
-		Line: fmt.Sprintf("writing berth layer %d (mkfs.ext4 -d, nothing mounted)", gi+1)})
-	uuid := image.NewUUID()
-	file := filepath.Join(work, "layer.img")
-	if _, err := image.MakeLayer(ctx, tree, file, uuid); err != nil {
-		return err
-	}
-	l, err := image.StoreLayer(r.o.ImagesDir, file, g.key, uuid)
-	if err != nil {
-		return err
-	}
-	g.layer = l
-	return nil
+	return func() error {
+		defer close(g.done)
+		defer os.RemoveAll(work)
+		if _, err := writeIndex(upper, filepath.Join(tree, indexFile)); err != nil {
+			return fmt.Errorf("list the layer: %w", err)
+		}
+		r.report(image.Progress{Phase: "image", Done: g.layers[len(g.layers)-1].n, Total: g.layers[0].of, Bytes: g.content,
+			Line: fmt.Sprintf("writing berth layer %d (mkfs.ext4 -d, nothing mounted)", gi+1)})
+		uuid := image.NewUUID()
+		file := filepath.Join(work, "layer.img")
+		if _, err := image.MakeLayer(ctx, tree, file, uuid); err != nil {
+			return err
+		}
+		l, err := image.StoreLayer(r.o.ImagesDir, file, g.key, uuid)
+		if err != nil {
+			return err
+		}
+		g.layer = l
+		return nil
+	}, nil
 }
 
 // resolveUser checks the config's User against the image's own

@@ -107,7 +107,9 @@ func openLayer(l *layerRef, limit int64) (*layerStream, error) {
 		diff = "sha256:"
 	}
 	s.plain = &counted{r: s.dec, h: newHash(diff), limit: limit}
-	s.tr = tar.NewReader(s.plain)
+	// tar reads in blocks and skips through small buffers: decompress
+	// and hash in large reads instead.
+	s.tr = tar.NewReader(bufio.NewReaderSize(s.plain, 1<<20))
 	return s, nil
 }
 
