@@ -120,8 +120,8 @@ func NewUUID() string { return newUUID() }
 // image's lock (LockImage) and its layers' (HoldLayer). It reports
 // whether it built anything: an identical build is reused.
 //
-// A name built from another source (a recipe, a shipped image, another
-// import's file) is refused: remove it first.
+// A name built otherwise (a recipe, a shipped image) is refused: remove
+// it first. An import replaces an earlier import's build as current.
 func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 	if o.Report == nil {
 		w := o.Progress
@@ -139,7 +139,9 @@ func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 	if len(im.Layers) == 0 {
 		return Image{}, false, errors.New("an image with no layers has nothing to boot")
 	}
-	if cur, err := Load(o.ImagesDir, im.Name); err == nil && cur.Source != im.Source {
+	// An import replaces an import (a new version of the image, from
+	// wherever); a name built otherwise is not taken over.
+	if cur, err := Load(o.ImagesDir, im.Name); err == nil && cur.Source != im.Source && (cur.SourceDigest == "" || im.SourceDigest == "") {
 		return Image{}, false, fmt.Errorf("image %q already exists, built from %s: remove it first (berth image rm %s) or choose another name: %w",
 			im.Name, cur.Source, im.Name, fs.ErrExist)
 	}

@@ -224,6 +224,9 @@ func Read(ctx context.Context, o Options) (_ *Layers, err error) {
 	if err := image.ValidateName(o.Name); err != nil {
 		return nil, err
 	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("importing an image needs root: its layers keep owners, device nodes and overlayfs's trusted attributes (run the berth daemon as root)")
+	}
 	if err := os.MkdirAll(o.ImagesDir, 0o755); err != nil {
 		return nil, err
 	}

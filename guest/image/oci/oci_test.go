@@ -370,6 +370,18 @@ func TestImport(t *testing.T) {
 	if err != nil || back.SourceDigest != im.SourceDigest || back.Config == nil || back.Config.UID != 1000 || len(back.Layers) != 3 {
 		t.Fatalf("loaded %+v, %v", back, err)
 	}
+	// Again: the same build.
+	again, err := Import(context.Background(), o)
+	if err != nil || again.Digest != im.Digest {
+		t.Fatalf("re-import: %+v, %v; want build %s again", again, err, im.Digest)
+	}
+	// Another source under the name is another build of it; the
+	// layers it shares stay linked.
+	o.Source = writeLayout(t, filepath.Join(dir, "layout2"), imageSpec{layers: [][]byte{layer1(t)}, user: "app"}.image(t))
+	other, err := Import(context.Background(), o)
+	if err != nil || other.Digest == im.Digest || len(other.Layers) != 1 || other.Layers[0].Hash != im.Layers[0].Hash {
+		t.Fatalf("import of another image as app: %+v, %v", other, err)
+	}
 }
 
 // Within one berth layer, a directory whited out and then named only
@@ -396,6 +408,19 @@ func TestWhiteoutThenImplicitParent(t *testing.T) {
 		l := read(t, o)
 		if got := mergedTree(t, l.Image); !slices.Equal(got, want) {
 			t.Errorf("%d berth layers: tree differs:\n%s", max, diffLines(got, want))
+		}
+	}
+}
+
+// Names berth builds itself, and invalid ones, are refused before the
+// source is read.
+func TestImportNames(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"mini", "debian", "Bad_Name", ""} {
+		o, _ := options(filepath.Join(dir, "images"), filepath.Join(dir, "nowhere.tar"))
+		o.Name = name
+		if _, err := Import(t.Context(), o); err == nil || strings.Contains(err.Error(), "nowhere") {
+			t.Errorf("import as %q: %v, want refused before reading the source", name, err)
 		}
 	}
 }
