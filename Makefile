@@ -79,6 +79,7 @@ FUZZ_TARGETS := \
 	ui/sshd/sftp:FuzzSFTP ui/sshd:FuzzSCPSink \
 	session/engine/egress:FuzzDNSQuery session/engine/egress:FuzzEgressRequest session:FuzzParsePolicy session/engine/schedule:FuzzParseSpec \
 	session/api:FuzzAPIBody guest/image:FuzzRecipe \
+	guest/image/oci:FuzzParseJSON guest/image/oci:FuzzParseEntry guest/image/oci:FuzzApplyLayer \
 	ui/common:FuzzSanitizeLine ui/components/output:FuzzOutputWindow
 
 fuzz:

@@ -52,9 +52,35 @@ type Image struct {
 	InitramfsSize int64         `json:"initramfs_size"`
 	Built         time.Time     `json:"built"`
 	BuildTook     time.Duration `json:"build_took_ns,omitempty"`
-	// Source says what it was built from: "berth" for shipped images, or
-	// the recipe file's path.
+	// Source says what it was built from: "berth" for shipped images,
+	// the recipe file's path, or for an imported image where it came from
+	// (e.g. "oci-archive:/srv/app.tar", "docker-archive:-" for standard
+	// input).
 	Source string `json:"source"`
+	// SourceDigest identifies an imported image as its source named it:
+	// the OCI manifest's digest, or a docker archive's image id (its
+	// config's digest); empty for built images.
+	SourceDigest string `json:"source_digest,omitempty"`
+	// Config is what an imported image's config asks of the commands run
+	// in it; nil for built images.
+	Config *Config `json:"config,omitempty"`
+}
+
+// Config is the part of an OCI image config berth has a place for.
+type Config struct {
+	Env        []string `json:"env,omitempty"`
+	User       string   `json:"user,omitempty"` // as the config says it
+	WorkingDir string   `json:"working_dir,omitempty"`
+	// Entrypoint and Cmd are kept for information: berth runs no
+	// container process.
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+	// UID, GID and Home are User resolved against the image's own
+	// /etc/passwd and /etc/group, so nobody parses them again; 0 and ""
+	// for root or no User.
+	UID  int    `json:"uid,omitempty"`
+	GID  int    `json:"gid,omitempty"`
+	Home string `json:"home,omitempty"`
 }
 
 // PackageCount is how many Debian packages the image's root holds: those
