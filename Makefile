@@ -77,7 +77,7 @@ FUZZPARALLEL ?= 1
 FUZZ_TARGETS := \
 	guest:FuzzFrames guest:FuzzHostHandshake guest:FuzzGuestHandshake \
 	ui/sshd/sftp:FuzzSFTP ui/sshd:FuzzSCPSink \
-	session/engine/egress:FuzzDNSQuery session/engine/egress:FuzzEgressRequest session:FuzzParsePolicy session/engine/schedule:FuzzParseSpec \
+	session/engine/egress:FuzzDNSQuery session/engine/egress:FuzzEgressRequest session:FuzzParsePolicy session/schedule:FuzzParseSpec \
 	session/api:FuzzAPIBody guest/image:FuzzRecipe \
 	guest/image/oci:FuzzParseJSON guest/image/oci:FuzzParseEntry guest/image/oci:FuzzApplyLayer \
 	ui/common:FuzzSanitizeLine ui/components/output:FuzzOutputWindow

@@ -25,7 +25,7 @@ const (
 	FieldNet         = "net"
 	FieldImage       = "image"
 	FieldLabel       = "label"
-	FieldKeepMemory  = "keep_memory" // a checkpoint's memory snapshot
+	FieldKeepMemory  = "memory_snapshot" // a checkpoint's (CheckpointOptions.Memory)
 	FieldCheckpoint  = "checkpoint"
 	FieldPath        = "path"
 	FieldSpec        = "spec"
@@ -63,12 +63,12 @@ type Error struct {
 func (e *Error) Error() string { return e.Render(nil) }
 
 // Render renders the error with label naming its field (nil: the
-// contract's name): "memory 64M is below the 128M a guest needs (give it
-// at least 128M)".
+// contract's name in words, "system disk" for system_disk): "memory 64M
+// is below the 128M a guest needs".
 func (e *Error) Render(label func(field string) string) string {
 	var b strings.Builder
 	if e.Field != "" {
-		f := e.Field
+		f := strings.ReplaceAll(e.Field, "_", " ")
 		if label != nil {
 			f = label(e.Field)
 		}

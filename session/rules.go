@@ -104,8 +104,8 @@ func CheckCheckpoint(opts CheckpointOptions, c CheckpointState) error {
 	}
 	if opts.Memory && c.State != StateRunning && c.State != StateSleeping {
 		return &Error{Class: ErrInvalidState, Field: FieldKeepMemory,
-			Msg:  fmt.Sprintf("cannot be kept for session %q: it is %s", c.Name, c.State),
-			Hint: "a memory checkpoint needs a running or sleeping session; checkpoint its disks alone"}
+			Msg:  fmt.Sprintf("needs a running or sleeping session; session %q is %s", c.Name, c.State),
+			Hint: "checkpoint its disks alone"}
 	}
 	hint := fmt.Sprintf("remove one of session %s's checkpoints first", c.Name)
 	if c.Limit > 0 && c.Count >= c.Limit {

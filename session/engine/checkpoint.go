@@ -14,6 +14,7 @@ import (
 
 	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/engine/diskcopy"
 	"github.com/berthvm/berth/vmm"
 )
 
@@ -188,7 +189,7 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts session.Checkpoin
 	}
 	var est int64
 	for _, p := range pairs {
-		est += allocated(p[0])
+		est += diskcopy.Allocated(p[0])
 	}
 	if opts.Memory {
 		est += int64(rec.MemoryMiB) << 20
@@ -218,7 +219,7 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts session.Checkpoin
 	if opts.Memory {
 		memPath = filepath.Join(tmp, ckptMemory)
 	}
-	dc := &diskCopier{m: m}
+	dc := m.copier()
 	what := "checkpoint session " + s.name
 	var frozen time.Duration
 	switch st {
@@ -228,9 +229,9 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts session.Checkpoin
 		if memPath != "" {
 			pairs = append(pairs, [2]string{rec.SnapshotPath, memPath})
 		}
-		err = dc.copyAll(ctx, what, pairs)
+		err = dc.CopyAll(ctx, what, pairs)
 	default: // stopped or crashed: nothing writes to the disks
-		err = dc.copyAll(ctx, what, pairs)
+		err = dc.CopyAll(ctx, what, pairs)
 	}
 	if err == nil && memPath != "" && st == session.StateRunning {
 		_, err = syncFile(memPath) // after the VM runs again
@@ -242,17 +243,17 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts session.Checkpoin
 	cm := ckptMeta{
 		Checkpoint: session.Checkpoint{
 			ID: id, Session: s.name, Label: opts.Label, Auto: auto, CreatedAt: start,
-			System: rec.SystemUUID != "", Memory: opts.Memory, Copy: dc.how.String(), Frozen: frozen, State: st,
+			System: rec.SystemUUID != "", Memory: opts.Memory, Copy: dc.How.String(), Frozen: frozen, State: st,
 		},
 		Image: rec.Image, ImageDigest: rec.ImageDigest, WorkspaceUUID: rec.WorkspaceUUID,
 		SystemUUID: rec.SystemUUID, SystemBytes: rec.SystemBytes, DiskBytes: rec.DiskBytes,
 		MachineID: rec.MachineID, Accel: rec.Accel,
 	}
 	for _, p := range pairs {
-		cm.Bytes += allocated(p[1])
+		cm.Bytes += diskcopy.Allocated(p[1])
 	}
 	if memPath != "" && st == session.StateRunning {
-		cm.Bytes += allocated(memPath)
+		cm.Bytes += diskcopy.Allocated(memPath)
 	}
 	cm.Took = time.Since(start)
 	b, _ := json.MarshalIndent(cm, "", "  ")
@@ -286,7 +287,7 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts session.Checkpoin
 // and its memory saved there; then lets it go on. It returns how long the
 // session was held. what names the operation for a refusal; step for
 // crash points and the timeline.
-func (s *sess) frozenCopy(ctx context.Context, by, step string, dc *diskCopier, what string, pairs [][2]string, memPath string) (time.Duration, error) {
+func (s *sess) frozenCopy(ctx context.Context, by, step string, dc *diskcopy.Copier, what string, pairs [][2]string, memPath string) (time.Duration, error) {
 	m := s.m
 	vm, err := s.currentVM()
 	if err != nil {
@@ -359,7 +360,7 @@ func (s *sess) frozenCopy(ctx context.Context, by, step string, dc *diskCopier, 
 	// so the disks are copied while the VM runs on, and the VM is paused
 	// only to save its memory, which then matches the copied disks.
 	copied = make(chan error, 1)
-	go func() { copied <- dc.copyAll(cctx, what, pairs) }()
+	go func() { copied <- dc.CopyAll(cctx, what, pairs) }()
 	if snap != nil {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := vm.Pause(pctx)
@@ -520,8 +521,8 @@ func (s *sess) swapIn(ctx context.Context, ck ckptMeta) error {
 	for _, p := range pairs {
 		os.Remove(p[1])
 	}
-	dc := &diskCopier{m: m}
-	if err := dc.copyAll(ctx, "restore session "+s.name+" to checkpoint "+ck.ID, pairs); err != nil {
+	dc := m.copier()
+	if err := dc.CopyAll(ctx, "restore session "+s.name+" to checkpoint "+ck.ID, pairs); err != nil {
 		os.Remove(filepath.Join(s.dir(), restoreIntent))
 		return err
 	}
@@ -548,7 +549,7 @@ func (s *sess) swapIn(ctx context.Context, ck ckptMeta) error {
 	}
 	s.rec.SnapshotPath, s.rec.SnapshotBytes = "", 0
 	if ck.Memory {
-		s.rec.SnapshotPath, s.rec.SnapshotBytes, s.rec.Accel = snapPath, allocated(snapPath), ck.Accel
+		s.rec.SnapshotPath, s.rec.SnapshotBytes, s.rec.Accel = snapPath, diskcopy.Allocated(snapPath), ck.Accel
 	}
 	s.mu.Unlock()
 	if !ck.System {
@@ -663,19 +664,20 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (session.ForkR
 	if rec.SystemUUID != "" {
 		pairs = append(pairs, [2]string{src.sysPath(), f.sysPath()})
 	}
-	dc := &diskCopier{m: m, noSync: true}
+	dc := m.copier()
+	dc.NoSync = true
 	what := "fork session " + name
 	memPath := f.snapshotPath()
 	switch src.state() {
 	case session.StateRunning:
 		res.Frozen, err = src.frozenCopy(ctx, by, "fork", dc, what, pairs, memPath)
 	case session.StateSleeping:
-		err = dc.copyAll(ctx, what, append(pairs, [2]string{rec.SnapshotPath, memPath}))
+		err = dc.CopyAll(ctx, what, append(pairs, [2]string{rec.SnapshotPath, memPath}))
 	}
 	if err != nil {
 		return fail(err)
 	}
-	res.Copy = dc.how.String()
+	res.Copy = dc.How.String()
 	var steps []any
 	step := func(name string) { steps = append(steps, name, time.Since(start).Round(time.Millisecond)) }
 	defer func() { m.log.Info("fork", append([]any{"session", name, "into", newName}, steps...)...) }()

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/engine/diskcopy"
 	"github.com/berthvm/berth/store"
 )
 
@@ -49,7 +50,7 @@ func TestSparseCopy(t *testing.T) {
 	sparseImage(t, src, size, map[int64][]byte{
 		0: randBytes(4096), 16 << 20: randBytes(1 << 20), size - 4096: randBytes(4096),
 	})
-	if err := sparseCopy(context.Background(), src, dst, true); err != nil {
+	if err := diskcopy.SparseCopy(context.Background(), src, dst, true); err != nil {
 		t.Fatal(err)
 	}
 	a, _ := os.ReadFile(src)
@@ -57,17 +58,17 @@ func TestSparseCopy(t *testing.T) {
 	if !bytes.Equal(a, b) {
 		t.Fatal("the copy differs from the source")
 	}
-	if got, want := allocated(dst), allocated(src); got > want+1<<20 || got > 8<<20 {
+	if got, want := diskcopy.Allocated(dst), diskcopy.Allocated(src); got > want+1<<20 || got > 8<<20 {
 		t.Errorf("the copy allocates %d bytes, the source %d: not sparse", got, want)
 	}
 	// dst exists: refused, and left as it is.
-	if err := sparseCopy(context.Background(), src, dst, true); !errors.Is(err, os.ErrExist) {
+	if err := diskcopy.SparseCopy(context.Background(), src, dst, true); !errors.Is(err, os.ErrExist) {
 		t.Errorf("copy over an existing file: %v", err)
 	}
 	// A cancelled copy leaves nothing.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := sparseCopy(ctx, src, filepath.Join(dir, "gone"), true); err == nil {
+	if err := diskcopy.SparseCopy(ctx, src, filepath.Join(dir, "gone"), true); err == nil {
 		t.Error("a cancelled copy succeeded")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "gone")); !errors.Is(err, os.ErrNotExist) {
@@ -78,7 +79,7 @@ func TestSparseCopy(t *testing.T) {
 		e := filepath.Join(dir, "e")
 		sparseImage(t, e, n, nil)
 		os.Remove(e + ".c")
-		if err := sparseCopy(context.Background(), e, e+".c", true); err != nil {
+		if err := diskcopy.SparseCopy(context.Background(), e, e+".c", true); err != nil {
 			t.Fatal(err)
 		}
 		if fi, _ := os.Stat(e + ".c"); fi.Size() != n {
@@ -94,21 +95,23 @@ func TestDiskCopierFallsBack(t *testing.T) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "a")
 	sparseImage(t, src, 16<<20, map[int64][]byte{1 << 20: randBytes(8192)})
-	dc := &diskCopier{m: m}
-	if err := dc.copyAll(context.Background(), "copy", [][2]string{{src, src + ".1"}}); err != nil {
+	dc := m.copier()
+	if err := dc.CopyAll(context.Background(), "copy", [][2]string{{src, src + ".1"}}); err != nil {
 		t.Fatal(err)
 	}
-	if dc.how != copyReflink && dc.how != copySparse {
-		t.Errorf("how = %v", dc.how)
+	if dc.How != diskcopy.Reflink && dc.How != diskcopy.Sparse {
+		t.Errorf("how = %v", dc.How)
 	}
-	t.Logf("this filesystem: %s", dc.how)
-	dc = &diskCopier{m: m, noReflink: true}
-	if err := dc.copyAll(context.Background(), "copy", [][2]string{{src, src + ".2"}}); err != nil || dc.how != copySparse {
-		t.Errorf("forced sparse: %v %v", dc.how, err)
+	t.Logf("this filesystem: %s", dc.How)
+	dc = m.copier()
+	dc.NoReflink = true
+	if err := dc.CopyAll(context.Background(), "copy", [][2]string{{src, src + ".2"}}); err != nil || dc.How != diskcopy.Sparse {
+		t.Errorf("forced sparse: %v %v", dc.How, err)
 	}
 	// A failing later file removes the earlier copies.
-	dc = &diskCopier{m: m, noReflink: true}
-	err := dc.copyAll(context.Background(), "copy", [][2]string{{src, src + ".3"}, {filepath.Join(dir, "missing"), src + ".4"}})
+	dc = m.copier()
+	dc.NoReflink = true
+	err := dc.CopyAll(context.Background(), "copy", [][2]string{{src, src + ".3"}, {filepath.Join(dir, "missing"), src + ".4"}})
 	if err == nil {
 		t.Fatal("copy of a missing file succeeded")
 	}
@@ -161,7 +164,7 @@ func TestCheckpointStopped(t *testing.T) {
 	if !bytes.Equal(got[8<<20:8<<20+len(want)], want) {
 		t.Error("the checkpoint's workspace differs")
 	}
-	if _, err := m.Checkpoint(ctx, "a", session.CheckpointOptions{Memory: true}); !errors.Is(err, session.ErrInvalidState) || !strings.Contains(err.Error(), "leave out --memory") {
+	if _, err := m.Checkpoint(ctx, "a", session.CheckpointOptions{Memory: true}); !errors.Is(err, session.ErrInvalidState) || session.FieldOf(err) != session.FieldKeepMemory || !strings.Contains(err.Error(), "checkpoint its disks alone") {
 		t.Errorf("memory checkpoint of a stopped session: %v", err)
 	}
 	if _, err := m.Checkpoint(ctx, "a", session.CheckpointOptions{Label: "two\nlines"}); !errors.Is(err, session.ErrInvalid) {
@@ -218,9 +221,9 @@ func TestCheckpointNoRoom(t *testing.T) {
 	s := m.addStopped(t, "a", map[int64][]byte{0: randBytes(4 << 20)})
 	free := m.freeSpace()
 	m.cfg.Floor = free - 1<<20 // above the floor now, not after a 4 MiB copy
-	dc := &diskCopier{m: m}
-	err := dc.copyAll(ctx, "checkpoint session a", [][2]string{{s.wsPath(), filepath.Join(t.TempDir(), "x")}})
-	if dc.how == copyReflink {
+	dc := m.copier()
+	err := dc.CopyAll(ctx, "checkpoint session a", [][2]string{{s.wsPath(), filepath.Join(t.TempDir(), "x")}})
+	if dc.How == diskcopy.Reflink {
 		t.Skip("this filesystem reflinks: a checkpoint needs no room")
 	}
 	if !errors.Is(err, session.ErrNoSpace) || !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), "needs 4") || !strings.Contains(err.Error(), "free_space_floor") {

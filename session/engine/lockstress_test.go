@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"github.com/berthvm/berth/session"
 	"math/rand/v2"
 	"runtime/pprof"
 	"strings"
@@ -11,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/berthvm/berth/session"
 )
 
 // The engine under churn from many goroutines — state changes, statistics

@@ -2,8 +2,9 @@
 // connections, recorded executions, runs and schedules, checkpoints, images
 // and egress, and implements the contract of package session. The daemon
 // (session/daemon) wires it to the store, the VMM drivers and the socket.
-// Mechanisms with one job each live beneath it: the timetables of schedules
-// (schedule), the egress proxy and DNS (egress), disk copies (diskcopy).
+// Mechanisms with one job each live in packages of their own: the egress
+// proxy and DNS beneath it (egress), the timetables of schedules beside
+// it (session/schedule, which the fake and the CLI read specs with too).
 //
 // # Locks
 //

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/session/engine/schedule"
+	"github.com/berthvm/berth/session/schedule"
 	"github.com/berthvm/berth/store"
 )
 

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/engine/diskcopy"
 	"github.com/berthvm/berth/session/engine/internal/lock"
 	"github.com/berthvm/berth/vmm"
 )
@@ -253,3 +254,17 @@ func (s *sess) resumeAfterDiskFull(ctx context.Context, h session.HostStatus) {
 	s.setState(session.StateRunning, fmt.Sprintf("resumed: the host disk has %s free again", session.FormatBytes(h.Free)), "host")
 	s.m.resumeRuns(s)
 }
+
+// checkRoom refuses to write need bytes when that would take the data
+// directory below the floor (or past full, with no floor set).
+func (m *Manager) checkRoom(what string, need int64) error {
+	free := m.freeSpace()
+	if free-need < m.cfg.Floor || need > free {
+		return fmt.Errorf("cannot %s: it needs %s and the data directory %s has %s free, to stay above the %s floor (free_space_floor in config.toml); free some space first: %w: %w",
+			what, session.FormatBytes(need), m.cfg.DataDir, session.FormatBytes(free), session.FormatBytes(m.cfg.Floor), session.ErrNoSpace, syscall.ENOSPC)
+	}
+	return nil
+}
+
+// copier copies disks, checking the room a sparse copy needs.
+func (m *Manager) copier() *diskcopy.Copier { return &diskcopy.Copier{Room: m.checkRoom} }

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/session/engine/schedule"
+	"github.com/berthvm/berth/session/schedule"
 )
 
 // The fake keeps agent runs like the Manager does, in memory. Schedules

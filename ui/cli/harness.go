@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/session/engine/schedule"
+	"github.com/berthvm/berth/session/schedule"
 )
 
 // harnessCommands are the commands of agent runs and schedules.

@@ -1,4 +1,6 @@
-package engine
+// Package diskcopy copies disk images for checkpoints, restores and forks:
+// copy-on-write where the filesystem can, else sparse, never dense.
+package diskcopy
 
 import (
 	"context"
@@ -8,34 +10,33 @@ import (
 	"os"
 	"syscall"
 
-	"github.com/berthvm/berth/session"
 	"golang.org/x/sys/unix"
 )
 
-// Disk copies for checkpoints and forks. A copy is copy-on-write where the
+// A copy is copy-on-write where the
 // data directory's filesystem can do it (FICLONE: XFS, btrfs, bcachefs),
 // so it costs metadata only; otherwise it is a sparse copy: only the
 // ranges SEEK_DATA finds are copied, with copy_file_range (in the kernel,
 // no bytes through user space), and holes stay holes. Never a dense copy:
 // a 4 GiB workspace with 200 MB written costs 200 MB.
 
-// copyHow says how a file was copied.
-type copyHow int
+// How says how a file was copied.
+type How int
 
 const (
-	copyReflink copyHow = iota + 1
-	copySparse
+	Reflink How = iota + 1
+	Sparse
 )
 
-func (h copyHow) String() string {
-	if h == copyReflink {
+func (h How) String() string {
+	if h == Reflink {
 		return "reflink"
 	}
 	return "sparse copy"
 }
 
-// allocated is what path holds on the host's disk.
-func allocated(path string) int64 {
+// Allocated is what path holds on the host's disk.
+func Allocated(path string) int64 {
 	var st syscall.Stat_t
 	if syscall.Stat(path, &st) != nil {
 		return 0
@@ -74,9 +75,9 @@ func cloneFile(src, dst string, sync bool) error {
 	return nil
 }
 
-// sparseCopy copies src to dst (which must not exist), data ranges only,
+// SparseCopy copies src to dst (which must not exist), data ranges only,
 // and with sync syncs dst. ctx is checked between ranges.
-func sparseCopy(ctx context.Context, src, dst string, sync bool) error {
+func SparseCopy(ctx context.Context, src, dst string, sync bool) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -177,24 +178,27 @@ func copyRangeRW(ifd, ofd int, off, n int64) error {
 	return nil
 }
 
-// diskCopier copies a set of files, the first one deciding whether the
+// Copier copies a set of files, the first one deciding whether the
 // filesystem reflinks: if it does, every file is cloned and no space is
-// needed; if not, the space the sparse copies need is checked against the
-// free space and the floor before any byte is copied.
-type diskCopier struct {
-	m   *Manager
-	how copyHow
-	// noReflink forces sparse copies (tests compare the two).
-	noReflink bool
-	// noSync leaves the copies to the page cache: a fork's disks, which
+// needed; if not, Room is asked whether the space the sparse copies need
+// may be written before any byte is copied.
+type Copier struct {
+	// Room refuses (with the caller's error) to write need more bytes for
+	// what; nil allows everything.
+	Room func(what string, need int64) error
+	// How is how the last CopyAll copied.
+	How How
+	// NoReflink forces sparse copies (tests compare the two).
+	NoReflink bool
+	// NoSync leaves the copies to the page cache: a fork's disks, which
 	// the fork's first flush (an fdatasync of each image) makes durable,
 	// and which are deleted with the half-made fork after a crash.
-	noSync bool
+	NoSync bool
 }
 
-// copyAll copies each src to its dst (none of which may exist). what
+// CopyAll copies each src to its dst (none of which may exist). what
 // names the operation for a refusal. On error every dst made is removed.
-func (dc *diskCopier) copyAll(ctx context.Context, what string, pairs [][2]string) (err error) {
+func (dc *Copier) CopyAll(ctx context.Context, what string, pairs [][2]string) (err error) {
 	var made []string
 	defer func() {
 		if err != nil {
@@ -206,13 +210,13 @@ func (dc *diskCopier) copyAll(ctx context.Context, what string, pairs [][2]strin
 	if len(pairs) == 0 {
 		return nil
 	}
-	if !dc.noReflink {
-		err := cloneFile(pairs[0][0], pairs[0][1], !dc.noSync)
+	if !dc.NoReflink {
+		err := cloneFile(pairs[0][0], pairs[0][1], !dc.NoSync)
 		if err == nil {
 			made = append(made, pairs[0][1])
-			dc.how = copyReflink
+			dc.How = Reflink
 			for _, p := range pairs[1:] {
-				if err := cloneFile(p[0], p[1], !dc.noSync); err != nil {
+				if err := cloneFile(p[0], p[1], !dc.NoSync); err != nil {
 					return err
 				}
 				made = append(made, p[1])
@@ -223,30 +227,21 @@ func (dc *diskCopier) copyAll(ctx context.Context, what string, pairs [][2]strin
 			return err
 		}
 	}
-	dc.how = copySparse
+	dc.How = Sparse
 	var need int64
 	for _, p := range pairs {
-		need += allocated(p[0])
+		need += Allocated(p[0])
 	}
-	if err := dc.m.checkRoom(what, need); err != nil {
-		return err
+	if dc.Room != nil {
+		if err := dc.Room(what, need); err != nil {
+			return err
+		}
 	}
 	for _, p := range pairs {
-		if err := sparseCopy(ctx, p[0], p[1], !dc.noSync); err != nil {
+		if err := SparseCopy(ctx, p[0], p[1], !dc.NoSync); err != nil {
 			return err
 		}
 		made = append(made, p[1])
-	}
-	return nil
-}
-
-// checkRoom refuses to write need bytes when that would take the data
-// directory below the floor (or past full, with no floor set).
-func (m *Manager) checkRoom(what string, need int64) error {
-	free := m.freeSpace()
-	if free-need < m.cfg.Floor || need > free {
-		return fmt.Errorf("cannot %s: it needs %s and the data directory %s has %s free, to stay above the %s floor (free_space_floor in config.toml); free some space first: %w: %w",
-			what, session.FormatBytes(need), m.cfg.DataDir, session.FormatBytes(free), session.FormatBytes(m.cfg.Floor), session.ErrNoSpace, syscall.ENOSPC)
 	}
 	return nil
 }

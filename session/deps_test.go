@@ -1,0 +1,43 @@
+package session
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// The contract imports only the standard library, and the front ends link
+// none of the engine's parts (badger, the store, the VMM drivers, the
+// engine itself): only the package that wires the daemon in (ui/app) and
+// the daemon (session/daemon) may.
+func TestDependenciesPointOneWay(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go command to list dependencies")
+	}
+	list := func(pkg string) []string {
+		t.Helper()
+		out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", pkg, err)
+		}
+		return strings.Fields(string(out))
+	}
+	for _, dep := range list("github.com/berthvm/berth/session") {
+		if dep != "github.com/berthvm/berth/session" {
+			t.Errorf("the contract imports %s; it may import only the standard library", dep)
+		}
+	}
+	forbidden := []string{"github.com/dgraph-io/badger", "github.com/berthvm/berth/store", "github.com/berthvm/berth/vmm", "github.com/berthvm/berth/session/engine"}
+	for _, fe := range []string{
+		"github.com/berthvm/berth/ui", "github.com/berthvm/berth/ui/cli", "github.com/berthvm/berth/ui/sshd",
+		"github.com/berthvm/berth/ui/mcpserver", "github.com/berthvm/berth/ui/components/...", "github.com/berthvm/berth/session/api",
+	} {
+		for _, dep := range list(fe) {
+			for _, f := range forbidden {
+				if strings.HasPrefix(dep, f) {
+					t.Errorf("front end %s links %s", fe, dep)
+				}
+			}
+		}
+	}
+}
