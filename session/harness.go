@@ -153,7 +153,7 @@ func RunOf(ctx context.Context) string {
 // ValidateRunID checks the form of a run id: "r" and 12 hex digits.
 func ValidateRunID(id string) error {
 	if len(id) != 13 || id[0] != 'r' || strings.Trim(id[1:], "0123456789abcdef") != "" {
-		return fmt.Errorf("run id %q: want r and 12 hex digits, as 'berth run start' prints: %w", id, ErrInvalid)
+		return &Error{Class: ErrInvalid, Field: FieldRun, Msg: fmt.Sprintf("id %q: want r and 12 hex digits", id), Hint: "use the id a run's start gave"}
 	}
 	return nil
 }
@@ -163,7 +163,7 @@ func ValidateRunID(id string) error {
 // overlap.
 func ValidateSchedule(req *ScheduleRequest) error {
 	if strings.TrimSpace(req.Spec) == "" {
-		return fmt.Errorf("schedule: no timetable given (a cron expression such as '*/5 * * * *', or @every D): %w", ErrInvalid)
+		return &Error{Class: ErrInvalid, Field: FieldSpec, Msg: "missing", Hint: "a cron expression such as '*/5 * * * *', or @every D"}
 	}
 	o, err := ParseOverlap(string(req.Overlap))
 	if err != nil {
@@ -171,7 +171,7 @@ func ValidateSchedule(req *ScheduleRequest) error {
 	}
 	req.Overlap = o
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
-		return fmt.Errorf("schedule: no command given (berth schedule add NAME SPEC -- CMD...): %w", ErrInvalid)
+		return &Error{Class: ErrInvalid, Field: FieldCommand, Msg: "missing: a schedule runs a command", Hint: "give the command after the timetable"}
 	}
 	return nil
 }

@@ -64,10 +64,10 @@ func (m *Manager) resolveImage(ctx context.Context, name, digest string) (Image,
 		return fromBuild(b), nil
 	}
 	if digest != "" {
-		return Image{}, fmt.Errorf("%v; the session's system disk was made on that build: `berth replace` moves the session to the current one: %w", err, session.ErrNotFound)
+		return Image{}, &session.Error{Class: session.ErrNotFound, Msg: fmt.Sprintf("%v; the session's system disk was made on that build", err), Hint: "replacing the session's VM moves it to the current build", Err: err}
 	}
 	if !image.Shipped(name) {
-		return Image{}, fmt.Errorf("image %q is not built (berth image build --recipe FILE builds one; berth image ls lists them): %w", name, session.ErrNotFound)
+		return Image{}, &session.Error{Class: session.ErrNotFound, Field: session.FieldImage, Msg: fmt.Sprintf("%q is not built", name), Hint: "build it from a recipe, or list the images there are"}
 	}
 	m.log.Info("building image", "image", name)
 	m.builds.mu.Lock()
@@ -177,7 +177,7 @@ func (m *Manager) BuildImage(ctx context.Context, req session.BuildRequest, prog
 		fallthrough
 	default:
 		if !image.Shipped(req.Name) {
-			return session.ImageInfo{}, fmt.Errorf("unknown image %q: berth ships %s; build others with --recipe FILE: %w", req.Name, strings.Join(image.Names(), ", "), session.ErrInvalid)
+			return session.ImageInfo{}, &session.Error{Class: session.ErrInvalid, Field: session.FieldImage, Msg: fmt.Sprintf("%q is not one berth ships (%s)", req.Name, strings.Join(image.Names(), ", ")), Hint: "build others from a recipe"}
 		}
 		o.Name = req.Name
 	}

@@ -167,7 +167,7 @@ func (m *Manager) useRun(ctx context.Context, name string) (string, error) {
 	defer h.mu.Unlock()
 	s, ok := h.sessOf[id]
 	if !ok {
-		return "", fmt.Errorf("run %q: %w (start one with 'berth run start %s')", id, session.ErrNotFound, name)
+		return "", &session.Error{Class: session.ErrNotFound, Field: session.FieldRun, Msg: fmt.Sprintf("%q: session %q has no such run", id, name), Hint: "start one on it"}
 	}
 	if s != name {
 		return "", fmt.Errorf("run %q belongs to session %q, not %q: %w", id, s, name, session.ErrInvalid)
@@ -175,7 +175,7 @@ func (m *Manager) useRun(ctx context.Context, name string) (string, error) {
 	r, ok := h.open[id]
 	if !ok {
 		rec, _ := m.st.GetRun(s, id)
-		return "", fmt.Errorf("run %q has ended (%s): start a new one with 'berth run start %s': %w", id, rec.Status, name, session.ErrInvalidState)
+		return "", &session.Error{Class: session.ErrInvalidState, Field: session.FieldRun, Msg: fmt.Sprintf("%q has ended (%s)", id, rec.Status), Hint: "start a new one on session " + name}
 	}
 	r.LastActive = time.Now()
 	return id, nil

@@ -133,7 +133,7 @@ func (m *Manager) RemoveSchedule(ctx context.Context, name, id string) error {
 	st, ok := h.scheds[id]
 	if !ok || st.rec.Session != name {
 		h.mu.Unlock()
-		return fmt.Errorf("schedule %q of session %q: %w (see 'berth schedule ls %s')", id, name, session.ErrNotFound, name)
+		return &session.Error{Class: session.ErrNotFound, Msg: fmt.Sprintf("schedule %q: session %q has no such schedule", id, name), Hint: "list its schedules to see their ids"}
 	}
 	delete(h.scheds, id)
 	h.mu.Unlock()

@@ -61,7 +61,7 @@ func (f *Fake) validateCreate(opts *session.CreateOptions) error {
 	}
 	opts.Net = net
 	if !slices.Contains(f.opts.Images, opts.Image) {
-		return fmt.Errorf("image %q not found (build it with 'berth image build %s'): %w", opts.Image, opts.Image, session.ErrNotFound)
+		return &session.Error{Class: session.ErrNotFound, Field: session.FieldImage, Msg: fmt.Sprintf("%q is not built", opts.Image), Hint: "build it from a recipe, or list the images there are"}
 	}
 	if opts.VMM != "qemu" && opts.VMM != "cloud-hypervisor" {
 		return fmt.Errorf("unknown VMM %q: want qemu or cloud-hypervisor: %w", opts.VMM, session.ErrInvalid)
@@ -336,7 +336,7 @@ func (f *Fake) Replace(ctx context.Context, name string, opts session.ReplaceOpt
 	}
 	if image != s.info.Image && !slices.Contains(f.opts.Images, image) {
 		f.mu.Unlock()
-		return session.ReplaceResult{}, fmt.Errorf("image %q is not built (berth image build --recipe FILE builds one; berth image ls lists them): %w", image, session.ErrNotFound)
+		return session.ReplaceResult{}, &session.Error{Class: session.ErrNotFound, Field: session.FieldImage, Msg: fmt.Sprintf("%q is not built", image), Hint: "build it from a recipe, or list the images there are"}
 	}
 	res := session.ReplaceResult{Dropped: s.info.SystemUsed, From: imageRef(s.info.Image, s.info.ImageDigest)}
 	f.setStateLocked(ctx, s, session.StateStopping, causeBy(ctx, "replacing the VM"))

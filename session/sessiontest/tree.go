@@ -209,7 +209,7 @@ func (s *fakeSession) unpack(dest string, entries []treeEntry, now time.Time, re
 		}
 		if e.typ == tar.TypeReg {
 			if s.info.WorkspaceUsed-old+int64(len(e.data)) > s.info.DiskBytes {
-				return fmt.Errorf("workspace of %q is full (free space in it, or create a session with a larger --disk): %w", s.info.Name, session.ErrConflict)
+				return &session.Error{Class: session.ErrConflict, Code: "ENOSPC", Msg: fmt.Sprintf("workspace of %q is full", s.info.Name), Hint: "free space in it, or create a session with a larger disk"}
 			}
 			d.children[base] = &node{data: e.data, mode: e.mode, mtime: e.mtime}
 			s.info.WorkspaceUsed += int64(len(e.data)) - old

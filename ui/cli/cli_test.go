@@ -146,7 +146,7 @@ func TestSessionCommands(t *testing.T) {
 		{name: "duplicate", args: []string{"create", "demo"}, code: 1,
 			stderr: "berth: session \"demo\" already exists (pick another name or delete it first): already exists\n"},
 		{name: "unknown image", args: []string{"create", "x", "--image", "huge"}, code: 1,
-			stderr: "berth: image \"huge\" not found (build it with 'berth image build huge'): not found\n"},
+			stderr: "berth: --image \"huge\" is not built (build it from a recipe, or list the images there are)\n"},
 		{name: "info unknown", args: []string{"info", "nope"}, code: 1, stderr: "berth: session \"nope\": not found\n"},
 		{name: "pause", args: []string{"pause", "demo"}, stdout: "demo: paused\n"},
 		{name: "pause paused", args: []string{"pause", "demo"}, code: 1,
