@@ -25,7 +25,7 @@
 //     is a leaf among these: nothing is locked while it is held (Manager.all
 //     copies the sessions out), and what must be read under sess.mu — how
 //     many commands a session runs — is an atomic of the session.
-//  8. Leaves, which call nothing that locks: space.mu, netState.mu, hub.mu
+//  8. Leaves, which call nothing that locks: space.mu, egress.Counters.mu, fwdCounts.mu, hub.mu
 //     (then a watcher's mu), the lock.Watch, and the store's own locks
 //     (store calls never call back into the engine).
 //
