@@ -26,6 +26,9 @@ import (
 // Metrics holds the daemon's registry. It is a session.Observer: give it
 // to the Manager's Config, then Watch the Manager with Sessions.
 type Metrics struct {
+	// timeout bounds one scrape (scrapeTimeout; tests on a loaded
+	// machine give more).
+	timeout time.Duration
 	reg     *prometheus.Registry
 	created prometheus.Histogram
 	woke    prometheus.Histogram
@@ -37,7 +40,7 @@ var _ session.Observer = (*Metrics)(nil)
 // New returns a registry with the daemon's Go and process metrics and the
 // Observer's histograms and counters.
 func New() *Metrics {
-	m := &Metrics{reg: prometheus.NewRegistry()}
+	m := &Metrics{reg: prometheus.NewRegistry(), timeout: scrapeTimeout}
 	m.created = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "berth_session_create_duration_seconds", Help: "How long creates that succeeded took.",
 		Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160},
@@ -83,7 +86,7 @@ const scrapeTimeout = 10 * time.Second
 func (m *Metrics) Handler(health func(ctx context.Context) (any, error)) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
-		Timeout:             scrapeTimeout,
+		Timeout:             m.timeout,
 		MaxRequestsInFlight: 4,
 		ErrorHandling:       promhttp.ContinueOnError,
 	}))
