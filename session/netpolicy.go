@@ -327,20 +327,39 @@ var reservedPrefixes = func() []netip.Prefix {
 // Reserved reports whether addr is one a guest never reaches unless its
 // policy names it.
 func Reserved(addr netip.Addr) bool {
-	addr = addr.Unmap()
-	if !addr.IsValid() {
+	if !addr.Unmap().IsValid() {
 		return true
 	}
+	_, ok := ReservedRange(addr)
+	return ok
+}
+
+// ReservedRange returns the reserved range addr is in, if it is in one.
+func ReservedRange(addr netip.Addr) (netip.Prefix, bool) {
+	addr = addr.Unmap()
 	for _, p := range reservedPrefixes {
 		if p.Contains(addr) {
-			return true
+			return p, true
 		}
 	}
-	return false
+	return netip.Prefix{}, false
 }
 
 // EgressRefused is the message a guest's client sees for a refused
 // connection.
 func EgressRefused(hostport, name, policy string) string {
 	return fmt.Sprintf("berth: egress to %s is not allowed for session %s (policy: %s)", hostport, name, policy)
+}
+
+// EgressRefusedReserved is the refusal of a connection whose host is, or
+// resolved only to, a reserved address the policy does not name: it says
+// which address, its range, and that naming it allows it, so a mirror
+// that resolves to a private address does not read as a contradiction.
+func EgressRefusedReserved(hostport, name, policy, host string, addr netip.Addr, r netip.Prefix) string {
+	what := fmt.Sprintf("%s resolves to %s, a reserved address (%s)", host, addr, r)
+	if host == addr.String() {
+		what = fmt.Sprintf("%s is a reserved address (%s)", host, r)
+	}
+	return fmt.Sprintf("berth: egress to %s is not allowed for session %s: %s; naming %s or %s in the policy allows it (policy: %s)",
+		hostport, name, what, addr, r, policy)
 }

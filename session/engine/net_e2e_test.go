@@ -156,6 +156,15 @@ func TestNetMini(t *testing.T) {
 		}
 	}
 
+	reserved := func(t *testing.T, url, hostport, why string) {
+		t.Helper()
+		r := wget(url)
+		want := "berth: egress to " + hostport + " is not allowed for session n1: " + why
+		if r.code == 0 || !strings.Contains(r.stdout+r.stderr, want) {
+			t.Errorf("wget %s: exit %d, %q %q; want a failure saying %q", url, r.code, r.stdout, r.stderr, want)
+		}
+	}
+
 	e.subtest(t, "default none, shown in info and refused visibly", func(t *testing.T) {
 		if s := e.info("n1"); s.Net != "none" {
 			t.Errorf("info: net %q, want none", s.Net)
@@ -195,9 +204,11 @@ func TestNetMini(t *testing.T) {
 	e.subtest(t, "open still refuses the host, loopback, metadata and private names", func(t *testing.T) {
 		e.ok("net", "n1", "open")
 		refused(t, hostURL, "host.berth.internal:"+hp, "open")
-		refused(t, "http://169.254.169.254/latest/meta-data/", "169.254.169.254:80", "open")
-		refused(t, "http://ten.test/", "ten.test:80", "open")
-		refused(t, "http://pkgs.test:"+hp+"/", "pkgs.test:"+hp, "open")
+		// A reserved address says which and its range, and that naming
+		// it allows it.
+		reserved(t, "http://169.254.169.254/latest/meta-data/", "169.254.169.254:80", "169.254.169.254 is a reserved address (169.254.0.0/16); naming 169.254.169.254 or 169.254.0.0/16 in the policy allows it (policy: open)")
+		reserved(t, "http://ten.test/", "ten.test:80", "ten.test resolves to 10.0.0.1, a reserved address (10.0.0.0/8); naming 10.0.0.1 or 10.0.0.0/8 in the policy allows it (policy: open)")
+		reserved(t, "http://pkgs.test:"+hp+"/", "pkgs.test:"+hp, "pkgs.test resolves to 127.0.0.1, a reserved address (127.0.0.0/8)")
 		// 127.0.0.1 is the guest's own loopback (no_proxy): the host's is
 		// not reached that way at all.
 		if r := wget("http://127.0.0.1:" + hp + "/"); r.code == 0 {

@@ -157,6 +157,9 @@ func (p *Proxy) dial(ctx context.Context, s Session, hostport string) (net.Conn,
 	refuse := func(reason string) error {
 		return &errRefused{msg: session.EgressRefused(net.JoinHostPort(host, ps), s.Name(), pol.String()), reason: reason}
 	}
+	refuseReserved := func(host string, a netip.Addr, r netip.Prefix) error {
+		return &errRefused{msg: session.EgressRefusedReserved(net.JoinHostPort(host, ps), s.Name(), pol.String(), host, a, r)}
+	}
 	// berth's own ports, on loopback and on every address of this host
 	// (an SSH server on :2222 listens on the public one too).
 	forbidden := func(a netip.Addr) bool {
@@ -189,7 +192,13 @@ func (p *Proxy) dial(ctx context.Context, s Session, hostport string) (net.Conn,
 		}
 		addrs = []netip.Addr{ha}
 	case aerr == nil:
-		if forbidden(a) || !pol.AllowsAddr(a, port, false) {
+		if forbidden(a) {
+			return nil, refuse("berth's own ports are never reachable")
+		}
+		if !pol.AllowsAddr(a, port, false) {
+			if r, ok := session.ReservedRange(a); ok {
+				return nil, refuseReserved(host, a, r)
+			}
 			return nil, refuse("")
 		}
 		addrs = []netip.Addr{a}
@@ -210,6 +219,9 @@ func (p *Proxy) dial(ctx context.Context, s Session, hostport string) (net.Conn,
 		}
 		if len(addrs) == 0 {
 			if len(found) > 0 {
+				if r, ok := session.ReservedRange(found[0]); ok && !forbidden(found[0]) {
+					return nil, refuseReserved(host, found[0].Unmap(), r)
+				}
 				return nil, refuse(fmt.Sprintf("%s resolves to %s, which the policy does not name", host, found[0]))
 			}
 			return nil, fmt.Errorf("cannot resolve %s: no addresses", host)
