@@ -159,3 +159,10 @@ func (o CreateOptions) WithDefaults(d CreateOptions) CreateOptions {
 	}
 	return o
 }
+
+// DefaultCreate is what a create gets where neither it nor the config
+// file says: the Default constants.
+func DefaultCreate() CreateOptions {
+	return CreateOptions{CPUs: DefaultCPUs, MemoryMiB: DefaultMemoryMiB, DiskBytes: DefaultDiskBytes,
+		Image: DefaultImage, VMM: DefaultVMM, SystemBytes: DefaultSystemBytes, Net: DefaultNet}
+}

@@ -52,8 +52,9 @@ func (m *Manager) Create(ctx context.Context, opts session.CreateOptions) (sessi
 		return session.Session{}, err
 	}
 	d := m.cfg.Defaults
-	opts = opts.WithDefaults(session.CreateOptions{CPUs: d.CPUs, MemoryMiB: d.MemoryMiB, DiskBytes: d.DiskBytes,
-		Image: d.Image, VMM: d.VMM, SystemBytes: d.SystemBytes, Net: m.proxy.Config().Default})
+	dc := d.create()
+	dc.Net = m.proxy.Config().Default
+	opts = opts.WithDefaults(dc)
 	net, err := session.ValidateCreate(opts, m.limits())
 	if err != nil {
 		return session.Session{}, err

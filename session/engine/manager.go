@@ -83,24 +83,8 @@ type Defaults struct {
 }
 
 func (d Defaults) withFallbacks() Defaults {
-	if d.Image == "" {
-		d.Image = session.DefaultImage
-	}
-	if d.CPUs == 0 {
-		d.CPUs = session.DefaultCPUs
-	}
-	if d.MemoryMiB == 0 {
-		d.MemoryMiB = session.DefaultMemoryMiB
-	}
-	if d.DiskBytes == 0 {
-		d.DiskBytes = session.DefaultDiskBytes
-	}
-	if d.SystemBytes == 0 {
-		d.SystemBytes = session.DefaultSystemBytes
-	}
-	if d.VMM == "" {
-		d.VMM = session.DefaultVMM
-	}
+	c := d.create().WithDefaults(session.DefaultCreate())
+	d.Image, d.CPUs, d.MemoryMiB, d.DiskBytes, d.SystemBytes, d.VMM = c.Image, c.CPUs, c.MemoryMiB, c.DiskBytes, c.SystemBytes, c.VMM
 	if d.Accel == "" {
 		d.Accel = DefaultAccel
 	}
@@ -108,6 +92,11 @@ func (d Defaults) withFallbacks() Defaults {
 		d.Retention = DefaultRetention
 	}
 	return d
+}
+
+// create is d as the defaults of a create.
+func (d Defaults) create() session.CreateOptions {
+	return session.CreateOptions{CPUs: d.CPUs, MemoryMiB: d.MemoryMiB, DiskBytes: d.DiskBytes, Image: d.Image, VMM: d.VMM, SystemBytes: d.SystemBytes}
 }
 
 // Config configures a Manager. Zero values take the documented defaults.

@@ -104,21 +104,9 @@ func New(opts Options) *Fake {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.CPUs == 0 {
-		opts.CPUs = session.DefaultCPUs
-	}
-	if opts.MemoryMiB == 0 {
-		opts.MemoryMiB = session.DefaultMemoryMiB
-	}
-	if opts.DiskBytes == 0 {
-		opts.DiskBytes = session.DefaultDiskBytes
-	}
-	if opts.Image == "" {
-		opts.Image = session.DefaultImage
-	}
-	if opts.VMM == "" {
-		opts.VMM = session.DefaultVMM
-	}
+	d := session.CreateOptions{CPUs: opts.CPUs, MemoryMiB: opts.MemoryMiB, DiskBytes: opts.DiskBytes, Image: opts.Image, VMM: opts.VMM}.
+		WithDefaults(session.DefaultCreate())
+	opts.CPUs, opts.MemoryMiB, opts.DiskBytes, opts.Image, opts.VMM = d.CPUs, d.MemoryMiB, d.DiskBytes, d.Image, d.VMM
 	if opts.Images == nil {
 		opts.Images = []string{session.DefaultImage}
 	}
