@@ -5,6 +5,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -115,14 +116,21 @@ func checkRecipe(t *testing.T, r *Recipe, text string) {
 // bigSize is a size as written (a decimal number and a K, M, G or T
 // suffix), computed without overflow.
 func bigSize(s string) *big.Int {
-	s = strings.TrimSpace(strings.ToUpper(s))
-	if s == "" {
+	// The size grammar of create --disk (session.ParseSize), computed
+	// exactly: a decimal number, an optional K, M, G or T, an optional
+	// B or iB.
+	m := regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?$`).FindStringSubmatch(strings.ToLower(strings.TrimSpace(s)))
+	if m == nil {
 		return nil
 	}
-	n, ok := new(big.Int).SetString(s[:len(s)-1], 10)
+	v, ok := new(big.Rat).SetString(m[1])
 	if !ok {
 		return nil
 	}
-	shift := map[byte]uint{'K': 10, 'M': 20, 'G': 30, 'T': 40}[s[len(s)-1]]
-	return n.Lsh(n, shift)
+	shift := map[string]uint{"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m[2]]
+	v.Mul(v, new(big.Rat).SetInt(new(big.Int).Lsh(big.NewInt(1), shift)))
+	if !v.IsInt() {
+		return nil
+	}
+	return v.Num()
 }
