@@ -91,13 +91,33 @@ func sanitize(s string, keepSGR bool) string {
 	// counted. It is needed only for tab stops, so it is brought up to
 	// date at each tab rather than per rune.
 	col, mark := 0, len(out)
+	// prevOut and prevI are where out and s stood before the element
+	// being added: one that takes out past the bound is taken back whole
+	// and counted as cut, so no output is longer than MaxLineBytes
+	// without saying so (and sanitising the output again changes nothing).
+	prevOut, prevI := len(out), 0
+	over := func() bool {
+		if len(out) <= MaxLineBytes {
+			return false
+		}
+		out = out[:prevOut]
+		for len(sgrs) > 0 && sgrs[len(sgrs)-1].start >= prevOut {
+			sgrs = sgrs[:len(sgrs)-1]
+		}
+		truncated += len(s) - prevI
+		return true
+	}
 	for i := 0; i < len(s); {
+		if over() {
+			break
+		}
 		if len(out) >= MaxLineBytes {
 			// Tabs, pictures and replacements grow the line: the bound
 			// is on what is shown, not only on what came in.
 			truncated += len(s) - i
 			break
 		}
+		prevOut, prevI = len(out), i
 		b := s[i]
 		switch {
 		case b == 0x1b:
@@ -167,6 +187,7 @@ func sanitize(s string, keepSGR bool) string {
 			out = utf8.AppendRune(out, r)
 		}
 	}
+	over() // the last element
 	if n := len(sgrs); n > 0 && !isReset(out[sgrs[n-1].start:sgrs[n-1].end]) {
 		out = append(out, SGRReset...)
 	}
