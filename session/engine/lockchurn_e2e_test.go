@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -91,7 +92,14 @@ func TestLockChurnVMs(t *testing.T) {
 		defer cancel()
 		list, _ := m.List(ctx)
 		for _, s := range list {
-			m.Delete(ctx, s.Name)
+			if err := m.Delete(ctx, s.Name); err != nil {
+				// Never leave a VM behind to load the machine for the
+				// tests after: a delete that failed kills its VMM.
+				t.Logf("delete %s: %v; killing its VMM (pid %d)", s.Name, err, s.Pid)
+				if s.Pid > 0 {
+					syscall.Kill(s.Pid, syscall.SIGKILL)
+				}
+			}
 		}
 		m.Close()
 		st.Close()
