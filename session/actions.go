@@ -143,7 +143,7 @@ var verbs = []Verb{
 	{Action: ActionRestore, States: []State{StateRunning, StateStopped, StateCrashed, StateSleeping}, Role: Admin, Mutates: true, What: "restore sessions to checkpoints"},
 	{Action: ActionFork, States: live, Role: Operator, Mutates: true, What: "fork sessions"},
 	{Action: ActionNet, Role: Operator, Mutates: true, What: "change networks or forward ports"},
-	{Action: ActionImage, Role: Admin, Mutates: true, What: "build or remove images"},
+	{Action: ActionImage, Role: Admin, Mutates: true, What: "build, import or remove images"},
 }
 
 // Lookup returns the row of action.

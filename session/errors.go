@@ -31,6 +31,8 @@ const (
 	FieldSpec        = "spec"
 	FieldCommand     = "command"
 	FieldRun         = "run"
+	FieldSource      = "source" // an image import's source
+	FieldRef         = "ref"    // the image picked from an import's source
 )
 
 // Codes say more than a class where a client acts on it: an errno's name

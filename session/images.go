@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"io"
 	"time"
 )
 
@@ -20,9 +21,62 @@ type ImageInfo struct {
 	DiskBytes int64         `json:"disk_bytes"` // on the host's disk
 	Built     time.Time     `json:"built"`
 	BuildTook time.Duration `json:"build_took,omitempty"`
-	Source    string        `json:"source"` // "berth" or the recipe file
-	Kernel    string        `json:"kernel_version"`
-	Sessions  []string      `json:"sessions"` // sessions using this build
+	// Source is what the image was made from: "berth", the recipe file,
+	// or for an imported image its kind and path ("docker-archive:/srv/app.tar",
+	// "oci-layout:/srv/app", "docker-archive:-" for a stream).
+	Source string `json:"source"`
+	// SourceDigest identifies an imported image as its source named it
+	// (the OCI manifest's digest, a docker archive's image id); empty for
+	// images berth built.
+	SourceDigest string `json:"source_digest,omitempty"`
+	// Config is what an imported image's config asks of commands run in
+	// it; nil for images berth built.
+	Config   *ImageConfig `json:"config,omitempty"`
+	Kernel   string       `json:"kernel_version"`
+	Sessions []string     `json:"sessions"` // sessions using this build
+}
+
+// ImageConfig is the part of an imported image's config berth applies:
+// Env for managed commands and shells (a command's own env wins),
+// WorkingDir as their default directory when it is under /workspace.
+// User is shown, not applied: commands run as root.
+type ImageConfig struct {
+	Env        []string `json:"env,omitempty"`
+	User       string   `json:"user,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+}
+
+// ImportRequest names a container image to import as a berth image.
+type ImportRequest struct {
+	Name string `json:"name"`
+	// Source is a path on the daemon's host: an OCI image layout (a
+	// directory or a tar), a docker or podman save archive, or a root
+	// filesystem tarball; or "-" for the stream the call carries.
+	Source string `json:"source"`
+	// Ref picks the image of a source holding several: a tag ("1"), a
+	// name and tag ("app:1") or a whole reference.
+	Ref string `json:"ref,omitempty"`
+}
+
+// ImportStdin is the Source of an import whose bytes the call carries.
+const ImportStdin = "-"
+
+// Validate checks a request before anything is read: a name, a source,
+// and a stream exactly when the source is "-".
+func (r ImportRequest) Validate(hasStream bool) error {
+	switch {
+	case r.Name == "":
+		return &Error{Class: ErrInvalid, Field: FieldName, Msg: "is missing", Hint: "name the image to make"}
+	case r.Source == "":
+		return &Error{Class: ErrInvalid, Field: FieldSource, Msg: "is missing", Hint: "give an OCI layout, an image archive or a root filesystem tarball, or - for standard input"}
+	case r.Source == ImportStdin && !hasStream:
+		return &Error{Class: ErrInvalid, Field: FieldSource, Msg: "is standard input, but no stream came with the call"}
+	case r.Source != ImportStdin && hasStream:
+		return &Error{Class: ErrInvalid, Field: FieldSource, Msg: "is a path, but a stream came with the call too", Hint: "give - as the source to import the stream"}
+	case len(r.Ref) > 512:
+		return &Error{Class: ErrInvalid, Field: FieldRef, Msg: "is longer than 512 bytes"}
+	}
+	return nil
 }
 
 // BuildRequest names what to build: a shipped image, or a recipe file on
@@ -49,6 +103,13 @@ type Imager interface {
 	// BuildImage builds an image unless one from the same inputs exists,
 	// reporting progress as it goes.
 	BuildImage(ctx context.Context, req BuildRequest, progress func(BuildProgress)) (ImageInfo, error)
+	// ImportImage imports a container image (see ImportRequest) as the
+	// image req.Name, reading src when req.Source is "-" (src is nil
+	// otherwise) and reporting progress by layer, with bytes. A failed
+	// import leaves nothing under the name; importing a name again
+	// replaces an earlier import of it (sessions keep the build they
+	// were made with), while a name berth builds is refused.
+	ImportImage(ctx context.Context, req ImportRequest, src io.Reader, progress func(BuildProgress)) (ImageInfo, error)
 	// RemoveImage deletes every build of an image; refused while a session
 	// uses it.
 	RemoveImage(ctx context.Context, name string) error

@@ -140,6 +140,26 @@ func TestExecNotFound(t *testing.T) {
 	}
 }
 
+// A command named without a slash is found on the PATH it runs with (an
+// image's own), also where the agent's PATH does not look.
+func TestExecUsesTheCommandsPath(t *testing.T) {
+	ws := t.TempDir()
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "only-here"), []byte("#!/bin/sh\necho found in $0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, c := connect(t, ws)
+	r := run(t, c, guest.ExecRequest{Argv: []string{"only-here"}, Env: map[string]string{"PATH": bin + ":/usr/bin:/bin"}}, "")
+	if r.err != nil || string(r.stdout) != "found in "+filepath.Join(bin, "only-here")+"\n" {
+		t.Errorf("only-here on the command's PATH: %q, %v", r.stdout, r.err)
+	}
+	// Not on it (nor on the agent's): not found, as before.
+	r = run(t, c, guest.ExecRequest{Argv: []string{"only-here"}}, "")
+	if !errors.Is(r.err, fs.ErrNotExist) {
+		t.Errorf("only-here without its PATH: %v, want ENOENT", r.err)
+	}
+}
+
 // A start that fails on its working directory says so, instead of
 // blaming the program.
 func TestExecBadCwd(t *testing.T) {

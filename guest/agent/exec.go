@@ -159,6 +159,31 @@ func cwdError(asked, dir string) error {
 
 // start runs req. An id the table already knows returns that execution, so
 // a host retrying a start whose reply it lost does not run the command twice.
+// lookPathIn finds a command named without a slash in the PATH of the
+// environment it runs with (an image's own PATH can name directories
+// the agent's does not); false leaves the agent's lookup to answer.
+func lookPathIn(file string, env []string) (string, bool) {
+	if file == "" || strings.Contains(file, "/") {
+		return "", false
+	}
+	var path string
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if !filepath.IsAbs(dir) {
+			continue // a relative PATH entry is the workspace's, not the image's
+		}
+		p := filepath.Join(dir, file)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, true
+		}
+	}
+	return "", false
+}
+
 func (t *execTable) start(req *guest.ExecRequest) (*execution, bool, error) {
 	if req.ID == "" || len(req.ID) > 64 || strings.ContainsAny(req.ID, "/\x00") {
 		return nil, false, &guest.Error{Code: guest.CodeBadRequest, Op: "exec", Message: "execution id must be 1-64 characters without '/'"}
@@ -176,6 +201,9 @@ func (t *execTable) start(req *guest.ExecRequest) (*execution, bool, error) {
 
 	cmd := exec.Command(req.Argv[0], req.Argv[1:]...)
 	cmd.Env = t.a.env(req)
+	if p, ok := lookPathIn(req.Argv[0], cmd.Env); ok {
+		cmd.Path, cmd.Err = p, nil
+	}
 	cmd.Dir = t.a.cwd(req.Cwd)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 

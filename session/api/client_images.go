@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"path/filepath"
 
 	"github.com/berthvm/berth/session"
@@ -43,6 +45,52 @@ func (c *Client) BuildImage(ctx context.Context, req session.BuildRequest, progr
 		return session.ImageInfo{}, err
 	}
 	hr.Header.Set("Content-Type", "application/json")
+	return c.buildStream(ctx, hr, "build image", progress)
+}
+
+// ImportImage has the daemon import a container image, calling progress
+// (if not nil) for each step as the daemon reports it, from the calling
+// goroutine. A path source is made absolute here and read by the daemon,
+// on this host; for "-" src is sent as the request body while progress
+// comes back. Ending ctx cancels the import. The transport reads src in
+// a goroutine of its own until src ends or the call does; a read of src
+// still blocked then (a terminal's stdin) ends when src next returns.
+func (c *Client) ImportImage(ctx context.Context, req session.ImportRequest, src io.Reader, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+	if req.Source != "" && req.Source != session.ImportStdin && !filepath.IsAbs(req.Source) {
+		abs, err := filepath.Abs(req.Source)
+		if err != nil {
+			return session.ImageInfo{}, fmt.Errorf("source %s: %w", req.Source, err)
+		}
+		req.Source = abs
+	}
+	if err := req.Validate(src != nil); err != nil {
+		return session.ImageInfo{}, err
+	}
+	n, err := seg("image name", req.Name)
+	if err != nil {
+		return session.ImageInfo{}, err
+	}
+	q := url.Values{"source": {req.Source}}
+	if req.Ref != "" {
+		q.Set("ref", req.Ref)
+	}
+	var body io.Reader = http.NoBody
+	if src != nil {
+		body = io.NopCloser(src) // the transport closes the body; src is the caller's
+	}
+	hr, err := c.newRequest(ctx, http.MethodPost, "/v1/images/"+n+"/import", q, body)
+	if err != nil {
+		return session.ImageInfo{}, err
+	}
+	if src != nil {
+		hr.Header.Set("Content-Type", "application/octet-stream")
+	}
+	return c.buildStream(ctx, hr, "import image", progress)
+}
+
+// buildStream sends a build's or an import's request and follows its
+// NDJSON answer (buildFrame) to the image or the error.
+func (c *Client) buildStream(ctx context.Context, hr *http.Request, what string, progress func(session.BuildProgress)) (session.ImageInfo, error) {
 	resp, err := c.do(hr)
 	if err != nil {
 		return session.ImageInfo{}, err
@@ -55,7 +103,7 @@ func (c *Client) BuildImage(ctx context.Context, req session.BuildRequest, progr
 			if ctx.Err() != nil {
 				return session.ImageInfo{}, ctx.Err()
 			}
-			return session.ImageInfo{}, fmt.Errorf("build image: the daemon's stream ended without a result (%v): %w", err, session.ErrUnavailable)
+			return session.ImageInfo{}, fmt.Errorf("%s: the daemon's stream ended without a result (%v): %w", what, err, session.ErrUnavailable)
 		}
 		switch {
 		case f.Error != nil:

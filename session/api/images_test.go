@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -22,6 +23,7 @@ import (
 type imaging struct {
 	session.Service
 	build  func(ctx context.Context, req session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error)
+	imp    func(ctx context.Context, req session.ImportRequest, src io.Reader, progress func(session.BuildProgress)) (session.ImageInfo, error)
 	mu     sync.Mutex
 	images []session.ImageInfo
 }
@@ -36,6 +38,10 @@ func (im *imaging) Images(context.Context) ([]session.ImageInfo, error) {
 
 func (im *imaging) BuildImage(ctx context.Context, req session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error) {
 	return im.build(ctx, req, progress)
+}
+
+func (im *imaging) ImportImage(ctx context.Context, req session.ImportRequest, src io.Reader, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+	return im.imp(ctx, req, src, progress)
 }
 
 func (im *imaging) RemoveImage(_ context.Context, name string) error {
@@ -183,6 +189,8 @@ func TestImagesUnsupported(t *testing.T) {
 	_, err := h.client.BuildImage(ctx, session.BuildRequest{Name: "debian"}, nil)
 	wantClass(t, "BuildImage", err, session.ErrUnsupported)
 	wantClass(t, "RemoveImage", h.client.RemoveImage(ctx, "debian"), session.ErrUnsupported)
+	_, err = h.client.ImportImage(ctx, session.ImportRequest{Name: "app", Source: "-"}, strings.NewReader("not read"), nil)
+	wantClass(t, "ImportImage", err, session.ErrUnsupported)
 }
 
 // The new routes' bad requests, as a client other than ours sends them.
@@ -204,6 +212,8 @@ func TestNewRoutesBadRequests(t *testing.T) {
 	}{
 		{"POST", "/v1/images", `{"recipe":"relative.toml"}`, 400, `"class":"invalid"`},
 		{"POST", "/v1/images", `{"name":"debian","colour":"red"}`, 400, `"class":"invalid"`},
+		{"POST", "/v1/images/app/import?source=rel.tar", "", 400, `"class":"invalid"`},
+		{"POST", "/v1/images/app/import?source=/x.tar&colour=red", "", 400, `"class":"invalid"`},
 		{"POST", "/v1/sessions/a/replace", `{"image":"mini","force":true}`, 400, `"class":"invalid"`},
 		{"POST", "/v1/sessions/a/replace", ``, 200, `"session":{"name":"a","state":"running"`},
 		{"POST", "/v1/sessions/a/replace", `{"image":"other"}`, 404, `"class":"not_found"`},
@@ -267,4 +277,142 @@ func TestBuildImageSlowClientDoesNotBlockTheBuild(t *testing.T) {
 	if a.err != nil || a.info.Digest != "s1" {
 		t.Fatalf("after the client read again: %+v, %v", a.info, a.err)
 	}
+}
+
+// An import from standard input sends the stream as the request body
+// while progress comes back: the daemon reports bytes read before the
+// client has sent them all.
+func TestImportImageStreamsBothWays(t *testing.T) {
+	var got session.ImportRequest
+	im := &imaging{imp: func(ctx context.Context, req session.ImportRequest, src io.Reader, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+		got = req
+		var n int64
+		buf := make([]byte, 4)
+		for {
+			k, err := src.Read(buf)
+			n += int64(k)
+			if k > 0 {
+				progress(session.BuildProgress{Phase: "resolve", Bytes: n})
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return session.ImageInfo{}, err
+			}
+		}
+		return session.ImageInfo{Name: req.Name, Digest: "i1", Source: "docker-archive:-", SourceDigest: "sha256:abc", Current: true, RootFS: true}, nil
+	}}
+	h := start(t, im)
+	pr, pw := io.Pipe()
+	seen := make(chan int64, 16)
+	type answer struct {
+		info session.ImageInfo
+		err  error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		info, err := h.client.ImportImage(t.Context(), session.ImportRequest{Name: "app", Source: "-", Ref: "app:1"}, pr,
+			func(p session.BuildProgress) { seen <- p.Bytes })
+		answered <- answer{info, err}
+	}()
+	for i := int64(1); i <= 3; i++ {
+		if _, err := pw.Write([]byte("abcd")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case n := <-seen:
+			if n != 4*i {
+				t.Fatalf("progress says %d bytes read, want %d", n, 4*i)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("progress did not come back while the stream was still being sent")
+		}
+	}
+	pw.Close()
+	a := <-answered
+	if a.err != nil || a.info.SourceDigest != "sha256:abc" || a.info.Source != "docker-archive:-" {
+		t.Fatalf("ImportImage = %+v, %v", a.info, a.err)
+	}
+	if got != (session.ImportRequest{Name: "app", Source: "-", Ref: "app:1"}) {
+		t.Errorf("the daemon got %+v", got)
+	}
+
+	// A path is the caller's: made absolute, and no body is sent.
+	wd, _ := os.Getwd()
+	im.imp = func(_ context.Context, req session.ImportRequest, src io.Reader, _ func(session.BuildProgress)) (session.ImageInfo, error) {
+		got = req
+		if src != nil {
+			return session.ImageInfo{}, errors.New("a stream came with a path")
+		}
+		return session.ImageInfo{Name: req.Name}, nil
+	}
+	if _, err := h.client.ImportImage(t.Context(), session.ImportRequest{Name: "app", Source: "images/app.tar"}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(wd, "images/app.tar"); got.Source != want {
+		t.Errorf("the daemon got source %q, want %q", got.Source, want)
+	}
+}
+
+// An import that fails says why with its class, also while the client
+// still has bytes to send; the connection stays usable.
+func TestImportImageErrors(t *testing.T) {
+	want := fmt.Errorf("layer 2 of 3: the source is truncated: %w", session.ErrInvalid)
+	im := &imaging{imp: func(_ context.Context, req session.ImportRequest, src io.Reader, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+		progress(session.BuildProgress{Phase: "resolve", Line: "reading standard input"})
+		io.CopyN(io.Discard, src, 10)
+		return session.ImageInfo{}, want
+	}}
+	h := start(t, im)
+	// More than the daemon reads, in more than one write.
+	big := io.MultiReader(strings.NewReader(strings.Repeat("x", 1<<20)), strings.NewReader(strings.Repeat("y", 1<<20)))
+	_, err := h.client.ImportImage(t.Context(), session.ImportRequest{Name: "app", Source: "-"}, big, nil)
+	wantClass(t, "ImportImage", err, session.ErrInvalid)
+	if err == nil || err.Error() != want.Error() {
+		t.Errorf("ImportImage = %v, want %q", err, want)
+	}
+	if _, err := h.client.Images(t.Context()); err != nil {
+		t.Errorf("the next call: %v", err)
+	}
+
+	// Refused before anything is sent.
+	for _, req := range []session.ImportRequest{{Name: "app"}, {Source: "-"}, {Name: "app", Source: "/x", Ref: strings.Repeat("r", 600)}} {
+		_, err := h.client.ImportImage(t.Context(), req, strings.NewReader("x"), nil)
+		wantClass(t, fmt.Sprintf("ImportImage(%+v)", req.Source), err, session.ErrInvalid)
+	}
+	_, err = h.client.ImportImage(t.Context(), session.ImportRequest{Name: "app", Source: "-"}, nil, nil)
+	wantClass(t, "ImportImage - without a stream", err, session.ErrInvalid)
+}
+
+// A client that goes away mid-stream cancels the import.
+func TestImportImageCancelledByClient(t *testing.T) {
+	importCtx := make(chan error, 1)
+	im := &imaging{imp: func(ctx context.Context, _ session.ImportRequest, src io.Reader, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+		progress(session.BuildProgress{Phase: "resolve"})
+		_, err := io.Copy(io.Discard, src)
+		<-ctx.Done()
+		importCtx <- err
+		return session.ImageInfo{}, ctx.Err()
+	}}
+	h := start(t, im)
+	check := goroutinesBack(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	_, err := h.client.ImportImage(ctx, session.ImportRequest{Name: "app", Source: "-"}, pr, func(session.BuildProgress) { cancel() })
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("ImportImage after cancel = %v, want context.Canceled", err)
+	}
+	select {
+	case err := <-importCtx:
+		if err == nil {
+			t.Error("the daemon read the cut-off stream to a clean end")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the import went on after its client went away")
+	}
+	pw.Close()
+	h.client.Close()
+	check()
 }

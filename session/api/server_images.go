@@ -1,7 +1,9 @@
 package api
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"path/filepath"
 	"sync/atomic"
@@ -42,7 +44,56 @@ func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, fmt.Errorf("recipe path %q is relative: the daemon needs it absolute: %w", req.Recipe, session.ErrInvalid))
 		return
 	}
-	out := startStream(w, http.NewResponseController(w))
+	rc := http.NewResponseController(w)
+	s.buildStream(w, r, rc, []any{"image", req.Name, "recipe", req.Recipe}, func(progress func(session.BuildProgress)) (session.ImageInfo, error) {
+		return s.svc.BuildImage(r.Context(), req, progress)
+	})
+}
+
+// importImage imports a container image named by the query (name in the
+// path, source and ref in the query), reading the request body as the
+// image when the source is "-", and streams its progress as buildImage
+// does. The body is read while progress is written: full duplex.
+func (s *server) importImage(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	if err := rc.EnableFullDuplex(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.writeError(w, r, err)
+		return
+	}
+	defer endBody(rc, r)
+	q := r.URL.Query()
+	for k := range q {
+		if k != "source" && k != "ref" {
+			s.writeError(w, r, fmt.Errorf("unknown query parameter %q: %w", k, session.ErrInvalid))
+			return
+		}
+	}
+	req := session.ImportRequest{Name: r.PathValue("name"), Source: q.Get("source"), Ref: q.Get("ref")}
+	var src io.Reader
+	if req.Source == session.ImportStdin {
+		src = uploadReader{r.Body}
+	}
+	if err := req.Validate(src != nil); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if req.Source != session.ImportStdin && !filepath.IsAbs(req.Source) {
+		s.writeError(w, r, &session.Error{Class: session.ErrInvalid, Field: session.FieldSource,
+			Msg: fmt.Sprintf("%q is relative", req.Source), Hint: "give the daemon an absolute path"})
+		return
+	}
+	s.buildStream(w, r, rc, []any{"image", req.Name, "source", req.Source}, func(progress func(session.BuildProgress)) (session.ImageInfo, error) {
+		return s.svc.ImportImage(r.Context(), req, src, progress)
+	})
+}
+
+// buildStream runs a build or an import and streams its progress as it
+// happens, then the image or the error (buildFrame). It runs on the
+// request's context: a client that goes away cancels it. what names it
+// in the log.
+func (s *server) buildStream(w http.ResponseWriter, r *http.Request, rc *http.ResponseController, what []any,
+	run func(progress func(session.BuildProgress)) (session.ImageInfo, error)) {
+	out := startStream(w, rc)
 	if err := out.rc.Flush(); err != nil { // headers out now: a build takes a while
 		return
 	}
@@ -59,7 +110,7 @@ func (s *server) buildImage(w http.ResponseWriter, r *http.Request) {
 	var dropped atomic.Int64
 	done := make(chan result, 1)
 	go func() {
-		info, err := s.svc.BuildImage(r.Context(), req, func(p session.BuildProgress) {
+		info, err := run(func(p session.BuildProgress) {
 			select {
 			case reports <- p:
 			default:
@@ -89,15 +140,15 @@ wait:
 		send(buildFrame{Progress: &p})
 	}
 	if n := dropped.Load(); n > 0 {
-		s.log.Info("image build progress dropped: the client read too slowly", "image", req.Name, "lines", n)
+		s.log.Info("image progress dropped: the client read too slowly", append(what, "lines", n)...)
 	}
 	if !open {
 		return
 	}
 	if res.err != nil {
 		status, body := toWire(res.err)
-		if status >= 500 && status != http.StatusServiceUnavailable {
-			s.log.Warn("image build failed", "image", req.Name, "recipe", req.Recipe, "err", res.err)
+		if status >= 500 && status != http.StatusServiceUnavailable && status != http.StatusNotImplemented {
+			s.log.Warn("image build or import failed", append(what, "err", res.err)...)
 		}
 		send(buildFrame{Error: &body})
 		return

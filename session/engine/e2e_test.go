@@ -34,7 +34,12 @@ func newEnv(t *testing.T) *env {
 	if testing.Short() {
 		t.Skip("boots VMs")
 	}
-	e := &env{t: t, berth: vmmtest.Berth(t), data: vmmtest.DataDir(t)}
+	return newEnvAt(t, vmmtest.DataDir(t))
+}
+
+// newEnvAt is newEnv on the data directory data.
+func newEnvAt(t *testing.T, data string) *env {
+	e := &env{t: t, berth: vmmtest.Berth(t), data: data}
 	t.Cleanup(func() {
 		e.killDaemon()
 		// VMs outlive daemons by design; tests must not leak them.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"sort"
 	"syscall"
 	"time"
@@ -117,6 +118,21 @@ func (m *Manager) runsOf(name string) []*run {
 	return out
 }
 
+// withImageDefaults gives a command what its image's config asks for:
+// the image's Env under the command's own, and its working directory
+// when the command names none.
+func withImageDefaults(req session.ExecRequest, d execDefaults) session.ExecRequest {
+	if len(d.Env) > 0 {
+		env := maps.Clone(d.Env)
+		maps.Copy(env, req.Env)
+		req.Env = env
+	}
+	if req.Cwd == "" {
+		req.Cwd = d.Cwd
+	}
+	return req
+}
+
 // Exec records and starts a command. The record exists before the command
 // starts; a command that cannot start ends as failed. The returned Process
 // follows the output; ending ctx stops following, not the command.
@@ -146,15 +162,17 @@ func (m *Manager) Exec(ctx context.Context, name string, req session.ExecRequest
 		return nil, err
 	}
 	s.touch()
-	cwd := req.Cwd
-	if cwd == "" {
-		cwd = "/workspace"
-	}
+	// The record names the variables the caller gave, not the image's.
 	var envNames []string
 	for k := range req.Env {
 		envNames = append(envNames, k)
 	}
 	sort.Strings(envNames)
+	req = withImageDefaults(req, s.execDefaults())
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = "/workspace"
+	}
 	by := session.Actor(ctx)
 	if by == "" {
 		by = "api"

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/guest/image/oci"
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/engine/internal/lock"
 	"github.com/berthvm/berth/vmm"
@@ -32,6 +34,50 @@ type Image struct {
 	// Layers are the read-only root layers, bottom first; none for an
 	// image whose root is its initramfs.
 	Layers []Layer
+	// Exec is what an imported image's config asks of its commands.
+	Exec execDefaults
+}
+
+// execDefaults are an image's defaults for the commands run in it: the
+// environment its config gives and the directory they start in.
+type execDefaults struct {
+	Env map[string]string
+	Cwd string // "" for /workspace
+}
+
+// imageExecDefaults reads an image config's Env and WorkingDir as
+// defaults for managed commands and shells. A WorkingDir outside
+// /workspace is not used: commands start in the session's project.
+func imageExecDefaults(c *image.Config) execDefaults {
+	var d execDefaults
+	if c == nil {
+		return d
+	}
+	for _, kv := range c.Env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsRune(k, 0) {
+			continue
+		}
+		if d.Env == nil {
+			d.Env = map[string]string{}
+		}
+		d.Env[k] = v
+	}
+	d.Cwd = workspaceDir(c.WorkingDir)
+	return d
+}
+
+// workspaceDir returns dir, cleaned, when it is /workspace or under it,
+// else "".
+func workspaceDir(dir string) string {
+	if dir == "" {
+		return ""
+	}
+	dir = filepath.Clean(dir)
+	if dir == "/workspace" || strings.HasPrefix(dir, "/workspace/") {
+		return dir
+	}
+	return ""
 }
 
 // Layer is one read-only root layer.
@@ -41,7 +87,7 @@ type Layer struct{ Path, UUID string }
 func (im Image) RootFS() bool { return len(im.Layers) > 0 }
 
 func fromBuild(b image.Image) Image {
-	im := Image{Name: b.Name, Digest: b.Digest, Kernel: b.Kernel, Initramfs: b.Initramfs}
+	im := Image{Name: b.Name, Digest: b.Digest, Kernel: b.Kernel, Initramfs: b.Initramfs, Exec: imageExecDefaults(b.Config)}
 	for _, l := range b.Layers {
 		im.Layers = append(im.Layers, Layer{Path: l.Path, UUID: l.UUID})
 	}
@@ -67,7 +113,7 @@ func (m *Manager) resolveImage(ctx context.Context, name, digest string) (Image,
 		return Image{}, &session.Error{Class: session.ErrNotFound, Msg: fmt.Sprintf("%v; the session's system disk was made on that build", err), Hint: "replacing the session's VM moves it to the current build", Err: err}
 	}
 	if !image.Shipped(name) {
-		return Image{}, &session.Error{Class: session.ErrNotFound, Field: session.FieldImage, Msg: fmt.Sprintf("%q is not built", name), Hint: "build it from a recipe, or list the images there are"}
+		return Image{}, &session.Error{Class: session.ErrNotFound, Field: session.FieldImage, Msg: fmt.Sprintf("%q does not exist here", name), Hint: "build it from a recipe or import one, or list the images there are"}
 	}
 	m.log.Info("building image", "image", name)
 	m.builds.mu.Lock()
@@ -102,7 +148,7 @@ func (m *Manager) Images(ctx context.Context) ([]session.ImageInfo, error) {
 		info := session.ImageInfo{
 			Name: b.Name, Digest: b.Digest, Current: !seen[b.Name], RootFS: b.RootFS(), Layers: len(b.Layers),
 			Packages: b.PackageCount(), DiskBytes: b.DiskBytes(), Built: b.Built, BuildTook: b.BuildTook,
-			Source: b.Source, Kernel: b.KernelVersion, Sessions: []string{},
+			Source: b.Source, SourceDigest: b.SourceDigest, Config: imageConfig(b.Config), Kernel: b.KernelVersion, Sessions: []string{},
 		}
 		seen[b.Name] = true
 		for _, u := range users[b.Name] {
@@ -113,6 +159,14 @@ func (m *Manager) Images(ctx context.Context) ([]session.ImageInfo, error) {
 		out = append(out, info)
 	}
 	return out, nil
+}
+
+// imageConfig is the part of an image's config the contract shows.
+func imageConfig(c *image.Config) *session.ImageConfig {
+	if c == nil {
+		return nil
+	}
+	return &session.ImageConfig{Env: c.Env, User: c.User, WorkingDir: c.WorkingDir}
 }
 
 type imageUser struct{ session, digest string }
@@ -196,6 +250,11 @@ func (m *Manager) BuildImage(ctx context.Context, req session.BuildRequest, prog
 	if built {
 		m.pruneImage(b.Name)
 	}
+	return m.imageInfo(ctx, b)
+}
+
+// imageInfo lists build b as Images does.
+func (m *Manager) imageInfo(ctx context.Context, b image.Image) (session.ImageInfo, error) {
 	list, err := m.Images(ctx)
 	if err != nil {
 		return session.ImageInfo{}, err
@@ -205,7 +264,59 @@ func (m *Manager) BuildImage(ctx context.Context, req session.BuildRequest, prog
 			return info, nil
 		}
 	}
-	return session.ImageInfo{Name: b.Name, Digest: b.Digest, Current: true}, nil
+	return session.ImageInfo{Name: b.Name, Digest: b.Digest, Current: true, Source: b.Source, SourceDigest: b.SourceDigest}, nil
+}
+
+// ImportImage imports a container image with oci.Import: its layers
+// into the layer cache every image shares, a kernel and initramfs as
+// every image has, the build made current. Imports of different names
+// run side by side; one of a name waits for another of it.
+func (m *Manager) ImportImage(ctx context.Context, req session.ImportRequest, src io.Reader, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+	st := m.cfg.Images
+	if st == nil {
+		return session.ImageInfo{}, fmt.Errorf("no image store configured: %w", session.ErrUnavailable)
+	}
+	if progress == nil {
+		progress = func(session.BuildProgress) {}
+	}
+	if err := req.Validate(src != nil); err != nil {
+		return session.ImageInfo{}, err
+	}
+	if err := image.ValidateName(req.Name); err != nil {
+		return session.ImageInfo{}, &session.Error{Class: session.ErrInvalid, Field: session.FieldName, Msg: err.Error(), Err: err}
+	}
+	if req.Source != session.ImportStdin {
+		if !filepath.IsAbs(req.Source) {
+			return session.ImageInfo{}, &session.Error{Class: session.ErrInvalid, Field: session.FieldSource,
+				Msg: fmt.Sprintf("%q is relative", req.Source), Hint: "give the daemon an absolute path"}
+		}
+		if _, err := os.Stat(req.Source); err != nil {
+			return session.ImageInfo{}, &session.Error{Class: session.ErrNotFound, Field: session.FieldSource,
+				Msg: fmt.Sprintf("%s cannot be read on the daemon's host: %v", req.Source, errors.Unwrap(err)), Err: err}
+		}
+	}
+	if err := m.checkFloor("import an image"); err != nil {
+		return session.ImageInfo{}, err
+	}
+	b, err := oci.Import(ctx, oci.Options{
+		Name: req.Name, Source: req.Source, Stdin: src, Ref: req.Ref,
+		ImagesDir: st.Dir, CacheDir: st.CacheDir, Agent: st.Agent,
+		Report: func(p image.Progress) {
+			progress(session.BuildProgress{Phase: p.Phase, Done: p.Done, Total: p.Total, Bytes: p.Bytes, TotalBytes: p.TotalBytes, Line: p.Line})
+		},
+	})
+	if err != nil {
+		switch {
+		case ctx.Err() != nil:
+			return session.ImageInfo{}, ctx.Err()
+		case errors.Is(err, fs.ErrExist):
+			return session.ImageInfo{}, fmt.Errorf("%w: %w", err, session.ErrExists)
+		}
+		return session.ImageInfo{}, fmt.Errorf("import image %q: %w", req.Name, err)
+	}
+	m.log.Info("image imported", "image", b.Name, "digest", b.Digest, "source", b.Source, "source_digest", b.SourceDigest)
+	m.pruneImage(b.Name)
+	return m.imageInfo(ctx, b)
 }
 
 // RemoveImage deletes an image no session uses.

@@ -108,11 +108,31 @@ func (m *Manager) Create(ctx context.Context, opts session.CreateOptions) (sessi
 	if err != nil {
 		return fail(err)
 	}
+	if err := s.makeWorkDir(ctx); err != nil {
+		return fail(err)
+	}
 	if err := s.setState(session.StateRunning, "created: "+how, by); err != nil {
 		return fail(err)
 	}
 	m.cfg.Observer.Created(time.Since(now))
 	return s.snapshot(), nil
+}
+
+// makeWorkDir makes the working directory the session's image names, when
+// it is under /workspace, in the new workspace: its commands start there.
+func (s *sess) makeWorkDir(ctx context.Context) error {
+	d := s.execDefaults()
+	if d.Cwd == "" || d.Cwd == "/workspace" {
+		return nil
+	}
+	c, err := s.connectedAgent()
+	if err != nil {
+		return err
+	}
+	if err := c.Mkdir(ctx, d.Cwd, true); err != nil {
+		return fmt.Errorf("make the image's working directory %s: %w", d.Cwd, agentErr(s.name, err))
+	}
+	return nil
 }
 
 // removeSession deletes a session's VM files, workspace and records.

@@ -54,6 +54,10 @@ type sess struct {
 	egress  egress.Counters
 	fwd     fwdCounts
 	note    func(string) // where egress refusals are noted; nil: the timeline
+	// exec caches the defaults the session's image build gives its
+	// commands, for the build named by execKey; guarded by mu.
+	exec    execDefaults
+	execKey string
 }
 
 func (m *Manager) newSess(rec store.Session) *sess {
@@ -148,6 +152,33 @@ func (s *sess) setState(st session.State, cause, by string) error {
 		s.measureWorkspace()
 	}
 	return nil
+}
+
+// execDefaults returns what the session's image asks of the commands
+// run in it (an imported image's Env and WorkingDir), read once per build.
+func (s *sess) execDefaults() execDefaults {
+	s.mu.Lock()
+	name, digest := s.rec.Image, s.rec.ImageDigest
+	key := name + "@" + digest
+	if s.execKey == key {
+		d := s.exec
+		s.mu.Unlock()
+		return d
+	}
+	s.mu.Unlock()
+	var d execDefaults
+	if st := s.m.cfg.Images; st != nil && digest != "" {
+		b, err := st.Load(name, digest)
+		if err != nil {
+			s.m.log.Warn("image config unreadable: commands run without it", "session", s.name, "image", key, "err", err)
+			return d
+		}
+		d = imageExecDefaults(b.Config)
+	}
+	s.mu.Lock()
+	s.exec, s.execKey = d, key
+	s.mu.Unlock()
+	return d
 }
 
 func (s *sess) touch() {

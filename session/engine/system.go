@@ -120,6 +120,9 @@ func (m *Manager) Replace(ctx context.Context, name string, opts session.Replace
 		if err != nil {
 			return err
 		}
+		if err := s.makeWorkDir(ctx); err != nil {
+			return err
+		}
 		if oldImage != s.rec.Image || oldDigest != s.rec.ImageDigest {
 			m.pruneImage(oldImage)
 		}

@@ -2,13 +2,14 @@ package sessiontest
 
 import (
 	"context"
+	"io"
 	"slices"
 
 	"github.com/berthvm/berth/session"
 )
 
 // The fake has images only by name (Options.Images): it lists them and
-// builds or removes none, saying so.
+// builds, imports or removes none, saying so.
 
 func errNoBuilds(op string) error {
 	return &session.Error{Class: session.ErrUnsupported, Msg: op + ": the fake builds and removes no images", Hint: "give the images it has in Options.Images"}
@@ -41,6 +42,15 @@ func (f *Fake) BuildImage(ctx context.Context, req session.BuildRequest, progres
 		return session.ImageInfo{}, err
 	}
 	return session.ImageInfo{}, errNoBuilds("build image " + req.Name)
+}
+
+// ImportImage imports nothing: it fails with ErrUnsupported, reading
+// nothing of src.
+func (f *Fake) ImportImage(ctx context.Context, req session.ImportRequest, src io.Reader, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+	if err := f.enter(ctx, "ImportImage"); err != nil {
+		return session.ImageInfo{}, err
+	}
+	return session.ImageInfo{}, &session.Error{Class: session.ErrUnsupported, Msg: "import image " + req.Name + ": the fake imports no images", Hint: "give the images it has in Options.Images"}
 }
 
 // RemoveImage removes nothing: it fails with ErrUnsupported.

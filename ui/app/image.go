@@ -164,11 +164,104 @@ func (b *buildProgress) end() {
 	}
 }
 
+func imageImportCmd() *cli.Command {
+	return &cli.Command{
+		Name: "image import", Action: session.ActionImage, Group: local, Usage: "SOURCE --name NAME [--ref REF]", Args: []string{"SOURCE"},
+		Summary: "import a container image (OCI layout, docker or podman save archive, rootfs tarball)",
+		Help: `Imports a container image as a berth image sessions can be created from (--image NAME).
+SOURCE is a path on this host, read by the daemon, or - for standard input:
+  an OCI image layout     a directory with oci-layout and index.json, or a tar of one
+  a docker save archive   docker save app:1 -o app.tar, podman save, or - from a pipe
+  a root filesystem       a plain tarball of /, gzip'd or not
+Layers are checked against their digests, applied in order with their whiteouts, owners,
+modes, extended attributes, links and device nodes, and written as read-only ext4 layers
+without mounting anything; each is cached by what it holds, so images that share layers
+share them here. The daemon adds berth's kernel and agent; the agent stays PID 1.
+The image's config is applied where berth has a place for it: its Env to commands and
+shells (a command's own env wins), its WorkingDir as their directory when it is under
+/workspace. Its User is shown, not applied: commands run as root.
+Importing needs the daemon to run as root on its host (layers keep owners and device
+nodes). A failed import leaves nothing behind; importing a name again replaces an
+earlier import of it, while sessions keep the build they were made with.`,
+		Example: "berth image import ./app.tar --name app\ndocker save app:1 | berth image import - --name app\nberth image import ./layout --name tools --ref tools:2",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			name := fs.String("name", "", "name the image `NAME` (required)")
+			ref := fs.String("ref", "", "import `REF` of a source that holds several images (a tag, name:tag or a reference)")
+			return func(ctx context.Context, c *cli.Call, args []string) error {
+				if *name == "" {
+					return cli.UsageErrorf("--name NAME is required: it names the image sessions are created from")
+				}
+				req := session.ImportRequest{Name: *name, Source: args[0], Ref: *ref}
+				var src io.Reader
+				if req.Source == session.ImportStdin {
+					if c.Env().StdinTTY {
+						return fmt.Errorf("standard input is a terminal: pipe an image into it (docker save app | berth image import - --name app) or give a path")
+					}
+					src = c.Env().Stdin
+				} else {
+					abs, err := filepath.Abs(req.Source)
+					if err != nil {
+						return err
+					}
+					req.Source = abs
+				}
+				// Checked here too, for an answer before the daemon is involved.
+				if err := image.ValidateName(req.Name); err != nil {
+					return err
+				}
+				im, done, err := imager(ctx, c)
+				if err != nil {
+					return err
+				}
+				defer done()
+				p := newBuildProgress(c.Env().Stdout, c.Env().StdoutTTY)
+				info, err := im.ImportImage(ctx, req, src, p.show)
+				p.end()
+				if err != nil {
+					return err
+				}
+				out := c.Env().Stdout
+				if !p.done {
+					fmt.Fprintf(out, "imported %s (%s) as image %s (%s)\n", info.Source, info.SourceDigest, info.Name, info.Digest)
+				}
+				for _, n := range configNotes(info.Config) {
+					fmt.Fprintln(out, n)
+				}
+				return nil
+			}
+		},
+	}
+}
+
+// configNotes say what of an imported image's config berth applies.
+func configNotes(c *session.ImageConfig) []string {
+	if c == nil {
+		return nil
+	}
+	var out []string
+	if len(c.Env) > 0 {
+		out = append(out, fmt.Sprintf("  env: %d variable(s) from the image for every command and shell", len(c.Env)))
+	}
+	switch wd := filepath.Clean(c.WorkingDir); {
+	case c.WorkingDir == "":
+	case wd == "/workspace" || strings.HasPrefix(wd, "/workspace/"):
+		out = append(out, "  commands start in "+wd)
+	default:
+		out = append(out, fmt.Sprintf("  the image's working directory %s is outside /workspace: commands start in /workspace", c.WorkingDir))
+	}
+	if c.User != "" && c.User != "root" && c.User != "0" && !strings.HasPrefix(c.User, "0:") && !strings.HasPrefix(c.User, "root:") {
+		out = append(out, fmt.Sprintf("  the image's user %q is not applied: commands run as root", c.User))
+	}
+	return out
+}
+
 func imageLsCmd() *cli.Command {
 	return &cli.Command{
 		Name: "image ls", Action: session.ActionRead, Group: local, Usage: "[--json]",
-		Summary: "list images: size, digest, build time, the sessions using each",
-		Help:    "Older builds of an image are listed while sessions made with them exist.",
+		Summary: "list images: size, digest, build time, source, the sessions using each",
+		Help: `Older builds of an image are listed while sessions made with them exist. SOURCE is
+"berth" for images berth ships, the recipe file for recipes, and for an imported image
+where it came from and the digest its source gave it (--json has them whole).`,
 		Example: "berth image ls",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
 			asJSON := fs.Bool("json", false, "print JSON")
@@ -196,7 +289,7 @@ func imageLsCmd() *cli.Command {
 					return nil
 				}
 				tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(tw, "NAME\tDIGEST\tKIND\tSIZE\tPACKAGES\tBUILT\tTOOK\tSESSIONS")
+				fmt.Fprintln(tw, "NAME\tDIGEST\tKIND\tSIZE\tPACKAGES\tBUILT\tTOOK\tSOURCE\tSESSIONS")
 				for _, i := range list {
 					name := i.Name
 					if !i.Current {
@@ -211,13 +304,33 @@ func imageLsCmd() *cli.Command {
 					if users == "" {
 						users = "-"
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, i.Digest, kind, session.FormatBytes(i.DiskBytes), pk,
-						i.Built.Local().Format("2006-01-02 15:04"), i.BuildTook.Round(time.Second), users)
+					if i.SourceDigest != "" { // imported: no Debian packages to count
+						pk = "-"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, i.Digest, kind, session.FormatBytes(i.DiskBytes), pk,
+						i.Built.Local().Format("2006-01-02 15:04"), i.BuildTook.Round(time.Second), imageSource(i), users)
 				}
 				return tw.Flush()
 			}
 		},
 	}
+}
+
+// imageSource is where an image came from, as image ls shows it: "berth",
+// the recipe, or an import's source with its digest, shortened.
+func imageSource(i session.ImageInfo) string {
+	src := i.Source
+	if src == "" {
+		src = "-"
+	}
+	if i.SourceDigest != "" {
+		d := i.SourceDigest
+		if alg, hex, ok := strings.Cut(d, ":"); ok && len(hex) > 12 {
+			d = alg + ":" + hex[:12]
+		}
+		src += " " + d
+	}
+	return src
 }
 
 func imageRmCmd() *cli.Command {

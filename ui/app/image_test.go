@@ -33,3 +33,33 @@ setup 3/3: $ false
 		t.Errorf("progress:\n%s\nwant:\n%s", out.String(), want)
 	}
 }
+
+// What image ls shows as an image's source, and what an import says of
+// the image's config.
+func TestImageSourceAndConfigNotes(t *testing.T) {
+	for _, tt := range []struct {
+		info session.ImageInfo
+		want string
+	}{
+		{session.ImageInfo{Source: "berth"}, "berth"},
+		{session.ImageInfo{}, "-"},
+		{session.ImageInfo{Source: "docker-archive:-", SourceDigest: "sha256:0123456789abcdef0123"}, "docker-archive:- sha256:0123456789ab"},
+		{session.ImageInfo{Source: "oci-layout:/srv/app", SourceDigest: "sha256:short"}, "oci-layout:/srv/app sha256:short"},
+	} {
+		if got := imageSource(tt.info); got != tt.want {
+			t.Errorf("imageSource(%+v) = %q, want %q", tt.info, got, tt.want)
+		}
+	}
+	notes := strings.Join(configNotes(&session.ImageConfig{Env: []string{"A=1", "B=2"}, User: "app", WorkingDir: "/srv"}), "\n")
+	for _, want := range []string{"2 variable(s)", "/srv is outside /workspace", `user "app" is not applied`} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("configNotes do not say %q:\n%s", want, notes)
+		}
+	}
+	if notes := configNotes(&session.ImageConfig{User: "0:0", WorkingDir: "/workspace/src/"}); len(notes) != 1 || notes[0] != "  commands start in /workspace/src" {
+		t.Errorf("configNotes for root in /workspace/src: %q", notes)
+	}
+	if configNotes(nil) != nil {
+		t.Error("configNotes(nil) says something")
+	}
+}

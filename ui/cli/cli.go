@@ -262,6 +262,8 @@ func flagOf(field string) string {
 		return "--system-disk"
 	case session.FieldIdleTimeout:
 		return "--idle-timeout"
+	case session.FieldRef:
+		return "--ref"
 	case session.FieldCPUs, session.FieldMemory, session.FieldDisk, session.FieldNet, session.FieldImage, session.FieldLabel:
 		return "--" + field
 	}

@@ -2,6 +2,7 @@ package sshd
 
 import (
 	"context"
+	"io"
 
 	"github.com/berthvm/berth/session"
 )
@@ -45,8 +46,8 @@ func (g *guard) RemoveSchedule(ctx context.Context, name, id string) error {
 	return call0(g, ctx, session.ActionSchedule, func(ctx context.Context) error { return g.svc.RemoveSchedule(ctx, name, id) })
 }
 
-// Images are the daemon host's: listing them is a read, building and
-// removing them an admin's.
+// Images are the daemon host's: listing them is a read; building,
+// importing and removing them an admin's.
 
 func (g *guard) Images(ctx context.Context) ([]session.ImageInfo, error) {
 	return call(g, ctx, session.ActionRead, func(ctx context.Context) ([]session.ImageInfo, error) { return g.svc.Images(ctx) })
@@ -54,6 +55,12 @@ func (g *guard) Images(ctx context.Context) ([]session.ImageInfo, error) {
 
 func (g *guard) BuildImage(ctx context.Context, req session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error) {
 	return call(g, ctx, session.ActionImage, func(ctx context.Context) (session.ImageInfo, error) { return g.svc.BuildImage(ctx, req, progress) })
+}
+
+func (g *guard) ImportImage(ctx context.Context, req session.ImportRequest, src io.Reader, progress func(session.BuildProgress)) (session.ImageInfo, error) {
+	return call(g, ctx, session.ActionImage, func(ctx context.Context) (session.ImageInfo, error) {
+		return g.svc.ImportImage(ctx, req, src, progress)
+	})
 }
 
 func (g *guard) RemoveImage(ctx context.Context, name string) error {
