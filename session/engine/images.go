@@ -310,7 +310,9 @@ func (m *Manager) ImportImage(ctx context.Context, req session.ImportRequest, sr
 		case ctx.Err() != nil:
 			return session.ImageInfo{}, ctx.Err()
 		case errors.Is(err, fs.ErrExist):
-			return session.ImageInfo{}, fmt.Errorf("%w: %w", err, session.ErrExists)
+			// The message says what exists and what to do; the class is
+			// the contract's.
+			return session.ImageInfo{}, &session.Error{Class: session.ErrExists, Msg: strings.TrimSuffix(err.Error(), ": "+fs.ErrExist.Error()), Err: err}
 		}
 		return session.ImageInfo{}, fmt.Errorf("import image %q: %w", req.Name, err)
 	}

@@ -235,7 +235,7 @@ func openSource(ctx context.Context, src string, r io.Reader, work string, max i
 		if err := bufferStream(ctx, r, file, "standard input", max, free); err != nil {
 			return nil, err
 		}
-		return openFile(ctx, file, work, max, free)
+		return openFile(ctx, file, "standard input", work, max, free)
 	}
 	fi, err := os.Stat(src)
 	if err != nil {
@@ -268,7 +268,7 @@ func openSource(ctx context.Context, src string, r io.Reader, work string, max i
 		defer f.Close()
 		return openSource(ctx, "-", f, work, max, free)
 	}
-	return openFile(ctx, src, work, max, free)
+	return openFile(ctx, src, "source "+src, work, max, free)
 }
 
 // bufferStream copies a stream into file, refusing it past max bytes or
@@ -323,7 +323,9 @@ func bufferStream(ctx context.Context, r io.Reader, file, what string, max int64
 // openFile opens a file source: a tar archive of an image, or a root
 // filesystem tarball (gzip'd, zstd'd or plain). A compressed archive of
 // an image is unpacked into work first, as its blobs are read in place.
-func openFile(ctx context.Context, file, work string, max int64, free func() (int64, error)) (*opened, error) {
+// label names the source in messages ("source /srv/app.tar", "standard
+// input"): file may be a copy in work.
+func openFile(ctx context.Context, file, label, work string, max int64, free func() (int64, error)) (*opened, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, err
@@ -331,13 +333,13 @@ func openFile(ctx context.Context, file, work string, max int64, free func() (in
 	comp, err := sniffCompression(f)
 	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("source %s: %w", file, err)
+		return nil, fmt.Errorf("%s: %w", label, err)
 	}
 	if comp != uncompressed {
 		isImage, err := compressedImageArchive(ctx, f, comp)
 		if err != nil {
 			f.Close()
-			return nil, fmt.Errorf("source %s: %w", file, err)
+			return nil, fmt.Errorf("%s: %w", label, err)
 		}
 		if !isImage {
 			return &opened{kind: kindRootFS, rootfs: f, close: func() { f.Close() }}, nil
@@ -346,14 +348,14 @@ func openFile(ctx context.Context, file, work string, max int64, free func() (in
 		err = unpackStream(ctx, f, comp, plain, max, free)
 		f.Close()
 		if err != nil {
-			return nil, fmt.Errorf("source %s: %w", file, err)
+			return nil, fmt.Errorf("%s: %w", label, err)
 		}
-		return openFile(ctx, plain, work, max, free)
+		return openFile(ctx, plain, label, work, max, free)
 	}
 	ts, err := indexTar(ctx, f)
 	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("source %s is not a tar berth can read: %w", file, err)
+		return nil, fmt.Errorf("%s is not a tar berth can read: %w", label, err)
 	}
 	o := &opened{files: ts, close: func() { f.Close() }}
 	switch {
