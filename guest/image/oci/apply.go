@@ -387,18 +387,9 @@ func (a *applier) makeOpaque(d []string) error {
 	}
 	// The root of a layer cannot be opaque to overlayfs: each name
 	// below gets a whiteout instead.
-	names := map[string]bool{}
-	if n := a.v.lookup(nil); n != nil {
-		for k := range n.kids {
-			names[k] = true
-		}
-	}
-	staged, err := readNames(fd)
+	names, err := a.namesIn(fd, nil)
 	if err != nil {
 		return err
-	}
-	for _, k := range staged {
-		names[k] = true
 	}
 	for k := range names {
 		if a.touched[k] {
@@ -422,9 +413,9 @@ func (a *applier) makeOpaque(d []string) error {
 	return nil
 }
 
-// clear removes from the directory d (open as fd) and from the view
-// whatever this layer did not write, descending into what it did.
-func (a *applier) clear(fd int, d []string) error {
+// namesIn is every name in the directory d (open as fd): those the layers
+// below hold, in the view, and those staged in it.
+func (a *applier) namesIn(fd int, d []string) (map[string]bool, error) {
 	names := map[string]bool{}
 	if n := a.v.lookup(d); n != nil {
 		for k := range n.kids {
@@ -433,10 +424,20 @@ func (a *applier) clear(fd int, d []string) error {
 	}
 	staged, err := readNames(fd)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, k := range staged {
 		names[k] = true
+	}
+	return names, nil
+}
+
+// clear removes from the directory d (open as fd) and from the view
+// whatever this layer did not write, descending into what it did.
+func (a *applier) clear(fd int, d []string) error {
+	names, err := a.namesIn(fd, d)
+	if err != nil {
+		return err
 	}
 	for k := range names {
 		child := append(d[:len(d):len(d)], k)
