@@ -583,6 +583,7 @@ func (m *Manager) Restore(ctx context.Context, name, id string) (RestoreResult, 
 		if err != nil {
 			return err
 		}
+		m.crash("restore:booted") // a VM runs; the record still says stopped
 		return s.setState(StateRunning, "restored to checkpoint "+id+": "+how, by)
 	})
 	res.Session = snap

@@ -316,6 +316,7 @@ func (m *Manager) Start(ctx context.Context, name string) (Session, error) {
 		if err != nil {
 			return err
 		}
+		m.crash("start:booted") // a VM runs; the record still says stopped
 		return s.setState(StateRunning, "started on its retained disks: "+how, Actor(ctx))
 	})
 }
