@@ -10,7 +10,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 APT_PKGS := qemu-system-x86 qemu-utils e2fsprogs busybox-static openssh-client tmux mmdebstrap sshfs rsync git fuse3
 APT_BINS := qemu-system-x86_64 qemu-img mkfs.ext4 busybox ssh sftp tmux mmdebstrap sshfs rsync git
 
-.PHONY: all build deps image run test bench vet fuzz clean install
+.PHONY: all build deps image run test bench vet fuzz soak clean install
 
 all: build
 
@@ -94,6 +94,17 @@ fuzz:
 		fi; \
 		rm -f $$log $$log.rc; \
 	done
+
+# soak runs ui/app's TestSoak for SOAKTIME: 8 sessions on real VMs under
+# a seeded random mix of operations while the daemon (built with -race
+# and the lock-order checker) is killed with SIGKILL and restarted and its
+# data directory's filesystem fills and empties, then checks every
+# invariant. It prints its seed; SOAKSEED=N replays one. make test runs
+# the same soak for about a minute.
+SOAKTIME ?= 10m
+SOAKSEED ?=
+soak: deps build
+	BERTH_SOAK_TIME=$(SOAKTIME) BERTH_SOAK_SEED=$(SOAKSEED) $(GO) test -count=1 -race -timeout 0 -run '^TestSoak$$' -v ./ui/app/
 
 clean:
 	rm -rf $(BIN)

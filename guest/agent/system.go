@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -221,6 +222,15 @@ func (a *Agent) shutdown(ctx context.Context, s *stream, grace time.Duration) (a
 		}
 		e.signal(syscall.SIGKILL)
 	}
+	if a.cfg.PID1 {
+		// Processes that outlived their commands (a server a command
+		// started in the background, a shell's job) are writers too, and
+		// their working directories keep the workspace busy, so the
+		// unmount failed and the host killed the VM: end them the same
+		// way before the flush. Power-off would end them anyway, without
+		// a chance to finish their writes.
+		endStragglers(deadline)
+	}
 	// Files the host holds open would keep the workspace busy; a staged
 	// file never closed is dropped, as when its host goes away.
 	a.releaseHandles(fmt.Errorf("%w: unmounted for shutdown", guest.ErrNoWorkspace))
@@ -249,6 +259,51 @@ func (a *Agent) shutdown(ctx context.Context, s *stream, grace time.Duration) (a
 		a.cfg.PowerOff()
 	}
 	return nil, nil
+}
+
+// endStragglers sends TERM to every process but PID 1 (the agent), waits
+// until deadline for them to exit (the reaper collects them), then KILLs
+// what is left and waits a moment for the kernel to let go of it.
+func endStragglers(deadline time.Time) {
+	if len(userProcs()) == 0 {
+		return
+	}
+	unix.Kill(-1, unix.SIGTERM)
+	for time.Now().Before(deadline) && len(userProcs()) > 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	unix.Kill(-1, unix.SIGKILL)
+	for end := time.Now().Add(time.Second); time.Now().Before(end) && len(userProcs()) > 0; {
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// userProcs lists the live processes other than PID 1: not kernel
+// threads (kthreadd, pid 2, and its children) and not zombies.
+func userProcs() []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 2 {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...; comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 2 || f[0] == "Z" || f[0] == "X" || f[1] == "2" {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out
 }
 
 // setTime sets the clock after a snapshot restore and mixes host entropy

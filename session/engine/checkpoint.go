@@ -492,6 +492,7 @@ func (m *Manager) Restore(ctx context.Context, name, id string) (session.Restore
 		if err != nil {
 			return err
 		}
+		m.crash("restore:booted") // a VM runs; the record still says stopped
 		return s.setState(session.StateRunning, "restored to checkpoint "+id+": "+how, by)
 	})
 	res.Session = snap

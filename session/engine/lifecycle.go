@@ -298,6 +298,7 @@ func (m *Manager) Start(ctx context.Context, name string) (session.Session, erro
 		if err != nil {
 			return err
 		}
+		m.crash("start:booted") // a VM runs; the record still says stopped
 		return s.setState(session.StateRunning, "started on its retained disks: "+how, session.Actor(ctx))
 	})
 }

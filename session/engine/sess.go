@@ -455,7 +455,10 @@ func (s *sess) recover(ctx context.Context) {
 	st := s.state()
 	d, derr := s.m.driver(s.rec.VMM)
 	var vm vmm.VM
-	if derr == nil && st != session.StateStopped && st != session.StateCrashed {
+	// Stopped and crashed sessions are looked for too: a start the
+	// daemon died in leaves a VMM running under a record that says
+	// stopped (see the default case below).
+	if derr == nil {
 		var err error
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		vm, err = d.Attach(actx, s.vmDir())
@@ -494,6 +497,22 @@ func (s *sess) recover(ctx context.Context) {
 		return
 	case session.StateRunning, session.StatePaused:
 	default:
+		// Recorded stopped or crashed, yet a VMM runs in the session's
+		// directory: a start (or a restore's boot) the daemon was killed
+		// in before it recorded the session running. Nothing ran in it
+		// for anyone, and the next start would leave it running
+		// unsupervised beside the new VM (a template's VM takes its
+		// workspace only once hot-plugged, so no disk lock stops that):
+		// stop it.
+		if vm != nil {
+			s.m.log.Warn("stopping a VM left by a start the daemon died in", "session", s.name, "state", st, "pid", vm.Pid())
+			s.mu.Lock()
+			s.intended = true
+			s.mu.Unlock()
+			vm.Kill(ctx)
+			<-vm.Done()
+			vm.Close()
+		}
 		s.m.loseRuns(s.name, "the VM is not running")
 		s.recoverRestore(ctx) // stopped by a restore the daemon died in
 		return

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berthvm/berth/vmm"
 )
 
 // fakeQEMU answers QMP on one end of a pipe: the greeting, then each
@@ -123,5 +125,39 @@ func TestQMPError(t *testing.T) {
 	var qe *QMPError
 	if err := <-errc; !errors.As(err, &qe) || qe.Command != "cont" || qe.Desc != "no" {
 		t.Fatalf("%v", err)
+	}
+}
+
+// A snapshot returns only once QEMU has left finish-migrate: it reports
+// the migration completed a moment before, and refuses cont until then
+// ("Migration is not finalized yet"), which failed a memory checkpoint's
+// resume in the soak.
+func TestSnapshotWaitsOutFinishMigrate(t *testing.T) {
+	f, m := newFakeQEMU(t)
+	v := &VM{proc: &vmm.Process{}, mon: m}
+	done := make(chan error, 1)
+	go func() { done <- v.Snapshot(t.Context(), "/nonexistent/memory.snap") }()
+	for _, step := range []struct{ cmd, ret string }{
+		{"query-status", `{"status": "paused", "running": false}`},
+		{"migrate-set-parameters", `{}`},
+		{"migrate", `{}`},
+		{"query-migrate", `{"status": "completed"}`},
+		{"query-status", `{"status": "finish-migrate", "running": false}`},
+		{"query-status", `{"status": "finish-migrate", "running": false}`},
+		{"query-status", `{"status": "postmigrate", "running": false}`},
+	} {
+		c := f.next(t)
+		if c.Execute != step.cmd {
+			t.Fatalf("QEMU got %s, want %s", c.Execute, step.cmd)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the snapshot returned (%v) before QEMU answered %s", err, step.cmd)
+		default:
+		}
+		f.reply(c, step.ret)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -33,7 +33,36 @@ func (v *VM) Snapshot(ctx context.Context, path string) error {
 	if err := v.exec(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}, nil); err != nil {
 		return err
 	}
-	return v.waitMigration(ctx, "snapshot")
+	if err := v.waitMigration(ctx, "snapshot"); err != nil {
+		return err
+	}
+	// QEMU reports the migration completed a moment before it leaves the
+	// finish-migrate run state, and refuses cont until it has ("Migration
+	// is not finalized yet"): a memory checkpoint, which resumes the VM
+	// at once, failed so now and then.
+	return v.leaveRunState(ctx, "finish-migrate", "snapshot")
+}
+
+// leaveRunState waits until the VM's run state is no longer state.
+func (v *VM) leaveRunState(ctx context.Context, state, what string) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		var rs struct {
+			Status string `json:"status"`
+		}
+		if err := v.exec(ctx, "query-status", nil, &rs); err != nil {
+			return err
+		}
+		if rs.Status != state {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: the VM stayed in %s: %w", what, state, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 func (v *VM) waitMigration(ctx context.Context, what string) error {
