@@ -316,6 +316,23 @@ func (t *execTable) start(req *guest.ExecRequest) (*execution, bool, error) {
 	return e, true, nil
 }
 
+// pending is how many bytes wait unread in a pipe or terminal (0 if that
+// cannot be told).
+func pending(f *os.File) int {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	n := 0
+	rc.Control(func(fd uintptr) {
+		// TIOCINQ is FIONREAD: it counts a pipe's and a terminal's unread bytes.
+		if v, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ); err == nil && v > 0 {
+			n = v
+		}
+	})
+	return n
+}
+
 func (e *execution) exit(st syscall.WaitStatus) {
 	e.mu.Lock()
 	e.exited, e.status, e.ended = true, st, time.Now()
@@ -325,7 +342,12 @@ func (e *execution) exit(st syscall.WaitStatus) {
 
 // finish waits for the leader's exit and the pipes' end, then marks the
 // execution done. Background children may keep the pipes open forever, so
-// after the leader exits output is read only for drainGrace more.
+// after the leader exits output is read only for drainGrace more — but
+// never less than what the pipes held when it exited: that output was
+// written by the command itself, and a pump held back by a host slow to
+// acknowledge (4 MiB in flight on a loaded machine) can take longer than
+// the grace to reach it. Cutting it there lost the tail of an exit-0
+// command's output with no sign.
 func (t *execTable) finish(e *execution, pumps *sync.WaitGroup, outR, errR *os.File) {
 	drained := make(chan struct{})
 	go func() { pumps.Wait(); close(drained) }()
@@ -334,10 +356,24 @@ func (t *execTable) finish(e *execution, pumps *sync.WaitGroup, outR, errR *os.F
 	for !e.exited {
 		e.cond.Wait()
 	}
+	outOwed := e.stdout.end + int64(pending(outR))
+	var errOwed int64
+	if errR != nil {
+		errOwed = e.stderr.end + int64(pending(errR))
+	}
 	e.mu.Unlock()
+	owed := func() bool { // under e.mu
+		return e.stdout.end < outOwed && !e.stdout.closed ||
+			errR != nil && e.stderr.end < errOwed && !e.stderr.closed
+	}
 	select {
 	case <-drained:
 	case <-time.After(drainGrace):
+		e.mu.Lock()
+		for owed() && !e.abandoned() {
+			e.cond.Wait()
+		}
+		e.mu.Unlock()
 		// Unblock the pumps: a closed read end makes a lingering writer
 		// get SIGPIPE, as it would after an ssh session ends.
 		outR.SetReadDeadline(time.Now())

@@ -15,8 +15,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/berthvm/berth/assets"
 )
 
 // What other image makers (guest/image/oci's importer) use of the
@@ -155,11 +153,7 @@ func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 		im.Layers[i] = c.layer(fmt.Sprintf("layer-%d.img", i))
 		paths = append(paths, c.path)
 	}
-	agent, k, err := b.inputs(ctx)
-	if err != nil {
-		return Image{}, false, err
-	}
-	mods, err := resolveModules(k, append(assets.Modules(), assets.RootModules()...))
+	agent, k, mods, err := b.inputs(ctx, rootModules())
 	if err != nil {
 		return Image{}, false, err
 	}

@@ -424,18 +424,27 @@ func (b *builder) holdLayer(ctx context.Context, hash string) error {
 
 func (b *builder) report(p Progress) { b.o.Report(p) }
 
-// inputs reads what every image is made of: agent and kernel.
-func (b *builder) inputs(ctx context.Context) ([]byte, Kernel, error) {
-	agent, err := os.ReadFile(b.o.Agent)
+// inputs reads what every image boots from: the agent, the kernel and
+// those of the wanted modules the kernel has, in load order.
+func (b *builder) inputs(ctx context.Context, want []string) (agent []byte, k Kernel, mods []string, err error) {
+	agent, err = os.ReadFile(b.o.Agent)
 	if err != nil {
-		return nil, Kernel{}, fmt.Errorf("read the guest agent: %w (build it with `make`)", err)
+		return nil, Kernel{}, nil, fmt.Errorf("read the guest agent: %w (build it with `make`)", err)
 	}
-	k, err := FetchKernel(ctx, b.o.CacheDir, progressWriter{b.report})
+	k, err = FetchKernel(ctx, b.o.CacheDir, progressWriter{b.report})
 	if err != nil {
-		return nil, Kernel{}, err
+		return nil, Kernel{}, nil, err
 	}
-	return agent, k, nil
+	mods, err = resolveModules(k, want)
+	if err != nil {
+		return nil, Kernel{}, nil, err
+	}
+	return agent, k, mods, nil
 }
+
+// rootModules are what an image with a root filesystem boots with: the
+// initramfs's and those its disks need.
+func rootModules() []string { return append(assets.Modules(), assets.RootModules()...) }
 
 type progressWriter struct{ report func(Progress) }
 
@@ -446,17 +455,13 @@ func (w progressWriter) Write(p []byte) (int, error) {
 
 func (b *builder) mini(ctx context.Context) (Image, bool, error) {
 	name := "mini"
-	agent, k, err := b.inputs(ctx)
+	agent, k, mods, err := b.inputs(ctx, assets.Modules())
 	if err != nil {
 		return Image{}, false, err
 	}
 	busybox, err := os.ReadFile(b.o.Busybox)
 	if err != nil {
 		return Image{}, false, fmt.Errorf("read busybox: %w (install Debian's busybox-static)", err)
-	}
-	mods, err := resolveModules(k, assets.Modules())
-	if err != nil {
-		return Image{}, false, err
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "builder %s\nmini\nkernel %s\nmodules %s\n", builderVersion, k.Package, strings.Join(mods, " "))
@@ -605,11 +610,7 @@ func (b *builder) rootfs(ctx context.Context, r *Recipe) (Image, bool, error) {
 	if p.setup() && b.o.Steps == nil {
 		return Image{}, false, errors.New("this recipe has files or setup steps, which go in through a berth VM: build it through the daemon")
 	}
-	agent, k, err := b.inputs(ctx)
-	if err != nil {
-		return Image{}, false, err
-	}
-	mods, err := resolveModules(k, append(assets.Modules(), assets.RootModules()...))
+	agent, k, mods, err := b.inputs(ctx, rootModules())
 	if err != nil {
 		return Image{}, false, err
 	}

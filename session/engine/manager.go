@@ -222,11 +222,27 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 	if m.locks != nil {
 		m.wg.Go(func() { m.locks.Run(m.ctx) })
 	}
-	m.wg.Go(m.idleLoop)
-	m.wg.Go(m.spaceLoop)
-	m.wg.Go(m.runLoop)
+	// Each of these checks is a cheap pass over what is in memory, so one
+	// short fixed tick serves minutes-long and seconds-long timeouts alike.
+	m.wg.Go(func() { m.everySecond(m.sleepIdle) })
+	m.wg.Go(func() { m.everySecond(m.watchSpace) })
+	m.wg.Go(func() { m.everySecond(m.endLeftRuns) })
 	m.wg.Go(m.scheduleLoop)
 	return m, nil
+}
+
+// everySecond calls check once a second until the Manager closes.
+func (m *Manager) everySecond(check func()) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+			check()
+		}
+	}
 }
 
 // Close stops the Manager's goroutines and connections. VMs and the

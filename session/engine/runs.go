@@ -359,54 +359,45 @@ func (m *Manager) GetRun(ctx context.Context, runID string) (session.Run, error)
 	return out, nil
 }
 
-// runLoop ends runs left open: a schedule's once its command is over (it
+// endLeftRuns ends runs left open: a schedule's once its command is over (it
 // ended while no daemon was there to see it), anyone else's as abandoned
 // once it has had nothing running and no use for the run timeout.
-func (m *Manager) runLoop() {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case <-t.C:
+func (m *Manager) endLeftRuns() {
+	live := map[string]bool{} // runs with an execution being recorded
+	m.mu.Lock()
+	ids := make([]string, 0, len(m.runs))
+	for id := range m.runs {
+		ids = append(ids, id)
+	}
+	m.mu.Unlock()
+	h := m.hx
+	h.mu.Lock()
+	for _, x := range ids {
+		if r := h.execRun[x]; r != "" {
+			live[r] = true
 		}
-		live := map[string]bool{} // runs with an execution being recorded
-		m.mu.Lock()
-		ids := make([]string, 0, len(m.runs))
-		for id := range m.runs {
-			ids = append(ids, id)
+	}
+	type end struct {
+		id   string
+		st   session.RunStatus
+		note string
+	}
+	var ends []end
+	for id, r := range h.open {
+		switch {
+		case live[id]:
+		case r.Schedule != "" && r.Executions > 0:
+			ends = append(ends, end{id, session.RunOK, "its command ended while the daemon was down"})
+		case time.Since(r.LastActive) > m.cfg.RunTimeout:
+			ends = append(ends, end{id, session.RunAbandoned, fmt.Sprintf("unused for %s with nothing running in it: its caller went away", m.cfg.RunTimeout)})
 		}
-		m.mu.Unlock()
-		h := m.hx
-		h.mu.Lock()
-		for _, x := range ids {
-			if r := h.execRun[x]; r != "" {
-				live[r] = true
-			}
+	}
+	h.mu.Unlock()
+	for _, e := range ends {
+		if e.st == session.RunOK {
+			e.st = m.lastExecStatus(e.id)
 		}
-		type end struct {
-			id   string
-			st   session.RunStatus
-			note string
-		}
-		var ends []end
-		for id, r := range h.open {
-			switch {
-			case live[id]:
-			case r.Schedule != "" && r.Executions > 0:
-				ends = append(ends, end{id, session.RunOK, "its command ended while the daemon was down"})
-			case time.Since(r.LastActive) > m.cfg.RunTimeout:
-				ends = append(ends, end{id, session.RunAbandoned, fmt.Sprintf("unused for %s with nothing running in it: its caller went away", m.cfg.RunTimeout)})
-			}
-		}
-		h.mu.Unlock()
-		for _, e := range ends {
-			if e.st == session.RunOK {
-				e.st = m.lastExecStatus(e.id)
-			}
-			m.endRun(e.id, e.st, e.note, "berth")
-		}
+		m.endRun(e.id, e.st, e.note, "berth")
 	}
 }
 

@@ -241,43 +241,32 @@ func (m *Manager) ensureAwake(ctx context.Context, s *sess) error {
 	return s.wake(ctx, orAPI(session.Actor(ctx)))
 }
 
-// idleLoop puts sessions to sleep once they have had no running command,
+// sleepIdle puts sessions to sleep once they have had no running command,
 // no open file and no action for the idle timeout.
-func (m *Manager) idleLoop() {
-	// Checking is cheap (a pass over the sessions in memory), so a short
-	// fixed tick serves both minutes-long and seconds-long timeouts.
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case <-t.C:
+func (m *Manager) sleepIdle() {
+	ss := m.all()
+	for _, s := range ss {
+		s.mu.Lock()
+		limit := s.idleTimeoutLocked()
+		idle := limit > 0 && s.rec.State == string(session.StateRunning) && time.Since(s.rec.LastActivity) > limit
+		s.mu.Unlock()
+		// An open file is a client at work (an sftp upload, an
+		// sshfs mount's open file): sleeping would end its handle.
+		if !idle || m.runningCount(s) > 0 || s.files.Load() > 0 || s.fwd.open.Load() > 0 {
+			continue
 		}
-		ss := m.all()
-		for _, s := range ss {
-			s.mu.Lock()
-			limit := s.idleTimeoutLocked()
-			idle := limit > 0 && s.rec.State == string(session.StateRunning) && time.Since(s.rec.LastActivity) > limit
-			s.mu.Unlock()
-			// An open file is a client at work (an sftp upload, an
-			// sshfs mount's open file): sleeping would end its handle.
-			if !idle || m.runningCount(s) > 0 || s.files.Load() > 0 || s.fwd.open.Load() > 0 {
-				continue
-			}
-			// A session busy with a lifecycle change is not idle; waiting
-			// for it here would hold up every other session's sleep.
-			if !s.op.TryLock() {
-				continue
-			}
-			if s.state() == session.StateRunning && m.runningCount(s) == 0 {
-				if err := s.sleep(m.ctx, "idle"); err != nil {
-					m.log.Info("idle sleep", "session", s.name, "err", err)
-					s.touch() // do not retry at once
-				}
-			}
-			s.op.Unlock()
+		// A session busy with a lifecycle change is not idle; waiting
+		// for it here would hold up every other session's sleep.
+		if !s.op.TryLock() {
+			continue
 		}
+		if s.state() == session.StateRunning && m.runningCount(s) == 0 {
+			if err := s.sleep(m.ctx, "idle"); err != nil {
+				m.log.Info("idle sleep", "session", s.name, "err", err)
+				s.touch() // do not retry at once
+			}
+		}
+		s.op.Unlock()
 	}
 }
 

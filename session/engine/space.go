@@ -86,44 +86,35 @@ func (m *Manager) Host(ctx context.Context) (session.HostStatus, error) {
 	return h, nil
 }
 
-// spaceLoop watches free space: it publishes the host's status when it
+// watchSpace watches free space: it publishes the host's status when it
 // changes and resumes sessions a full disk paused once space is back. For
 // VMMs that do not stop a VM on a full disk themselves (Cloud Hypervisor
 // hands the guest an I/O error), it pauses their VMs while the disk is
 // all but full.
-func (m *Manager) spaceLoop() {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case <-t.C:
+func (m *Manager) watchSpace() {
+	h, _ := m.Host(m.ctx)
+	m.space.mu.Lock()
+	changed := h.Below != m.space.status.Below || len(h.DiskFullPaused) != len(m.space.status.DiskFullPaused) ||
+		!slices.Equal(h.OutputHeld, m.space.status.OutputHeld)
+	m.space.status = h
+	m.space.mu.Unlock()
+	if changed {
+		msg := h.Message()
+		if msg == "" {
+			msg = fmt.Sprintf("host disk: %s free under %s, above the %s floor again", session.FormatBytes(h.Free), h.DataDir, session.FormatBytes(h.Floor))
 		}
-		h, _ := m.Host(m.ctx)
-		m.space.mu.Lock()
-		changed := h.Below != m.space.status.Below || len(h.DiskFullPaused) != len(m.space.status.DiskFullPaused) ||
-			!slices.Equal(h.OutputHeld, m.space.status.OutputHeld)
-		m.space.status = h
-		m.space.mu.Unlock()
-		if changed {
-			msg := h.Message()
-			if msg == "" {
-				msg = fmt.Sprintf("host disk: %s free under %s, above the %s floor again", session.FormatBytes(h.Free), h.DataDir, session.FormatBytes(h.Floor))
-			}
-			m.log.Warn("host disk", "free", h.Free, "floor", h.Floor, "below", h.Below)
-			m.hub.publish(session.Event{Time: time.Now(), Kind: session.EventHost, Message: msg, Host: &h})
-		}
-		if !h.Below {
-			for _, name := range h.DiskFullPaused {
-				if s, err := m.get(name); err == nil {
-					s.resumeAfterDiskFull(m.ctx, h)
-				}
+		m.log.Warn("host disk", "free", h.Free, "floor", h.Floor, "below", h.Below)
+		m.hub.publish(session.Event{Time: time.Now(), Kind: session.EventHost, Message: msg, Host: &h})
+	}
+	if !h.Below {
+		for _, name := range h.DiskFullPaused {
+			if s, err := m.get(name); err == nil {
+				s.resumeAfterDiskFull(m.ctx, h)
 			}
 		}
-		if h.Free < diskFullMargin {
-			m.pauseUnguarded(h)
-		}
+	}
+	if h.Free < diskFullMargin {
+		m.pauseUnguarded(h)
 	}
 }
 

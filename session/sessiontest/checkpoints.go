@@ -47,15 +47,11 @@ func (s *fakeSession) refreshCkptsLocked() {
 
 // Checkpoint copies the session's workspace.
 func (f *Fake) Checkpoint(ctx context.Context, name string, opts session.CheckpointOptions) (session.Checkpoint, error) {
-	if err := f.enter(ctx, "Checkpoint"); err != nil {
-		return session.Checkpoint{}, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
+	s, err := f.enterSession(ctx, "Checkpoint", name)
 	if err != nil {
 		return session.Checkpoint{}, err
 	}
+	defer f.mu.Unlock()
 	return f.checkpointLocked(ctx, s, opts, false)
 }
 
@@ -90,15 +86,11 @@ func (f *Fake) checkpointLocked(ctx context.Context, s *fakeSession, opts sessio
 
 // Checkpoints lists the session's checkpoints.
 func (f *Fake) Checkpoints(ctx context.Context, name string) ([]session.Checkpoint, error) {
-	if err := f.enter(ctx, "Checkpoints"); err != nil {
-		return nil, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
+	s, err := f.enterSession(ctx, "Checkpoints", name)
 	if err != nil {
 		return nil, err
 	}
+	defer f.mu.Unlock()
 	out := make([]session.Checkpoint, 0, len(s.ckpts))
 	for _, c := range s.ckpts {
 		out = append(out, c.info)
@@ -117,15 +109,11 @@ func (s *fakeSession) findCkpt(id string) (int, error) {
 
 // DeleteCheckpoint removes one checkpoint.
 func (f *Fake) DeleteCheckpoint(ctx context.Context, name, id string) error {
-	if err := f.enter(ctx, "DeleteCheckpoint"); err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
+	s, err := f.enterSession(ctx, "DeleteCheckpoint", name)
 	if err != nil {
 		return err
 	}
+	defer f.mu.Unlock()
 	i, err := s.findCkpt(id)
 	if err != nil {
 		return err

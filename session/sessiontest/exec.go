@@ -392,15 +392,11 @@ func (f *Fake) Attach(ctx context.Context, execID string, fromSeq uint64) (sessi
 // Executions lists a session's executions in start order: the running ones,
 // or all recorded ones.
 func (f *Fake) Executions(ctx context.Context, name string, all bool) ([]session.Execution, error) {
-	if err := f.enter(ctx, "Executions"); err != nil {
-		return nil, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
+	s, err := f.enterSession(ctx, "Executions", name)
 	if err != nil {
 		return nil, err
 	}
+	defer f.mu.Unlock()
 	out := []session.Execution{}
 	for _, e := range s.execs {
 		if all || !e.rec.State.Done() {

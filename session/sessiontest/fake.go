@@ -156,6 +156,21 @@ func (f *Fake) getLocked(name string) (*fakeSession, error) {
 	return s, nil
 }
 
+// enterSession enters method (see enter) and finds the named session. On
+// success it returns with f.mu held, for the caller to release.
+func (f *Fake) enterSession(ctx context.Context, method, name string) (*fakeSession, error) {
+	if err := f.enter(ctx, method); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	s, err := f.getLocked(name)
+	if err != nil {
+		f.mu.Unlock()
+		return nil, err
+	}
+	return s, nil
+}
+
 // List returns every session, sorted by name.
 func (f *Fake) List(ctx context.Context) ([]session.Session, error) {
 	if err := f.enter(ctx, "List"); err != nil {
@@ -175,30 +190,22 @@ func (f *Fake) List(ctx context.Context) ([]session.Session, error) {
 
 // Get returns one session.
 func (f *Fake) Get(ctx context.Context, name string) (session.Session, error) {
-	if err := f.enter(ctx, "Get"); err != nil {
-		return session.Session{}, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
+	s, err := f.enterSession(ctx, "Get", name)
 	if err != nil {
 		return session.Session{}, err
 	}
+	defer f.mu.Unlock()
 	return s.info, nil
 }
 
 // Timeline returns the session's recorded events (all but stats), oldest
 // first; limit > 0 keeps the newest limit events.
 func (f *Fake) Timeline(ctx context.Context, name string, limit int) ([]session.Event, error) {
-	if err := f.enter(ctx, "Timeline"); err != nil {
-		return nil, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
+	s, err := f.enterSession(ctx, "Timeline", name)
 	if err != nil {
 		return nil, err
 	}
+	defer f.mu.Unlock()
 	evs := s.timeline
 	if limit > 0 && len(evs) > limit {
 		evs = evs[len(evs)-limit:]

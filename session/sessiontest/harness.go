@@ -31,15 +31,11 @@ func (f *Fake) harnessLocked() *fakeHarness {
 
 // StartRun opens a run.
 func (f *Fake) StartRun(ctx context.Context, name string, opts session.RunOptions) (session.Run, error) {
-	if err := f.enter(ctx, "StartRun"); err != nil {
-		return session.Run{}, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
+	s, err := f.enterSession(ctx, "StartRun", name)
 	if err != nil {
 		return session.Run{}, err
 	}
+	defer f.mu.Unlock()
 	h := f.harnessLocked()
 	h.seq++
 	now := f.now()
@@ -167,15 +163,11 @@ func (f *Fake) AddSchedule(ctx context.Context, name string, req session.Schedul
 
 // Schedules lists a session's schedules.
 func (f *Fake) Schedules(ctx context.Context, name string) ([]session.Schedule, error) {
-	if err := f.enter(ctx, "Schedules"); err != nil {
-		return nil, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
+	s, err := f.enterSession(ctx, "Schedules", name)
 	if err != nil {
 		return nil, err
 	}
+	defer f.mu.Unlock()
 	out := slices.Clone(f.harnessLocked().scheds[name])
 	for i := range out {
 		switch s.info.State {

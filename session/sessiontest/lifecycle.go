@@ -169,15 +169,11 @@ func (f *Fake) Start(ctx context.Context, name string) (session.Session, error) 
 // transition begins a call of method and runs do on the session under the
 // lock.
 func (f *Fake) transition(ctx context.Context, method, name string, do func(*fakeSession) error) (session.Session, error) {
-	if err := f.enter(ctx, method); err != nil {
-		return session.Session{}, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
+	s, err := f.enterSession(ctx, method, name)
 	if err != nil {
 		return session.Session{}, err
 	}
+	defer f.mu.Unlock()
 	if err := do(s); err != nil {
 		return session.Session{}, err
 	}
@@ -293,15 +289,11 @@ func (f *Fake) Crash(name, cause string) error {
 // Sleep simulates idle sleep: a running session with no running command
 // releases its VM; the next use wakes it.
 func (f *Fake) Sleep(ctx context.Context, name string) (session.Session, error) {
-	if err := f.enter(ctx, "Sleep"); err != nil {
-		return session.Session{}, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
+	s, err := f.enterSession(ctx, "Sleep", name)
 	if err != nil {
 		return session.Session{}, err
 	}
+	defer f.mu.Unlock()
 	if s.info.State != session.StateRunning {
 		return session.Session{}, invalidState(session.ActionSleep, s)
 	}

@@ -111,15 +111,11 @@ func (c *fakeFwd) Close() error {
 
 // NetStatus reports the policy, the served ports and open forwards.
 func (f *Fake) NetStatus(ctx context.Context, name string) (session.NetStatus, error) {
-	if err := f.enter(ctx, "NetStatus"); err != nil {
-		return session.NetStatus{}, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
+	s, err := f.enterSession(ctx, "NetStatus", name)
 	if err != nil {
 		return session.NetStatus{}, err
 	}
+	defer f.mu.Unlock()
 	out := session.NetStatus{Policy: s.info.Net}
 	if s.info.State == session.StateRunning {
 		for p := range s.listen {

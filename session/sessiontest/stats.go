@@ -13,15 +13,11 @@ const maxHistory = 1000
 // History returns the samples AddSample gave the session within
 // session.HistoryWindow of the fake's clock, oldest first.
 func (f *Fake) History(ctx context.Context, name string) ([]session.Sample, error) {
-	if err := f.enter(ctx, "History"); err != nil {
-		return nil, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, err := f.getLocked(name)
+	s, err := f.enterSession(ctx, "History", name)
 	if err != nil {
 		return nil, err
 	}
+	defer f.mu.Unlock()
 	since := f.now().Add(-session.HistoryWindow)
 	out := []session.Sample{}
 	for _, x := range s.history {

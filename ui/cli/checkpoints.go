@@ -68,10 +68,7 @@ func checkpointsCmd() *Command {
 					return err
 				}
 				if *asJSON {
-					if list == nil {
-						list = []session.Checkpoint{}
-					}
-					return writeJSON(c.env.Stdout, list)
+					return writeList(c.env.Stdout, list)
 				}
 				if len(list) == 0 {
 					fmt.Fprintf(c.env.Stdout, "%s has no checkpoints ('berth checkpoint %s' takes one)\n", args[0], args[0])

@@ -55,6 +55,15 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// writeList writes a list as JSON, none as [] rather than null, so that
+// scripts can iterate over what they get without a check.
+func writeList[T any](w io.Writer, list []T) error {
+	if list == nil {
+		list = []T{}
+	}
+	return writeJSON(w, list)
+}
+
 // shellQuote joins argv as a shell would need it typed.
 func shellQuote(argv []string) string {
 	out := make([]string, len(argv))

@@ -115,10 +115,7 @@ func runsCmd() *Command {
 					return err
 				}
 				if *asJSON {
-					if list == nil {
-						list = []session.Run{}
-					}
-					return writeJSON(c.env.Stdout, list)
+					return writeList(c.env.Stdout, list)
 				}
 				if len(list) == 0 {
 					fmt.Fprintf(c.env.Stderr, "no runs in %s ('berth run start %s' opens one)\n", args[0], args[0])
@@ -203,10 +200,7 @@ func scheduleLsCmd() *Command {
 					return err
 				}
 				if *asJSON {
-					if list == nil {
-						list = []session.Schedule{}
-					}
-					return writeJSON(c.env.Stdout, list)
+					return writeList(c.env.Stdout, list)
 				}
 				if len(list) == 0 {
 					fmt.Fprintf(c.env.Stderr, "no schedules in %s\n", args[0])

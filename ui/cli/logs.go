@@ -133,10 +133,7 @@ func psCmd() *Command {
 					return err
 				}
 				if *asJSON {
-					if list == nil {
-						list = []session.Execution{}
-					}
-					return writeJSON(c.env.Stdout, list)
+					return writeList(c.env.Stdout, list)
 				}
 				if len(list) == 0 {
 					hint := "no running commands"

@@ -98,10 +98,7 @@ func lsCmd() *Command {
 					return err
 				}
 				if *asJSON {
-					if list == nil {
-						list = []session.Session{}
-					}
-					return writeJSON(c.env.Stdout, list)
+					return writeList(c.env.Stdout, list)
 				}
 				if h, err := svc.Host(ctx); err == nil && h.Message() != "" {
 					fmt.Fprintln(c.env.Stderr, "berth: "+h.Message())
@@ -472,10 +469,7 @@ func eventsCmd() *Command {
 					return err
 				}
 				if *asJSON {
-					if evs == nil {
-						evs = []session.Event{}
-					}
-					return writeJSON(c.env.Stdout, evs)
+					return writeList(c.env.Stdout, evs)
 				}
 				loc := c.env.Now().Location()
 				t := newTable(c.env.Stdout, "TIME", "KIND", "BY", "WHAT")
