@@ -172,8 +172,21 @@ func TestIdleSleepAndFullDisk(t *testing.T) {
 	e.ok("create", "dozy")
 	e.ok("create", "awake", "--idle-timeout", "0")
 	e.waitState("dozy", session.StateSleeping, 60*time.Second)
-	if !strings.Contains(e.ok("events", "dozy"), "by idle") && !strings.Contains(e.ok("events", "dozy"), "idle") {
-		t.Errorf("the timeline does not say the idle timer did it:\n%s", e.ok("events", "dozy"))
+	// The state is visible a moment before its event is recorded.
+	var events string
+	byIdle := func() bool {
+		for _, l := range strings.Split(events, "\n") {
+			if f := strings.Fields(l); len(f) > 4 && f[3] == "idle" && strings.HasPrefix(f[4], "sleeping") {
+				return true
+			}
+		}
+		return false
+	}
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end) && !byIdle(); time.Sleep(100 * time.Millisecond) {
+		events = e.ok("events", "dozy")
+	}
+	if !byIdle() {
+		t.Errorf("the timeline does not say the idle timer did it:\n%s", events)
 	}
 	time.Sleep(4 * time.Second)
 	if s := e.info("awake"); s.State != session.StateRunning {
