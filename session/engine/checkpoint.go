@@ -349,7 +349,7 @@ func (s *sess) frozenCopy(ctx context.Context, by, step string, dc *diskcopy.Cop
 		waitCopy()
 		release()
 		m.event(session.Event{Kind: session.EventNote, Name: s.name, By: by, Message: fmt.Sprintf("%s abandoned while %s: %v; the session keeps running", step, doing, cause)})
-		return 0, fmt.Errorf("%s %q: %s: %w", step, s.name, doing, cause)
+		return 0, fmt.Errorf("%s %q: %s: %w", step, s.name, doing, hostFull(cause))
 	}
 	if err != nil {
 		return fail("flushing and freezing its filesystems", agentErr(s.name, err))

@@ -85,7 +85,7 @@ func (s *sess) sleep(ctx context.Context, by string) error {
 		cancel()
 		os.RemoveAll(s.snapshotDir())
 		m.event(session.Event{Kind: session.EventNote, Name: s.name, By: by, Message: fmt.Sprintf("sleep abandoned while %s: %v; the session keeps running", step, cause)})
-		return fmt.Errorf("sleep %q: %s: %w", s.name, step, cause)
+		return fmt.Errorf("sleep %q: %s: %w", s.name, step, hostFull(cause))
 	}
 	// Every step is bounded: a guest that does not answer must not leave
 	// the session half asleep with the caller waiting forever.

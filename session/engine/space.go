@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -259,3 +260,13 @@ func (m *Manager) checkRoom(what string, need int64) error {
 
 // copier copies disks, checking the room a sparse copy needs.
 func (m *Manager) copier() *diskcopy.Copier { return &diskcopy.Copier{Room: m.checkRoom} }
+
+// hostFull classes a write that failed for want of room (ENOSPC from a
+// VMM or a copy) as the host's full disk, so that clients tell it from a
+// fault and know to free space.
+func hostFull(err error) error {
+	if errors.Is(err, syscall.ENOSPC) && !errors.Is(err, session.ErrNoSpace) {
+		return fmt.Errorf("%w: %w", session.ErrNoSpace, err)
+	}
+	return err
+}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -174,5 +175,23 @@ func TestFloorRefuses(t *testing.T) {
 	m.cfg.Floor = 0
 	if err := m.checkFloor("create session x"); err != nil {
 		t.Errorf("with no floor: %v", err)
+	}
+}
+
+func TestHostFull(t *testing.T) {
+	tests := []struct {
+		err       error
+		noSpace   bool
+		unchanged bool
+	}{
+		{fmt.Errorf("snapshot failed: disk is full: %w", syscall.ENOSPC), true, false},
+		{fmt.Errorf("room: %w: %w", session.ErrNoSpace, syscall.ENOSPC), true, true},
+		{errors.New("snapshot failed: QEMU quit"), false, true},
+	}
+	for _, tt := range tests {
+		got := hostFull(tt.err)
+		if errors.Is(got, session.ErrNoSpace) != tt.noSpace || !errors.Is(got, tt.err) || (got == tt.err) != tt.unchanged {
+			t.Errorf("hostFull(%v) = %v", tt.err, got)
+		}
 	}
 }

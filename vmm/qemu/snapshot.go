@@ -3,10 +3,13 @@ package qemu
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/berthvm/berth/vmm"
+	"golang.org/x/sys/unix"
 )
 
 // shellQuote quotes s for the shell QEMU's exec: migration runs.
@@ -34,13 +37,28 @@ func (v *VM) Snapshot(ctx context.Context, path string) error {
 		return err
 	}
 	if err := v.waitMigration(ctx, "snapshot"); err != nil {
-		return err
+		return diskFull(path, err)
 	}
 	// QEMU reports the migration completed a moment before it leaves the
 	// finish-migrate run state, and refuses cont until it has ("Migration
 	// is not finalized yet"): a memory checkpoint, which resumes the VM
 	// at once, failed so now and then.
 	return v.leaveRunState(ctx, "finish-migrate", "snapshot")
+}
+
+// diskFull names a full disk as the cause of a failed snapshot. QEMU sees
+// only its exec: writer end ("Unable to write to command: Broken pipe"),
+// which tells an operator nothing; a filesystem left with almost no room
+// where the snapshot was being written says what happened.
+func diskFull(path string, err error) error {
+	var fs unix.Statfs_t
+	if unix.Statfs(filepath.Dir(path), &fs) != nil {
+		return err
+	}
+	if free := int64(fs.Bavail) * fs.Bsize; free < 1<<20 {
+		return fmt.Errorf("%w: the disk holding %s is full (%d bytes free): %w", err, filepath.Dir(path), free, syscall.ENOSPC)
+	}
+	return err
 }
 
 // leaveRunState waits until the VM's run state is no longer state.
