@@ -129,7 +129,7 @@ func TestSoakFindings(t *testing.T) {
 		t.Errorf("the daemon's log does not say it stopped the VM left behind")
 	}
 	t.Run("a stop ends what commands left running", func(t *testing.T) {
-		ok(t, "exec", "a", "--", "sh", "-c", "mkdir -p www && cd www && "+
+		ok(t, "exec", "a", "--", "sh", "-c", "mkdir -p /workspace/www; "+
 			"(while :; do date >> /workspace/bg.log; sleep 0.2; done) </dev/null >/dev/null 2>&1 & "+
 			"httpd -p 127.0.0.1:8080 -h /workspace/www </dev/null")
 		ok(t, "stop", "a")
