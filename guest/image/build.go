@@ -610,6 +610,9 @@ func (b *builder) rootfs(ctx context.Context, r *Recipe) (Image, bool, error) {
 	if p.setup() && b.o.Steps == nil {
 		return Image{}, false, errors.New("this recipe has files or setup steps, which go in through a berth VM: build it through the daemon")
 	}
+	if p.base != "" {
+		return b.onImage(ctx, r, p)
+	}
 	agent, k, mods, err := b.inputs(ctx, rootModules())
 	if err != nil {
 		return Image{}, false, err
@@ -667,6 +670,96 @@ func (b *builder) rootfs(ctx context.Context, r *Recipe) (Image, bool, error) {
 	}
 	b.report(Progress{Phase: "done", Line: fmt.Sprintf("built image %s (%s) in %s: %d packages, %d layer(s), %s on disk: %s",
 		r.Name, digest, time.Since(b.start).Round(time.Millisecond), im.PackageCount(), len(im.Layers), mbytes(im.DiskBytes()), im.Dir)})
+	return im, true, nil
+}
+
+// maxStack is how many read-only layers a guest stacks: each is a disk
+// of the VM (vmm.MaxLayers).
+const maxStack = 8
+
+// onImage builds a recipe on an image already here: the base's layers as
+// they are (shared through the layer cache, not copied), the recipe's
+// files and steps as one setup layer on them, run in a VM of the base.
+// The base's config (Env, User, WorkingDir) carries over.
+func (b *builder) onImage(ctx context.Context, r *Recipe, p *plan) (Image, bool, error) {
+	base, err := Load(b.o.ImagesDir, p.base)
+	if err != nil {
+		return Image{}, false, fmt.Errorf("base image %q: %w (import, commit or build it first)", p.base, err)
+	}
+	if !base.RootFS() {
+		return Image{}, false, fmt.Errorf("base image %q has no root filesystem to build on", p.base)
+	}
+	n := len(base.Layers)
+	if p.setup() {
+		n++
+	}
+	if n > maxStack {
+		return Image{}, false, fmt.Errorf("base image %q has %d layers: with the setup layer that is over the %d a guest stacks; build on an image with fewer", p.base, len(base.Layers), maxStack)
+	}
+	var layers []Layer
+	var paths, hashes []string
+	for i, l := range base.Layers {
+		if err := b.holdLayer(ctx, l.Hash); err != nil {
+			return Image{}, false, err
+		}
+		c, ok := b.cached(l.Hash)
+		if !ok {
+			return Image{}, false, fmt.Errorf("layer %s of base image %q is not in the layer cache %s: import or build %q again", l.Hash, p.base, LayerCacheDir(b.o.ImagesDir), p.base)
+		}
+		layers = append(layers, c.layer(fmt.Sprintf("layer-%d.img", i)))
+		paths = append(paths, c.path)
+		hashes = append(hashes, l.Hash)
+	}
+	agent, k, mods, err := b.inputs(ctx, rootModules())
+	if err != nil {
+		return Image{}, false, err
+	}
+	layerHashes := hashes
+	var stepsHash string
+	if p.setup() {
+		if stepsHash, err = p.stepsHash("image " + strings.Join(hashes, ",")); err != nil {
+			return Image{}, false, err
+		}
+		layerHashes = append(slices.Clone(hashes), stepsHash)
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "builder %s\nrootfs %s\nkernel %s\nmodules %s\nlayers %s\n", builderVersion, r.Name, k.Package, strings.Join(mods, " "), strings.Join(layerHashes, " "))
+	cfg, _ := json.Marshal(base.Config)
+	h.Write(cfg)
+	h.Write(agent)
+	digest := hex.EncodeToString(h.Sum(nil))[:16]
+	if im, ok := b.upToDate(r.Name, digest, k); ok {
+		return im, false, nil
+	}
+	raw, order, err := initramfs(k, mods, agent, gzip.DefaultCompression, nil)
+	if err != nil {
+		return Image{}, false, err
+	}
+	im := Image{Name: r.Name, Digest: digest, KernelVersion: k.Version, Modules: order, Layers: layers,
+		Packages: base.Packages, Installed: base.Installed, Source: sourceOf(r), Config: base.Config}
+	if p.setup() {
+		below := im
+		below.Kernel, below.Layers = k.Vmlinuz, slices.Clone(layers)
+		initrd, err := writeTemp(b.o.ImagesDir, raw)
+		if err != nil {
+			return Image{}, false, err
+		}
+		defer os.Remove(initrd)
+		below.Initramfs = initrd
+		b.report(Progress{Phase: "setup", Line: fmt.Sprintf("building on image %s (%s, %d layers)", base.Name, base.Digest, len(base.Layers))})
+		top, err := b.stepsLayer(ctx, p, below, stepsHash)
+		if err != nil {
+			return Image{}, false, err
+		}
+		im.Layers = append(im.Layers, top.layer(fmt.Sprintf("layer-%d.img", len(layers))))
+		paths = append(paths, top.path)
+	}
+	im, err = b.commit(im, k, raw, paths)
+	if err != nil {
+		return Image{}, false, err
+	}
+	b.report(Progress{Phase: "done", Line: fmt.Sprintf("built image %s (%s) on image %s in %s: %d layer(s), %s on disk: %s",
+		r.Name, digest, base.Name, time.Since(b.start).Round(time.Millisecond), len(im.Layers), mbytes(im.DiskBytes()), im.Dir)})
 	return im, true, nil
 }
 

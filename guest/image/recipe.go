@@ -33,9 +33,13 @@ type Recipe struct {
 	Name string `toml:"name"`
 	// Base is what the image starts from: "debian" is Debian 12 from
 	// Debian's packages (with the shipped debian recipe's packages, files
-	// and setup), "debian-minimal" the same without them.
+	// and setup), "debian-minimal" the same without them, "image:NAME"
+	// an image already here (imported, committed or built), whose layers
+	// the setup layer goes on.
 	Base string `toml:"base"`
-	// Packages are Debian packages to install besides the base's.
+	// Packages are Debian packages to install besides the base's. An
+	// image base has no mmdebstrap: its packages come from setup steps,
+	// with the image's own package manager.
 	Packages []string `toml:"packages"`
 	// Files maps host paths (relative to the recipe's directory) to
 	// absolute paths in the image. A directory is copied whole.
@@ -129,12 +133,26 @@ func (r *Recipe) validate() error {
 	if r.Name == "mini" {
 		return errors.New(`name "mini" is berth's initramfs image; choose another`)
 	}
-	switch r.Base {
-	case "debian", "debian-minimal":
-	case "":
+	switch base, isImage := r.imageBase(); {
+	case isImage:
+		if err := ValidateName(base); err != nil {
+			return fmt.Errorf("base %q: %w", r.Base, err)
+		}
+		if base == "mini" {
+			return fmt.Errorf(`base %q: mini has no root filesystem to build on; use debian or an imported image`, r.Base)
+		}
+		if base == r.Name {
+			return fmt.Errorf("base %q: an image cannot be built on itself", r.Base)
+		}
+		if len(r.Packages) > 0 {
+			return fmt.Errorf(`packages: an image base has no mmdebstrap; install them in a setup step with the image's own package manager (run = ["apk add %s"] or ["apt-get install -y %s"])`,
+				strings.Join(r.Packages, " "), strings.Join(r.Packages, " "))
+		}
+	case r.Base == "debian", r.Base == "debian-minimal":
+	case r.Base == "":
 		return errors.New(`base is missing (base = "debian")`)
 	default:
-		return fmt.Errorf("base %q: use debian or debian-minimal", r.Base)
+		return fmt.Errorf("base %q: use debian, debian-minimal or image:NAME (an image here)", r.Base)
 	}
 	for _, p := range r.Packages {
 		if !packageRE.MatchString(p) {
@@ -181,6 +199,9 @@ func (r *Recipe) validate() error {
 	return nil
 }
 
+// imageBase returns NAME for a base of "image:NAME".
+func (r *Recipe) imageBase() (string, bool) { return strings.CutPrefix(r.Base, "image:") }
+
 // systemBytes is the build VM's system disk size.
 func (r *Recipe) systemBytes() int64 {
 	if n, err := session.ParseSize(r.SystemDisk); err == nil && r.SystemDisk != "" {
@@ -208,6 +229,7 @@ func (r *Recipe) hostPath(src string) string {
 // (packages and files) and the setup steps on top.
 type plan struct {
 	name     string
+	base     string   // an image to build on ("image:NAME"), or "" for Debian
 	packages []string // sorted, unique
 	files    []fileCopy
 	steps    []string
@@ -222,6 +244,7 @@ type fileCopy struct {
 
 func (r *Recipe) plan() (*plan, error) {
 	p := &plan{name: r.Name, timeout: r.Timeout(), system: r.systemBytes(), net: strings.TrimSpace(r.Net)}
+	p.base, _ = r.imageBase()
 	if r.Base == "debian" && r.Name != "debian" {
 		base, err := ShippedRecipe("debian")
 		if err != nil {

@@ -24,6 +24,7 @@ func FuzzRecipe(f *testing.F) {
 	for _, s := range []string{
 		"name = \"tools\"\nbase = \"debian\"\npackages = [\"jq\", \"g++\"]\nfiles = { \"hello.sh\" = \"/usr/local/bin/hello\", \"conf\" = \"/etc/tool\" }\nrun = [\"echo ok\"]\nstep_timeout = \"2m\"\nsystem_disk = \"1G\"",
 		"name = \"x\"\nbase = \"debian-minimal\"\n",
+		"name = \"x\"\nbase = \"image:app\"\nrun = [\"true\"]\n",
 		"name = \"x\"\nbase = \"debian\"\nsystem_disk = \"16777217T\"\n",
 		"name = \"x\"\nbase = \"debian\"\nsystem_disk = \"64m\"\nstep_timeout = \"1s\"\n",
 		"name = \"x\"\nbase = \"debian\"\nfiles = { \"../../etc/passwd\" = \"/x\" }\n",
@@ -60,7 +61,11 @@ func checkRecipe(t *testing.T, r *Recipe, text string) {
 	if ValidateName(r.Name) != nil || r.Name == "mini" {
 		t.Fatalf("%q: name %q", text, r.Name)
 	}
-	if r.Base != "debian" && r.Base != "debian-minimal" {
+	if base, ok := strings.CutPrefix(r.Base, "image:"); ok {
+		if ValidateName(base) != nil || base == "mini" || base == r.Name || len(r.Packages) > 0 {
+			t.Fatalf("%q: image base %q accepted", text, r.Base)
+		}
+	} else if r.Base != "debian" && r.Base != "debian-minimal" {
 		t.Fatalf("%q: base %q", text, r.Base)
 	}
 	for _, p := range r.Packages {

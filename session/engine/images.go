@@ -472,8 +472,14 @@ func runStep(ctx context.Context, c *guest.Client, b image.StepBuild, i, n int, 
 	sctx, cancel := context.WithTimeout(ctx, b.Timeout)
 	defer cancel()
 	id := newExecID()
-	x, err := c.Exec(sctx, guest.ExecRequest{ID: id, Argv: []string{"/bin/sh", "-c", st.cmd}, Cwd: "/workspace",
-		Env: map[string]string{"DEBIAN_FRONTEND": "noninteractive"}})
+	// An image base's Env (its PATH above all) holds for its setup steps
+	// as for its sessions' commands.
+	env := imageExecDefaults(b.Image.Config).Env
+	if env == nil {
+		env = map[string]string{}
+	}
+	env["DEBIAN_FRONTEND"] = "noninteractive"
+	x, err := c.Exec(sctx, guest.ExecRequest{ID: id, Argv: []string{"/bin/sh", "-c", st.cmd}, Cwd: "/workspace", Env: env})
 	if err != nil {
 		return fmt.Errorf("setup %s could not start: %w", label, err)
 	}

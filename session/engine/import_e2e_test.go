@@ -131,6 +131,35 @@ func TestImportEndToEnd(t *testing.T) {
 	e.subtest(t, "image rm refused while used", func(t *testing.T) {
 		e.fails("used by s1", "image", "rm", "bb")
 	})
+	e.subtest(t, "a recipe on the imported image", func(t *testing.T) {
+		dir := t.TempDir()
+		recipe := filepath.Join(dir, "bb-plus.toml")
+		os.WriteFile(filepath.Join(dir, "note"), []byte("a file of the recipe\n"), 0o644)
+		os.WriteFile(recipe, []byte(`name = "bb-plus"
+base = "image:bb"
+files = { "note" = "/etc/note" }
+run = ["echo \"built with $GREETING\" > /etc/berth-recipe"]
+`), 0o644)
+		bad := filepath.Join(dir, "bad.toml")
+		os.WriteFile(bad, []byte("name = \"bad\"\nbase = \"image:nosuch\"\nrun = [\"true\"]\n"), 0o644)
+		e.fails(`base image "nosuch"`, "image", "build", "--recipe", bad)
+		out := e.ok("image", "build", "--recipe", recipe)
+		if !strings.Contains(out, "on image bb") {
+			t.Errorf("the build does not say what it built on:\n%s", out)
+		}
+		e.ok("create", "s2", "--image", "bb-plus", "--memory", "256M", "--disk", "64M")
+		// The setup step saw the base's Env; the session has the base's
+		// layers (its whiteout too) and the recipe's.
+		got := e.ok("exec", "s2", "--", "sh", "-c", `cat /etc/berth-recipe /etc/note /etc/motd; test -e /etc/gone || echo whiteout kept; pwd`)
+		if want := "built with hello from the image\na file of the recipe\nfrom layer 2\nwhiteout kept\n/workspace/src\n"; got != want {
+			t.Errorf("a session of the recipe's image printed %q, want %q", got, want)
+		}
+		if out := e.ok("exec", "s1", "--", "sh", "-c", "test -e /etc/berth-recipe && echo changed || echo untouched"); out != "untouched\n" {
+			t.Errorf("the base image's session sees the recipe's layer: %q", out)
+		}
+		e.ok("delete", "s2", "--yes")
+		e.ok("image", "rm", "bb-plus")
+	})
 	e.subtest(t, "a second import reuses the layers", func(t *testing.T) {
 		file := filepath.Join(t.TempDir(), "bb.tar")
 		os.WriteFile(file, archive, 0o644)

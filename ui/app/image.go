@@ -38,13 +38,17 @@ The kernel is Debian's, fetched with apt-get download into the cache, never inst
 
 A recipe (TOML) builds an image of your own:
   name = "py-tools"
-  base = "debian"                       # or "debian-minimal" (without debian's packages)
+  base = "debian"                       # or "debian-minimal" (without debian's packages),
+                                        # or "image:NAME", an imported or committed image
   packages = ["jq", "make"]             # Debian packages, installed on the host
   files = { "./tool.sh" = "/usr/local/bin/tool.sh" }   # host path = image path
   run = ["pip install --break-system-packages ruff"]   # setup steps, run in a berth VM
   step_timeout = "10m"
 Setup steps run inside a VM of the image being built, never on the host; their changes
-become the image's top layer. Each layer is cached by what went into it. Sessions keep
+become the image's top layer. On an image base there is no mmdebstrap: install packages
+in setup steps with the image's own package manager (run = ["apk add jq"]); the base's
+layers are shared, and its Env, User and WorkingDir carry over.
+Each layer is cached by what went into it. Sessions keep
 the build they were made with until 'berth replace'.`,
 		Example: "berth image build debian\nberth image build --recipe ./py-tools.toml",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
