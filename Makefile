@@ -80,7 +80,8 @@ FUZZ_TARGETS := \
 	session/engine/egress:FuzzDNSQuery session/engine/egress:FuzzEgressRequest session:FuzzParsePolicy session/schedule:FuzzParseSpec \
 	session/api:FuzzAPIBody guest/image:FuzzRecipe \
 	guest/image/oci:FuzzParseJSON guest/image/oci:FuzzParseEntry guest/image/oci:FuzzApplyLayer \
-	ui/common:FuzzSanitizeLine ui/components/output:FuzzOutputWindow
+	ui/common:FuzzSanitizeLine ui/components/output:FuzzOutputWindow \
+	session/engine/extfs:FuzzImage
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
