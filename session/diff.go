@@ -227,7 +227,9 @@ func CompareEntries(old, new map[string]DiffEntry) []FileChange {
 			made = append(made, n)
 		}
 	}
-	sortEntries := func(es []DiffEntry) { slices.SortFunc(es, func(a, b DiffEntry) int { return strings.Compare(a.Path, b.Path) }) }
+	sortEntries := func(es []DiffEntry) {
+		slices.SortFunc(es, func(a, b DiffEntry) int { return strings.Compare(a.Path, b.Path) })
+	}
 	sortEntries(gone)
 	sortEntries(made)
 	// Renames: by identity first, then (files without one) by content.

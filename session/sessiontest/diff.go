@@ -269,4 +269,3 @@ func (f *Fake) parentFor(s *fakeSession, dir string, need bool) (*node, error) {
 
 // keepRun says whether a run keeps its starting point.
 func keepRun(opts session.RunOptions) bool { return opts.Keep != nil && *opts.Keep }
-
