@@ -89,7 +89,7 @@ type Agent struct {
 	host    string
 	closing bool
 	handles map[*handle]struct{} // files open for the host
-	tr      *tracker                // change records (track.go), made on first use
+	tr      *tracker             // change records (track.go), made on first use
 
 	sessMu  sync.Mutex
 	current *yamux.Session // at most one host session at a time
