@@ -129,8 +129,8 @@ type RunChanges struct {
 // checkpoint of its start, or whose checkpoint is gone.
 func NoStartingPoint(runID, ckpt string) error {
 	if ckpt == "" {
-		return &Error{Class: ErrInvalidState, Field: FieldRun, Msg: fmt.Sprintf("%q kept no starting point", runID),
-			Hint: "start runs with keep (the run_checkpoint setting) to compare or undo them"}
+		return &Error{Class: ErrInvalidState, Field: FieldRun, Code: CodeNoStart, Msg: fmt.Sprintf("%q kept no starting point", runID),
+			Hint: "start runs that keep theirs to compare or undo them"}
 	}
 	return &Error{Class: ErrNotFound, Field: FieldRun, Msg: fmt.Sprintf("%q: its starting point, checkpoint %s, was removed (by hand or by the checkpoint limits)", runID, ckpt),
 		Hint: "nothing is left to compare it with"}

@@ -2,10 +2,12 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"io/fs"
+	"regexp"
 	"strings"
 
 	"github.com/berthvm/berth/session"
@@ -13,11 +15,26 @@ import (
 
 // What runs changed, and taking it back.
 
+// ckptIDRE is a checkpoint id's form.
+var ckptIDRE = regexp.MustCompile(`^c[1-9][0-9]{0,8}$`)
+
 func runChanges(r session.Run) string {
 	if r.Changes == nil {
 		return "-"
 	}
 	return fmt.Sprintf("%s +%d -%d", plural(r.Changes.Files, "file"), r.Changes.Added, r.Changes.Removed)
+}
+
+// noStart renders a run without a starting point with the flag that
+// keeps one.
+func noStart(err error) error {
+	var e *session.Error
+	if errors.As(err, &e) && e.Code == session.CodeNoStart {
+		c := *e
+		c.Hint = "start runs with 'berth run start NAME --keep' to compare or undo them"
+		return &c
+	}
+	return err
 }
 
 // diffFlags binds the output flags diffs share.
@@ -42,7 +59,7 @@ trees are compared whole, by metadata, and the output says so.`
 
 func runDiffCmd() *Command {
 	return &Command{
-		Name: "run diff", Action: session.ActionDiff, Group: "Agent runs and schedules", Usage: "ID [--stat] [--patch] [--json] [PATH...]", Args: []string{"ID", "PATH..."},
+		Name: "run diff", Action: session.ActionDiff, Group: "Agent runs and schedules", Usage: "ID [--stat] [--patch] [--json] [PATH...]", Args: []string{"ID", "[PATH...]"},
 		Summary: "show what an agent run changed in the workspace",
 		Help:    "Compares the run's starting point (it must have been started with --keep) with the\nworkspace now.\n" + diffHelp,
 		Example: "berth run diff r3f9a0c1d2e4b\nberth run diff r3f9a0c1d2e4b --stat\nberth run diff r3f9a0c1d2e4b --patch src/",
@@ -58,7 +75,7 @@ func runDiffCmd() *Command {
 				}
 				d, err := svc.RunDiff(ctx, args[0], session.DiffOptions{Paths: args[1:], Patch: *f.patch})
 				if err != nil {
-					return err
+					return noStart(err)
 				}
 				return writeDiff(c.env.Stdout, d, f)
 			}
@@ -68,29 +85,16 @@ func runDiffCmd() *Command {
 
 func diffCmd() *Command {
 	return &Command{
-		Name: "diff", Action: session.ActionDiff, Group: "Checkpoints", Usage: "NAME ID1 [ID2] [--stat] [--patch] [--json] [-- PATH...]", Args: []string{"NAME", "ID1", "ID2..."},
+		Name: "diff", Action: session.ActionDiff, Group: "Checkpoints", Usage: "NAME ID1 [ID2] [--stat] [--patch] [--json] [PATH...]", Args: []string{"NAME", "ID1", "[ID2]", "[PATH...]"},
 		Summary: "compare a checkpoint with another, or with the workspace now",
-		Help:    "Compares checkpoint ID1 with ID2, or with the workspace now. Paths follow --.\n" + diffHelp,
-		Example: "berth diff demo c1\nberth diff demo c1 c3 --stat\nberth diff demo c1 -- src/main.go",
+		Help:    "Compares checkpoint ID1 with ID2, or with the workspace now. An argument after ID1 that\nis a checkpoint id (c and a number) is ID2; write a path of that name as ./c2.\n" + diffHelp,
+		Example: "berth diff demo c1\nberth diff demo c1 c3 --stat\nberth diff demo c1 src/main.go",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			f := bindDiffFlags(fs)
 			return func(ctx context.Context, c *Call, args []string) error {
-				rest := args[2:]
-				to := ""
-				var paths []string
-				for i, a := range rest {
-					if a == "--" {
-						paths = rest[i+1:]
-						rest = rest[:i]
-						break
-					}
-				}
-				switch len(rest) {
-				case 0:
-				case 1:
-					to = rest[0]
-				default:
-					return usageErrorf("diff compares two checkpoints at most; put paths after --")
+				to, paths := "", args[2:]
+				if len(paths) > 0 && ckptIDRE.MatchString(paths[0]) {
+					to, paths = paths[0], paths[1:]
 				}
 				svc, err := c.service(ctx)
 				if err != nil {
@@ -229,7 +233,7 @@ func unixMode(m fs.FileMode) uint32 {
 
 func runUndoCmd() *Command {
 	return &Command{
-		Name: "run undo", Action: session.ActionUndo, Group: "Agent runs and schedules", Usage: "ID [PATH...] [--yes]", Args: []string{"ID", "PATH..."},
+		Name: "run undo", Action: session.ActionUndo, Group: "Agent runs and schedules", Usage: "ID [PATH...] [--yes]", Args: []string{"ID", "[PATH...]"},
 		Summary: "put the workspace back as it was when an agent run started",
 		Help: `Without PATHs, restores the run's starting point whole, as 'berth restore' does: an
 automatic checkpoint of the current state first (a restore of it takes the undo back),
@@ -279,7 +283,7 @@ you to type the session's name; without a terminal, --yes is required.`,
 				}
 				res, err := svc.UndoRun(ctx, id, paths)
 				if err != nil {
-					return err
+					return noStart(err)
 				}
 				if res.Whole {
 					fmt.Fprintf(c.env.Stdout, "run %s undone: session %s is back on checkpoint %s; the state before is checkpoint %s\n", id, r.Session, res.Checkpoint, res.Restore.Auto.ID)
