@@ -268,4 +268,9 @@ func (f *Fake) parentFor(s *fakeSession, dir string, need bool) (*node, error) {
 }
 
 // keepRun says whether a run keeps its starting point.
-func keepRun(opts session.RunOptions) bool { return opts.Keep != nil && *opts.Keep }
+func keepRun(opts session.RunOptions, byDefault bool) bool {
+	if opts.Keep == nil {
+		return byDefault
+	}
+	return *opts.Keep
+}

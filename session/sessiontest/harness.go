@@ -47,7 +47,7 @@ func (f *Fake) StartRun(ctx context.Context, name string, opts session.RunOption
 		ID: fmt.Sprintf("r%012x", h.seq), Session: name, Title: opts.Title, By: session.Actor(ctx),
 		Status: session.RunOpen, StartedAt: now, LastActive: now,
 	}
-	if keepRun(opts) {
+	if keepRun(opts, f.opts.KeepRuns) {
 		c, err := f.checkpointLocked(ctx, s, session.CheckpointOptions{Label: session.StartLabel(r.ID, r.Title)}, false)
 		if err != nil {
 			h.seq--
