@@ -447,14 +447,12 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) error {
 	if err != nil {
 		return err
 	}
-	// Renamed away first, so a crash mid-removal leaves nothing listed.
-	gone := filepath.Join(s.ckptRoot(), "."+id+"-rm")
-	if err := os.Rename(s.ckptDir(id), gone); err != nil {
-		return fmt.Errorf("remove checkpoint %s: %w", id, err)
+	if err := s.removeCheckpoint(id); err != nil {
+		return err
 	}
-	syncDir(s.ckptRoot())
-	os.RemoveAll(gone)
-	s.refreshCheckpoints()
+	if c.Run != "" {
+		m.untrackRun(s, c.Run) // nothing left to compare its record with
+	}
 	m.event(session.Event{Kind: session.EventNote, Name: name, By: session.Actor(ctx), Message: fmt.Sprintf("checkpoint %s removed (%s freed)", id, session.FormatBytes(c.Bytes))})
 	return nil
 }
@@ -475,9 +473,11 @@ func (m *Manager) Restore(ctx context.Context, name, id string) (session.Restore
 			return err
 		}
 		// What the checkpoint runs on must still exist before anything
-		// is stopped.
-		if _, err := m.resolveImage(ctx, ck.Image, ck.ImageDigest); err != nil {
-			return fmt.Errorf("checkpoint %s needs image %s@%s: %w", id, ck.Image, orDash(ck.ImageDigest), err)
+		// is stopped (a workspace alone runs on the session's image).
+		if !ck.WorkspaceOnly {
+			if _, err := m.resolveImage(ctx, ck.Image, ck.ImageDigest); err != nil {
+				return fmt.Errorf("checkpoint %s needs image %s@%s: %w", id, ck.Image, orDash(ck.ImageDigest), err)
+			}
 		}
 		res.Restored = ck.Checkpoint
 		auto, err := s.checkpoint(ctx, by, session.CheckpointOptions{Label: "auto: before restore to " + id}, ckptFor{auto: true})
