@@ -296,7 +296,7 @@ func (m *Model) openDiff() tea.Cmd {
 // then each patch with added lines green and removed ones red.
 func (m *Model) renderDiff(d session.Diff) []string {
 	st := m.c.Styles
-	out := []string{st.Bold.Render("Run "+d.Run+": checkpoint "+d.From+" → now — "+d.Summary()), ""}
+	out := []string{st.Bold.Render("Run " + d.Run + ": checkpoint " + d.From + " → now — " + d.Summary()), ""}
 	if d.Note != "" {
 		out = append(out, st.Muted.Render(common.SanitizeLine(d.Note)), "")
 	}
