@@ -55,13 +55,14 @@ type tracker struct {
 	records map[string]*record
 	order   []string // ids, oldest first
 	done    chan struct{}
+	limit   int // entries a record may hold: maxRecord (tests lower it)
 }
 
 func (a *Agent) trackerFor() *tracker {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.tr == nil {
-		a.tr = &tracker{records: map[string]*record{}}
+		a.tr = &tracker{records: map[string]*record{}, limit: maxRecord}
 	}
 	return a.tr
 }
@@ -145,7 +146,7 @@ func (t *tracker) read(f *os.File, done chan struct{}) {
 					break
 				}
 				r.keys[k] = struct{}{}
-				if len(r.keys) > maxRecord {
+				if len(r.keys) > t.limit {
 					r.drop()
 				}
 			}

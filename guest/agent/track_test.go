@@ -71,6 +71,36 @@ func TestTrackChanges(t *testing.T) {
 	}
 }
 
+// TestTrackOverflow: a record past its bound is dropped and says so.
+func TestTrackOverflow(t *testing.T) {
+	dir := t.TempDir()
+	a, c := connect(t, dir)
+	a.trackerFor().limit = 5
+	ctx := context.Background()
+	if err := c.Track(ctx, "r1"); err != nil {
+		if os.Geteuid() != 0 {
+			t.Skipf("fanotify needs CAP_SYS_ADMIN: %v", err)
+		}
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		os.WriteFile(filepath.Join(dir, fmt.Sprint(i)), []byte("x"), 0o644)
+	}
+	for {
+		st, paths, err := c.Changes(ctx, "r1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Overflow {
+			if len(paths) != 0 {
+				t.Errorf("an overflowed record lists %d paths", len(paths))
+			}
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func hasAll(got, want []string) bool {
 	for _, w := range want {
 		if !slices.Contains(got, w) {
