@@ -144,8 +144,14 @@ func (m *Manager) StartRun(ctx context.Context, name string, opts session.RunOpt
 		opts.Title = opts.Title[:maxRunTitle]
 	}
 	ck, err := m.keepStart(ctx, name, id, opts)
-	if err != nil {
+	switch {
+	case err != nil && opts.Keep != nil:
 		return session.Run{}, fmt.Errorf("run not started on %s: its starting point could not be kept: %w", name, err)
+	case err != nil:
+		// Kept by the daemon's setting, not asked for: the run (an MCP
+		// client's work) goes on without a starting point, and says so.
+		m.event(session.Event{Kind: session.EventNote, Name: name, By: by, Message: "run " + id + " keeps no starting point (run_checkpoint): " + err.Error()})
+		return m.startRun(id, name, opts.Title, by, "", "")
 	}
 	return m.startRun(id, name, opts.Title, by, "", ck.ID)
 }
