@@ -750,3 +750,91 @@ func (c *Client) Fork(ctx context.Context, spec MountSpec, now time.Time, seed [
 	err := c.do(ctx, &Request{Op: OpFork, Mount: &spec, Time: now.UnixNano(), Data: seed}, &r)
 	return r, err
 }
+
+// maxScanEntries bounds a scan the host accepts from the guest.
+const maxScanEntries = 4 << 20
+
+// Scan describes paths under /workspace (with walk, everything under
+// those that are directories), with content hashes when sums is set.
+func (c *Client) Scan(ctx context.Context, paths []string, walk, sums bool) ([]ScanEntry, error) {
+	var out []ScanEntry
+	err := c.batches(ctx, &Request{Op: OpScan, Paths: paths, All: walk, Sums: sums}, nil, func(p []byte) error {
+		var batch []ScanEntry
+		if err := json.Unmarshal(p, &batch); err != nil {
+			return fmt.Errorf("scan: unreadable reply: %w", err)
+		}
+		if len(out)+len(batch) > maxScanEntries {
+			return fmt.Errorf("scan: more than %d entries", maxScanEntries)
+		}
+		out = append(out, batch...)
+		return nil
+	})
+	return out, err
+}
+
+// Track starts recording which paths change under /workspace, as id.
+func (c *Client) Track(ctx context.Context, id string) error {
+	return c.do(ctx, &Request{Op: OpTrack, ID: id}, nil)
+}
+
+// Untrack drops record id.
+func (c *Client) Untrack(ctx context.Context, id string) error {
+	return c.do(ctx, &Request{Op: OpUntrack, ID: id}, nil)
+}
+
+// maxChangedPaths bounds the record the host accepts.
+const maxChangedPaths = 1 << 20
+
+// Changes reads record id: its state and the paths (relative to
+// /workspace) changed since it started.
+func (c *Client) Changes(ctx context.Context, id string) (TrackState, []string, error) {
+	var st TrackState
+	var paths []string
+	err := c.batches(ctx, &Request{Op: OpChanges, ID: id}, &st, func(p []byte) error {
+		var batch []string
+		if err := json.Unmarshal(p, &batch); err != nil {
+			return fmt.Errorf("changes: unreadable reply: %w", err)
+		}
+		if len(paths)+len(batch) > maxChangedPaths {
+			return fmt.Errorf("changes: more than %d paths", maxChangedPaths)
+		}
+		paths = append(paths, batch...)
+		return nil
+	})
+	return st, paths, err
+}
+
+// batches reads a streamed reply: a FrameResult into head first when head
+// is set, then data frames handed to each until FrameEnd.
+func (c *Client) batches(ctx context.Context, req *Request, head any, each func([]byte) error) error {
+	cl, err := c.open(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer cl.close()
+	for {
+		t, p, err := cl.fr.Next()
+		if err != nil {
+			return cl.err(ctx, req.Op, err)
+		}
+		switch t {
+		case FrameResult:
+			if head == nil {
+				return fmt.Errorf("%s: unexpected result frame", req.Op)
+			}
+			if err := json.Unmarshal(p, head); err != nil {
+				return fmt.Errorf("%s: unreadable reply: %w", req.Op, err)
+			}
+		case FrameData:
+			if err := each(p); err != nil {
+				return err
+			}
+		case FrameEnd:
+			return nil
+		case FrameError:
+			return decodeError(p)
+		default:
+			return fmt.Errorf("%s: unexpected frame %d", req.Op, t)
+		}
+	}
+}

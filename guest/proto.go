@@ -167,6 +167,10 @@ type Request struct {
 	Flags  int    `json:"flags,omitempty"`  // open: Open* flags
 	Target string `json:"target,omitempty"` // symlink: the link's content, stored as given
 	Attrs  *Attrs `json:"attrs,omitempty"`  // setstat
+	// Paths are what a scan describes; Sums asks for regular files'
+	// content hashes. All (above) walks each directory named.
+	Paths []string `json:"paths,omitempty"`
+	Sums  bool     `json:"sums,omitempty"`
 	// Port is the guest loopback port a dial connects to.
 	Port int `json:"port,omitempty"`
 	// TCP marks a DNS query that came over TCP: its reply may be longer
@@ -220,7 +224,45 @@ const (
 	OpStatfs     = "statfs"     // the figures of the filesystem holding Path
 	OpRmdir      = "rmdir"      // remove an empty directory, never a file
 	OpFork       = "fork"       // a VM restored from another session's snapshot takes its own identity
+
+	// A diff's view of /workspace: OpScan describes paths (their
+	// identity, times and content hashes); OpTrack starts recording which
+	// paths change under tracker ID, OpChanges reads that record and
+	// OpUntrack drops it.
+	OpScan    = "scan"
+	OpTrack   = "track"
+	OpChanges = "changes"
+	OpUntrack = "untrack"
 )
+
+// ScanEntry describes one path under /workspace for a diff. Missing marks
+// a path asked for that does not exist.
+type ScanEntry struct {
+	Path    string `json:"p"`
+	Missing bool   `json:"x,omitempty"`
+	Mode    uint32 `json:"m,omitempty"` // io/fs.FileMode bits
+	Size    int64  `json:"s,omitempty"`
+	Link    string `json:"l,omitempty"`
+	// Ino and Gen are the file's identity (inode number and generation),
+	// Ctime its last change in unix nanoseconds: a file with the same
+	// three in a checkpoint of this filesystem has not changed since.
+	Ino   uint64 `json:"i,omitempty"`
+	Gen   uint32 `json:"g,omitempty"`
+	Ctime int64  `json:"c,omitempty"`
+	Sum   string `json:"h,omitempty"` // sha256 of a regular file, with Request.Sums
+}
+
+// TrackState heads a reply to OpChanges; the changed paths follow in
+// data frames. Known is false when the agent holds no record of that id
+// (it was never started, or the VM booted since); Overflow when the
+// record outgrew its bound and was dropped: either way only a full
+// comparison finds the changes.
+type TrackState struct {
+	Known    bool  `json:"known"`
+	Overflow bool  `json:"overflow,omitempty"`
+	Paths    int   `json:"paths"`
+	Since    int64 `json:"since,omitempty"` // unix nanoseconds
+}
 
 // Open flags (Request.Flags), the same values whatever the host's or the
 // guest's O_ constants.

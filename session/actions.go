@@ -42,6 +42,9 @@ const (
 	ActionDeleteCheckpoint Action = "delete-checkpoint"
 	ActionRestore          Action = "restore"
 	ActionFork             Action = "fork"
+	// What runs changed, and taking it back.
+	ActionDiff Action = "diff"
+	ActionUndo Action = "undo"
 	// Networks and forwarded ports.
 	ActionNet Action = "net"
 	// Images (the daemon's host).
@@ -142,6 +145,12 @@ var verbs = []Verb{
 	{Action: ActionDeleteCheckpoint, Role: Admin, Mutates: true, What: "remove checkpoints"},
 	{Action: ActionRestore, States: []State{StateRunning, StateStopped, StateCrashed, StateSleeping}, Role: Admin, Mutates: true, What: "restore sessions to checkpoints"},
 	{Action: ActionFork, States: live, Role: Operator, Mutates: true, What: "fork sessions"},
+	// A diff of two checkpoints reads the host's copies in any state; one
+	// with the workspace now asks the VM, as reading files does.
+	{Action: ActionDiff, Role: Viewer, What: "compare checkpoints"},
+	// An undo restores (the whole workspace) or writes the paths named:
+	// a restore's role, in a restore's states.
+	{Action: ActionUndo, States: []State{StateRunning, StateStopped, StateCrashed, StateSleeping}, Role: Admin, Mutates: true, What: "undo runs"},
 	{Action: ActionNet, Role: Operator, Mutates: true, What: "change networks or forward ports"},
 	{Action: ActionImage, Role: Admin, Mutates: true, What: "build, import or remove images"},
 }

@@ -34,10 +34,12 @@ type CheckpointOptions struct {
 
 // Checkpoint describes one saved state.
 type Checkpoint struct {
-	ID        string    `json:"id"`
-	Session   string    `json:"session"`
-	Label     string    `json:"label,omitempty"`
-	Auto      bool      `json:"auto,omitempty"` // taken by a restore
+	ID      string `json:"id"`
+	Session string `json:"session"`
+	Label   string `json:"label,omitempty"`
+	Auto    bool   `json:"auto,omitempty"` // taken by a restore
+	// Run is the run whose starting point it is (RunOptions.Keep).
+	Run       string    `json:"run,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	// What it holds: always the workspace.
 	System bool `json:"system,omitempty"` // the system disk

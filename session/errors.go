@@ -40,6 +40,9 @@ const (
 const (
 	// CodeEscape is a path that leads out of /workspace.
 	CodeEscape = "escape"
+	// CodeNoStart is a run that kept no starting point to diff or undo:
+	// a front end says how it starts runs that keep one.
+	CodeNoStart = "no-start"
 )
 
 // Error is a refusal or a failure with its structure kept: the class, the

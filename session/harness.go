@@ -54,12 +54,28 @@ type Run struct {
 	// ExecIDs are the run's executions, oldest first (Run only; Runs
 	// leaves them out).
 	ExecIDs []string `json:"exec_ids,omitempty"`
+	// Checkpoint is the checkpoint of the run's starting point, when it
+	// kept one (RunOptions.Keep): what run diff and run undo compare
+	// with. It may since have been removed.
+	Checkpoint string `json:"checkpoint,omitempty"`
+	// Changes counts what the run changed against its starting point, as
+	// last compared (a diff of the run sets it); nil until then.
+	Changes *RunChanges `json:"changes,omitempty"`
 }
 
 // RunOptions are the settings of a new run.
 type RunOptions struct {
 	Title string `json:"title,omitempty"`
+	// Keep takes a checkpoint of the workspace when the run starts, so
+	// what the run changed can be compared and undone; nil leaves it to
+	// the daemon's run_checkpoint setting.
+	Keep *bool `json:"keep,omitempty"`
+	// System keeps the system disk in that checkpoint too.
+	System bool `json:"system,omitempty"`
 }
+
+// KeepRun is a RunOptions.Keep value.
+func KeepRun(v bool) *bool { return &v }
 
 // Overlap says what a schedule does when it falls due while its previous
 // command still runs.

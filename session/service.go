@@ -388,6 +388,7 @@ type Service interface {
 	Execer
 	Files
 	Checkpointer
+	Differ
 	Sampler
 	Networker
 	Harness

@@ -55,6 +55,15 @@ type Run struct {
 	Schedule string `json:"schedule,omitempty"`
 	// Note says why the run ended as it did ("the caller went away").
 	Note string `json:"note,omitempty"`
+	// Checkpoint is the id of the checkpoint of the run's starting point,
+	// if it kept one.
+	Checkpoint string `json:"checkpoint,omitempty"`
+	// Files, Added and Removed count what the run changed as its last
+	// diff found (Diffed set).
+	Diffed  bool `json:"diffed,omitempty"`
+	Files   int  `json:"files,omitempty"`
+	Added   int  `json:"added,omitempty"`
+	Removed int  `json:"removed,omitempty"`
 }
 
 // Schedule is a command run on a timetable in a session.

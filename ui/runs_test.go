@@ -55,3 +55,30 @@ func TestRunsTab(t *testing.T) {
 		return h.m.tab == tabOutput && ok && e.ID == p.ID()
 	})
 }
+
+// TestRunsDiffView: a run that kept its start shows its changes with d,
+// the patch's lines in the view, and esc goes back to the list.
+func TestRunsDiffView(t *testing.T) {
+	t.Parallel()
+	f := fixture()
+	h := newHarness(t, f, Options{})
+	ctx := t.Context()
+	r, err := f.StartRun(ctx, "alpha", session.RunOptions{Title: "edit", Keep: session.KeepRun(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteFile(session.WithRun(ctx, r.ID), "alpha", "notes.txt", strings.NewReader("first\nsecond\n")); err != nil {
+		t.Fatal(err)
+	}
+	h.press("enter")
+	h.waitFor("the Runs tab", func() bool { return h.m.runs.Has() && strings.Contains(h.screen(), "5 Runs") })
+	h.press("5")
+	h.waitFor("the run with its CHANGES column", func() bool { return strings.Contains(h.screen(), "CHANGES") })
+	h.press("d")
+	h.waitFor("the diff", func() bool {
+		s := h.screen()
+		return strings.Contains(s, "A notes.txt") && strings.Contains(s, "+second") && strings.Contains(s, "1 file changed, 2 insertions(+)")
+	})
+	h.press("esc")
+	h.waitFor("the list again", func() bool { return strings.Contains(h.screen(), "CHANGES") && h.m.tab == tabRuns })
+}

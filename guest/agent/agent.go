@@ -89,6 +89,7 @@ type Agent struct {
 	host    string
 	closing bool
 	handles map[*handle]struct{} // files open for the host
+	tr      *tracker             // change records (track.go), made on first use
 
 	sessMu  sync.Mutex
 	current *yamux.Session // at most one host session at a time
@@ -373,6 +374,15 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 		return nil, a.dial(ctx, s, s.w, req.Port)
 	case guest.OpPorts:
 		return listenPorts()
+	case guest.OpScan:
+		return nil, a.scan(s, req)
+	case guest.OpTrack:
+		return struct{}{}, a.track(req.ID)
+	case guest.OpUntrack:
+		a.untrack(req.ID)
+		return struct{}{}, nil
+	case guest.OpChanges:
+		return nil, a.changes(s, req.ID)
 	case guest.OpThaw:
 		if err := a.setTime(req.Time, req.Data); err != nil {
 			return nil, err

@@ -49,6 +49,7 @@
 //	DELETE /v1/sessions/{name}/checkpoints/{id}       204
 //	POST   /v1/sessions/{name}/restore                {"id"} → RestoreResult
 //	POST   /v1/sessions/{name}/fork                   {"name"} → 201 ForkResult
+//	GET    /v1/sessions/{name}/diff                   ?from=ID&to=ID&patch=true&path=P… → Diff (no to: with now)
 //	POST   /v1/sessions/{name}/exec                   full duplex NDJSON (see inFrame, outFrame)
 //	GET    /v1/sessions/{name}/executions             ?all=true → []Execution
 //	GET    /v1/execs/{id}                             Execution
@@ -70,6 +71,8 @@
 //	GET    /v1/sessions/{name}/runs                   []Run
 //	GET    /v1/runs/{id}                              Run with its executions' ids
 //	POST   /v1/runs/{id}/end                          {"status":S} → Run
+//	GET    /v1/runs/{id}/diff                         ?patch=true&path=P… → Diff against the run's starting point
+//	POST   /v1/runs/{id}/undo                         {"paths":[…]} (none: all) → UndoResult
 //	POST   /v1/sessions/{name}/schedules              ScheduleRequest → 201 Schedule
 //	GET    /v1/sessions/{name}/schedules              []Schedule
 //	DELETE /v1/sessions/{name}/schedules/{id}         204

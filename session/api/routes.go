@@ -46,6 +46,7 @@ func (s *server) routes() []route {
 		{"DELETE", "/v1/sessions/{name}/checkpoints/{id}", "204", s.deleteCheckpoint},
 		{"POST", "/v1/sessions/{name}/restore", `{"id"} → RestoreResult`, s.restore},
 		{"POST", "/v1/sessions/{name}/fork", `{"name"} → 201 ForkResult`, s.fork},
+		{"GET", "/v1/sessions/{name}/diff", "?from=ID&to=ID&patch=true&path=P… → Diff (no to: with now)", s.diff},
 
 		{"POST", "/v1/sessions/{name}/exec", "full duplex NDJSON (see inFrame, outFrame)", s.exec},
 		{"GET", "/v1/sessions/{name}/executions", "?all=true → []Execution", s.executions},
@@ -73,6 +74,8 @@ func (s *server) routes() []route {
 		{"GET", "/v1/sessions/{name}/runs", "[]Run", s.withHarness(s.runs)},
 		{"GET", "/v1/runs/{id}", "Run with its executions' ids", s.withHarness(s.getRun)},
 		{"POST", "/v1/runs/{id}/end", `{"status":S} → Run`, s.withHarness(s.endRun)},
+		{"GET", "/v1/runs/{id}/diff", "?patch=true&path=P… → Diff against the run's starting point", s.runDiff},
+		{"POST", "/v1/runs/{id}/undo", `{"paths":[…]} (none: all) → UndoResult`, s.undoRun},
 		{"POST", "/v1/sessions/{name}/schedules", "ScheduleRequest → 201 Schedule", s.withHarness(s.addSchedule)},
 		{"GET", "/v1/sessions/{name}/schedules", "[]Schedule", s.withHarness(s.schedules)},
 		{"DELETE", "/v1/sessions/{name}/schedules/{id}", "204", s.withHarness(s.removeSchedule)},

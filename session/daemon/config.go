@@ -32,6 +32,8 @@ type File struct {
 	Floor       string `toml:"free_space_floor"`
 	Budget      string `toml:"output_budget"`
 	RunTimeout  string `toml:"run_timeout"`
+	// RunCheckpoint: runs that do not say keep their starting point.
+	RunCheckpoint *bool `toml:"run_checkpoint"`
 	// Checkpoints per session: how many, and their size on disk together.
 	CheckpointLimit int    `toml:"checkpoint_limit"`
 	CheckpointBytes string `toml:"checkpoint_bytes"`
@@ -51,6 +53,9 @@ type Config struct {
 	OutputBudget int64
 	// RunTimeout ends agent runs left open and unused as abandoned.
 	RunTimeout time.Duration
+	// RunCheckpoint makes runs that do not say (MCP's) keep their
+	// starting point; default true.
+	RunCheckpoint bool
 	// CheckpointLimit and CheckpointBytes bound each session's checkpoints.
 	CheckpointLimit int
 	CheckpointBytes int64
@@ -168,6 +173,7 @@ func ParseConfig(path string, b []byte) (Config, error) {
 	} else {
 		c.IdleTimeout = session.DefaultIdleTimeout
 	}
+	c.RunCheckpoint = f.RunCheckpoint == nil || *f.RunCheckpoint
 	c.RunTimeout = engine.DefaultRunTimeout
 	if f.RunTimeout != "" {
 		if c.RunTimeout, err = time.ParseDuration(f.RunTimeout); err != nil || c.RunTimeout < time.Second {

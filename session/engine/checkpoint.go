@@ -42,6 +42,18 @@ type ckptMeta struct {
 	DiskBytes     int64  `json:"disk_bytes"`
 	MachineID     string `json:"machine_id,omitempty"`
 	Accel         string `json:"accel,omitempty"`
+	// WorkspaceOnly: the session had a system disk that this checkpoint
+	// left out (a run's starting point without System); a restore keeps
+	// the system disk the session has then.
+	WorkspaceOnly bool `json:"workspace_only,omitempty"`
+}
+
+// ckptFor says what a checkpoint is taken for beyond its options.
+type ckptFor struct {
+	auto bool   // by a restore, of the state it leaves
+	run  string // the run whose starting point it is
+	// noSystem leaves the system disk out.
+	noSystem bool
 }
 
 const (
@@ -154,14 +166,14 @@ func (m *Manager) Checkpoint(ctx context.Context, name string, opts session.Chec
 	}
 	_, err := m.lifecycle(ctx, name, session.ActionCheckpoint, func(s *sess) error {
 		var err error
-		out, err = s.checkpoint(ctx, session.Actor(ctx), opts, false)
+		out, err = s.checkpoint(ctx, session.Actor(ctx), opts, ckptFor{})
 		return err
 	})
 	return out, err
 }
 
 // checkpoint takes a checkpoint; the caller holds s.op.
-func (s *sess) checkpoint(ctx context.Context, by string, opts session.CheckpointOptions, auto bool) (session.Checkpoint, error) {
+func (s *sess) checkpoint(ctx context.Context, by string, opts session.CheckpointOptions, why ckptFor) (session.Checkpoint, error) {
 	m := s.m
 	start := time.Now()
 	st := s.state()
@@ -184,7 +196,8 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts session.Checkpoin
 		next = max(next, ckptNum(c.ID)+1)
 	}
 	pairs := [][2]string{{s.wsPath(), ckptWorkspace}}
-	if rec.SystemUUID != "" {
+	withSystem := rec.SystemUUID != "" && !why.noSystem
+	if withSystem {
 		pairs = append(pairs, [2]string{s.sysPath(), ckptSystem})
 	}
 	var est int64
@@ -242,12 +255,12 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts session.Checkpoin
 	m.crash("checkpoint:copied")
 	cm := ckptMeta{
 		Checkpoint: session.Checkpoint{
-			ID: id, Session: s.name, Label: opts.Label, Auto: auto, CreatedAt: start,
-			System: rec.SystemUUID != "", Memory: opts.Memory, Copy: dc.How.String(), Frozen: frozen, State: st,
+			ID: id, Session: s.name, Label: opts.Label, Auto: why.auto, Run: why.run, CreatedAt: start,
+			System: withSystem, Memory: opts.Memory, Copy: dc.How.String(), Frozen: frozen, State: st,
 		},
 		Image: rec.Image, ImageDigest: rec.ImageDigest, WorkspaceUUID: rec.WorkspaceUUID,
 		SystemUUID: rec.SystemUUID, SystemBytes: rec.SystemBytes, DiskBytes: rec.DiskBytes,
-		MachineID: rec.MachineID, Accel: rec.Accel,
+		MachineID: rec.MachineID, Accel: rec.Accel, WorkspaceOnly: rec.SystemUUID != "" && !withSystem,
 	}
 	for _, p := range pairs {
 		cm.Bytes += diskcopy.Allocated(p[1])
@@ -434,14 +447,12 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, name, id string) error {
 	if err != nil {
 		return err
 	}
-	// Renamed away first, so a crash mid-removal leaves nothing listed.
-	gone := filepath.Join(s.ckptRoot(), "."+id+"-rm")
-	if err := os.Rename(s.ckptDir(id), gone); err != nil {
-		return fmt.Errorf("remove checkpoint %s: %w", id, err)
+	if err := s.removeCheckpoint(id); err != nil {
+		return err
 	}
-	syncDir(s.ckptRoot())
-	os.RemoveAll(gone)
-	s.refreshCheckpoints()
+	if c.Run != "" {
+		m.untrackRun(s, c.Run) // nothing left to compare its record with
+	}
 	m.event(session.Event{Kind: session.EventNote, Name: name, By: session.Actor(ctx), Message: fmt.Sprintf("checkpoint %s removed (%s freed)", id, session.FormatBytes(c.Bytes))})
 	return nil
 }
@@ -462,12 +473,14 @@ func (m *Manager) Restore(ctx context.Context, name, id string) (session.Restore
 			return err
 		}
 		// What the checkpoint runs on must still exist before anything
-		// is stopped.
-		if _, err := m.resolveImage(ctx, ck.Image, ck.ImageDigest); err != nil {
-			return fmt.Errorf("checkpoint %s needs image %s@%s: %w", id, ck.Image, orDash(ck.ImageDigest), err)
+		// is stopped (a workspace alone runs on the session's image).
+		if !ck.WorkspaceOnly {
+			if _, err := m.resolveImage(ctx, ck.Image, ck.ImageDigest); err != nil {
+				return fmt.Errorf("checkpoint %s needs image %s@%s: %w", id, ck.Image, orDash(ck.ImageDigest), err)
+			}
 		}
 		res.Restored = ck.Checkpoint
-		auto, err := s.checkpoint(ctx, by, session.CheckpointOptions{Label: "auto: before restore to " + id}, true)
+		auto, err := s.checkpoint(ctx, by, session.CheckpointOptions{Label: "auto: before restore to " + id}, ckptFor{auto: true})
 		if err != nil {
 			return fmt.Errorf("restore %s to %s: the automatic checkpoint of its current state failed, nothing was changed: %w", name, id, err)
 		}
@@ -539,8 +552,13 @@ func (s *sess) swapIn(ctx context.Context, ck ckptMeta) error {
 	}
 	m.crash("restore:swapped")
 	s.mu.Lock()
-	s.rec.Image, s.rec.ImageDigest = ck.Image, ck.ImageDigest
-	s.rec.WorkspaceUUID, s.rec.SystemUUID, s.rec.SystemBytes = ck.WorkspaceUUID, ck.SystemUUID, ck.SystemBytes
+	s.rec.WorkspaceUUID = ck.WorkspaceUUID
+	if !ck.WorkspaceOnly {
+		// The system disk came back with the workspace, and with it the
+		// image it was made from.
+		s.rec.Image, s.rec.ImageDigest = ck.Image, ck.ImageDigest
+		s.rec.SystemUUID, s.rec.SystemBytes = ck.SystemUUID, ck.SystemBytes
+	}
 	s.rec.DiskBytes = ck.DiskBytes
 	// The figure measured was the replaced workspace's: the next boot
 	// measures this one.
@@ -553,7 +571,7 @@ func (s *sess) swapIn(ctx context.Context, ck ckptMeta) error {
 		s.rec.SnapshotPath, s.rec.SnapshotBytes, s.rec.Accel = snapPath, diskcopy.Allocated(snapPath), ck.Accel
 	}
 	s.mu.Unlock()
-	if !ck.System {
+	if !ck.System && !ck.WorkspaceOnly {
 		os.Remove(s.sysPath()) // not under mu: a file system call can wait
 	}
 	if err := s.setState(session.StateStopped, "restored to checkpoint "+ck.ID, ""); err != nil {

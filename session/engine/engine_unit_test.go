@@ -49,6 +49,7 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		Floor       string `toml:"free_space_floor"`
 		Budget      string `toml:"output_budget"`
 		RunTimeout  string `toml:"run_timeout"`
+		RunCkpt     bool   `toml:"run_checkpoint"`
 		CkptLimit   int    `toml:"checkpoint_limit"`
 		CkptBytes   string `toml:"checkpoint_bytes"`
 		Net         string `toml:"net"`
@@ -113,6 +114,7 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		{"retention", ret, DefaultRetention},
 		{"idle_timeout", idle, session.DefaultIdleTimeout},
 		{"run_timeout", runTimeout, DefaultRunTimeout},
+		{"run_checkpoint", f.RunCkpt, true},
 		{"free_space_floor", floor, int64(session.DefaultFloor)},
 		{"output_budget", budget, int64(session.DefaultOutputBudget)},
 		{"net", f.Net, session.DefaultNet},

@@ -176,7 +176,7 @@ func TestHarnessEndToEnd(t *testing.T) {
 		}
 		defer cs.Close()
 		tools, err := cs.ListTools(t.Context(), nil)
-		if err != nil || len(tools.Tools) != 12 {
+		if err != nil || len(tools.Tools) != 13 {
 			t.Fatalf("ListTools = %d tools, %v", len(tools.Tools), err)
 		}
 		for _, tool := range tools.Tools {
@@ -194,6 +194,11 @@ func TestHarnessEndToEnd(t *testing.T) {
 		}
 		if _, _, out := callTool(t, cs, "read_file", map[string]any{"path": "/workspace/mcp.txt"}); out["content"] != content {
 			t.Errorf("read_file is not byte-exact: %d bytes back of %d", len(fmt.Sprint(out["content"])), len(content))
+		}
+		// The connection's run kept its start (run_checkpoint, on by
+		// default): the agent can review what it changed.
+		if isErr, msg, out := callTool(t, cs, "run_diff", map[string]any{}); isErr || !strings.Contains(fmt.Sprint(out["changes"]), "mcp.txt") {
+			t.Errorf("run_diff = %v %q %v", isErr, msg, out)
 		}
 		callTool(t, cs, "write_file", map[string]any{"path": "e.txt", "content": "a\nb\na\n"})
 		if isErr, msg, _ := callTool(t, cs, "edit_file", map[string]any{"path": "e.txt", "old_string": "a", "new_string": "x"}); !isErr || !strings.Contains(msg, "occurs 2 times") {
@@ -276,8 +281,8 @@ func TestHarnessEndToEnd(t *testing.T) {
 		}
 		viewer := connect(dial("viewer"))
 		tools, err := viewer.ListTools(t.Context(), nil)
-		if err != nil || len(tools.Tools) != 5 {
-			t.Errorf("a viewer's tools over SSH: %d, %v; want the 5 read tools", len(tools.Tools), err)
+		if err != nil || len(tools.Tools) != 6 {
+			t.Errorf("a viewer's tools over SSH: %d, %v; want the 6 read tools", len(tools.Tools), err)
 		}
 		if isErr, msg, _ := callTool(t, viewer, "exec", map[string]any{"command": "touch viewer.txt"}); !isErr || !strings.Contains(msg, "role viewer") {
 			t.Errorf("exec as a viewer over SSH = %v %q", isErr, msg)

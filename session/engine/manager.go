@@ -121,6 +121,10 @@ type Config struct {
 	// needs space (create, cold start, sleep, image build) is refused; 0
 	// disables the check.
 	Floor int64
+	// KeepRuns makes runs started without a Keep of their own (MCP's)
+	// keep their starting point: the daemon's run_checkpoint. Default
+	// false.
+	KeepRuns bool
 	// RunTimeout ends an open agent run as abandoned once it has had
 	// nothing running and no use for this long; default DefaultRunTimeout.
 	RunTimeout time.Duration

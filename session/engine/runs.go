@@ -47,11 +47,15 @@ func newRunID() string {
 }
 
 func toRun(r store.Run) session.Run {
-	return session.Run{
+	out := session.Run{
 		ID: r.ID, Session: r.Session, Title: r.Title, By: r.By, Status: session.RunStatus(r.Status), Note: r.Note,
 		StartedAt: r.StartedAt, EndedAt: r.EndedAt, LastActive: r.LastActive, Executions: r.Executions,
-		BytesWritten: r.BytesWritten, Schedule: r.Schedule,
+		BytesWritten: r.BytesWritten, Schedule: r.Schedule, Checkpoint: r.Checkpoint,
 	}
+	if r.Diffed {
+		out.Changes = &session.RunChanges{Files: r.Files, Added: r.Added, Removed: r.Removed}
+	}
+	return out
 }
 
 // loadHarness reads every session's runs and schedules, before recovery
@@ -127,15 +131,37 @@ func (m *Manager) StartRun(ctx context.Context, name string, opts session.RunOpt
 	if _, err := m.get(name); err != nil {
 		return session.Run{}, err
 	}
-	return m.startRun(name, opts.Title, orAPI(session.Actor(ctx)), "")
+	by := orAPI(session.Actor(ctx))
+	keep := m.cfg.KeepRuns
+	if opts.Keep != nil {
+		keep = *opts.Keep
+	}
+	if !keep {
+		return m.startRun(newRunID(), name, opts.Title, by, "", "")
+	}
+	id := newRunID()
+	if len(opts.Title) > maxRunTitle {
+		opts.Title = opts.Title[:maxRunTitle]
+	}
+	ck, err := m.keepStart(ctx, name, id, opts)
+	switch {
+	case err != nil && opts.Keep != nil:
+		return session.Run{}, fmt.Errorf("run not started on %s: its starting point could not be kept: %w", name, err)
+	case err != nil:
+		// Kept by the daemon's setting, not asked for: the run (an MCP
+		// client's work) goes on without a starting point, and says so.
+		m.event(session.Event{Kind: session.EventNote, Name: name, By: by, Message: "run " + id + " keeps no starting point (run_checkpoint): " + err.Error()})
+		return m.startRun(id, name, opts.Title, by, "", "")
+	}
+	return m.startRun(id, name, opts.Title, by, "", ck.ID)
 }
 
-func (m *Manager) startRun(name, title, by, schedule string) (session.Run, error) {
+func (m *Manager) startRun(id, name, title, by, schedule, ckpt string) (session.Run, error) {
 	if len(title) > maxRunTitle {
 		title = title[:maxRunTitle]
 	}
 	now := time.Now()
-	rec := store.Run{ID: newRunID(), Session: name, Title: title, By: by, Status: string(session.RunOpen), StartedAt: now, LastActive: now, Schedule: schedule}
+	rec := store.Run{ID: id, Session: name, Title: title, By: by, Status: string(session.RunOpen), StartedAt: now, LastActive: now, Schedule: schedule, Checkpoint: ckpt}
 	if err := m.st.PutRun(rec); err != nil {
 		return session.Run{}, fmt.Errorf("record run: %w", err)
 	}
@@ -147,6 +173,9 @@ func (m *Manager) startRun(name, title, by, schedule string) (session.Run, error
 	msg := "run " + rec.ID + " started"
 	if title != "" {
 		msg += ": " + title
+	}
+	if ckpt != "" {
+		msg += " (its starting point is checkpoint " + ckpt + ")"
 	}
 	m.event(session.Event{Kind: session.EventNote, Name: name, By: by, Message: msg})
 	return toRun(rec), nil

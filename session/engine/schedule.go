@@ -339,7 +339,7 @@ func (m *Manager) fire(rec store.Schedule) {
 		}
 	}
 	by := "schedule:" + rec.ID
-	run, err := m.startRun(rec.Session, fmt.Sprintf("schedule %s: %s", rec.ID, rec.Spec), by, rec.ID)
+	run, err := m.startRun(newRunID(), rec.Session, fmt.Sprintf("schedule %s: %s", rec.ID, rec.Spec), by, rec.ID, "")
 	if err != nil {
 		started("", "")
 		m.event(session.Event{Kind: session.EventNote, Name: rec.Session, By: "schedule", Message: fmt.Sprintf("schedule %s could not run: %v", rec.ID, err)})

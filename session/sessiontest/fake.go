@@ -56,6 +56,9 @@ type Options struct {
 	// defaults.
 	CheckpointLimit int
 	CheckpointBytes int64
+	// KeepRuns makes runs whose options leave Keep unset keep their
+	// starting point, as the daemon's run_checkpoint does.
+	KeepRuns bool
 }
 
 // Fake is an in-memory session.Service. Create one with New and Close it

@@ -43,6 +43,15 @@ func (f *Fake) StartRun(ctx context.Context, name string, opts session.RunOption
 		ID: fmt.Sprintf("r%012x", h.seq), Session: name, Title: opts.Title, By: session.Actor(ctx),
 		Status: session.RunOpen, StartedAt: now, LastActive: now,
 	}
+	if keepRun(opts, f.opts.KeepRuns) {
+		c, err := f.checkpointLocked(ctx, s, session.CheckpointOptions{Label: session.StartLabel(r.ID, r.Title)}, false)
+		if err != nil {
+			h.seq--
+			return session.Run{}, fmt.Errorf("run start: its starting point could not be kept: %w", err)
+		}
+		s.ckpts[len(s.ckpts)-1].info.Run = r.ID
+		r.Checkpoint = c.ID
+	}
 	h.runs[r.ID] = r
 	h.order = append(h.order, r.ID)
 	f.publishLocked(ctx, s, session.Event{Kind: session.EventNote, Name: name, Message: "run " + r.ID + " started"})

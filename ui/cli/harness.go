@@ -13,7 +13,7 @@ import (
 
 // harnessCommands are the commands of agent runs and schedules.
 func harnessCommands() []*Command {
-	return []*Command{runStartCmd(), runEndCmd(), runsCmd(), scheduleAddCmd(), scheduleLsCmd(), scheduleRmCmd(), mcpCmd()}
+	return []*Command{runStartCmd(), runEndCmd(), runsCmd(), runDiffCmd(), diffCmd(), runUndoCmd(), scheduleAddCmd(), scheduleLsCmd(), scheduleRmCmd(), mcpCmd()}
 }
 
 // harness returns the service's runs and schedules.
@@ -43,22 +43,35 @@ func inRun(ctx context.Context, id string) (context.Context, error) {
 
 func runStartCmd() *Command {
 	return &Command{
-		Name: "run start", Action: session.ActionRun, Group: "Agent runs and schedules", Usage: "NAME [--title T]", Args: []string{"NAME"},
+		Name: "run start", Action: session.ActionRun, Group: "Agent runs and schedules", Usage: "NAME [--title T] [--keep [--system]]", Args: []string{"NAME"},
 		Summary: "open an agent run on a session and print its id",
 		Help: `An agent run is one task a harness (a coding agent, a CI driver) performs on a session.
 Commands and file writes made with --run ID count in it ('berth exec --run ID', put, cp);
 'berth runs' lists them. 'berth run end ID' ends it; one left open, with nothing running in
 it, is ended as abandoned after the daemon's run_timeout (config.toml). Ending a run leaves
-the session and its files as they are for the next task.`,
-		Example: "berth run start demo --title 'fix the build'\nberth exec --run r3f9a0c1d2e4b demo -- make\nberth run end r3f9a0c1d2e4b --status ok",
+the session and its files as they are for the next task.
+
+With --keep the run keeps its starting point: a checkpoint of the workspace (and of the
+system disk with --system), labelled with the run, taken as it starts, while the guest
+records which paths change. 'berth run diff ID' then shows what the run changed and
+'berth run undo ID' takes it back. The checkpoint counts like any other; the oldest
+ended run's makes room under the limits. On XFS or btrfs it is a reflink and costs next
+to nothing; elsewhere a sparse copy of what the workspace holds. MCP runs keep theirs
+when the daemon's run_checkpoint is set (the default).`,
+		Example: "berth run start demo --title 'fix the build' --keep\nberth exec --run r3f9a0c1d2e4b demo -- make\nberth run end r3f9a0c1d2e4b --status ok\nberth run diff r3f9a0c1d2e4b --stat",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			title := fs.String("title", "", "what the run is for")
+			keep := fs.Bool("keep", false, "keep the run's starting point, to diff and undo it")
+			system := fs.Bool("system", false, "with --keep, keep the system disk too")
 			return func(ctx context.Context, c *Call, args []string) error {
+				if *system && !*keep {
+					return usageErrorf("--system keeps the system disk in the run's starting point: it needs --keep")
+				}
 				_, h, err := c.harness(ctx)
 				if err != nil {
 					return err
 				}
-				r, err := h.StartRun(ctx, args[0], session.RunOptions{Title: *title})
+				r, err := h.StartRun(ctx, args[0], session.RunOptions{Title: *title, Keep: session.KeepRun(*keep), System: *system})
 				if err != nil {
 					return err
 				}
@@ -101,7 +114,7 @@ func runsCmd() *Command {
 	return &Command{
 		Name: "runs", Action: session.ActionRead, Group: "Agent runs and schedules", Usage: "NAME [--json]", Args: []string{"NAME"},
 		Summary: "list a session's agent runs",
-		Help:    "Lists runs oldest first: title, who started it, when it started and ended, its status,\nits executions and the bytes written through the file API in it.",
+		Help:    "Lists runs oldest first: title, who started it, when it started and ended, its status,\nits executions, the bytes written through the file API in it, the checkpoint of its\nstarting point (--keep) and what it changed as its last 'berth run diff' counted\n(files, lines added and removed; --json carries them as changes).",
 		Example: "berth runs demo\nberth runs demo --json",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			asJSON := fs.Bool("json", false, "print JSON")
@@ -122,10 +135,10 @@ func runsCmd() *Command {
 					return nil
 				}
 				now := c.env.Now()
-				t := newTable(c.env.Stdout, "ID", "STATUS", "STARTED", "ENDED", "EXECS", "WRITTEN", "BY", "TITLE")
+				t := newTable(c.env.Stdout, "ID", "STATUS", "STARTED", "ENDED", "EXECS", "WRITTEN", "START", "CHANGES", "BY", "TITLE")
 				for _, r := range list {
 					t.row(r.ID, string(r.Status), ago(now, r.StartedAt), ago(now, r.EndedAt), fmt.Sprint(r.Executions),
-						session.FormatBytes(r.BytesWritten), dash(r.By), dash(r.Title))
+						session.FormatBytes(r.BytesWritten), dash(r.Checkpoint), runChanges(r), dash(r.By), dash(r.Title))
 				}
 				return t.flush()
 			}

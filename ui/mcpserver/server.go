@@ -1,8 +1,9 @@
 // Package mcpserver serves berth's provided tools over the Model Context
 // Protocol (the official Go SDK), the convention coding agents use to reach
 // a sandbox: list_sessions, create_session, session_info, exec, cancel,
-// read_output, read_file, write_file, edit_file, list_files, forward_port
-// and flush.
+// read_output, read_file, write_file, edit_file, list_files, forward_port,
+// flush and run_diff (what the connection's run changed, from the
+// starting point it keeps when the daemon's run_checkpoint is set).
 //
 // One connection is one agent run, titled from the client's name, opened
 // on the first call that changes something and ended when the client
@@ -55,7 +56,7 @@ type ReadOnly interface {
 
 // The tools that change nothing, and those that do.
 var (
-	readTools  = []string{"list_sessions", "session_info", "read_output", "read_file", "list_files"}
+	readTools  = []string{"list_sessions", "session_info", "read_output", "read_file", "list_files", "run_diff"}
 	writeTools = []string{"create_session", "exec", "cancel", "write_file", "edit_file", "forward_port", "flush"}
 )
 

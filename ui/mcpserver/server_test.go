@@ -125,7 +125,7 @@ func TestTools(t *testing.T) {
 				}
 			}
 		}
-		want := []string{"list_sessions", "create_session", "session_info", "exec", "cancel", "read_output", "read_file", "write_file", "edit_file", "list_files", "forward_port", "flush"}
+		want := []string{"list_sessions", "create_session", "session_info", "exec", "cancel", "read_output", "read_file", "write_file", "edit_file", "list_files", "forward_port", "flush", "run_diff"}
 		slices.Sort(names)
 		slices.Sort(want)
 		if !slices.Equal(names, want) {
@@ -351,7 +351,7 @@ func TestViewerGetsReadTools(t *testing.T) {
 		names = append(names, tool.Name)
 	}
 	slices.Sort(names)
-	if want := []string{"list_files", "list_sessions", "read_file", "read_output", "session_info"}; !slices.Equal(names, want) {
+	if want := []string{"list_files", "list_sessions", "read_file", "read_output", "run_diff", "session_info"}; !slices.Equal(names, want) {
 		t.Errorf("a viewer's tools = %v, want %v", names, want)
 	}
 	r, _ := call(t, cs, "exec", map[string]any{"session": "demo", "command": "true"})
@@ -488,4 +488,34 @@ func TestForwardPort(t *testing.T) {
 		c.Close()
 		t.Error("the forward outlived its MCP connection")
 	}
+}
+
+// TestRunDiffTool: a connection's run keeps its start (as run_checkpoint
+// makes it) and run_diff shows what the agent changed.
+func TestRunDiffTool(t *testing.T) {
+	f := sessiontest.New(sessiontest.Options{KeepRuns: true})
+	t.Cleanup(func() { f.Close() })
+	if _, err := f.Create(t.Context(), session.CreateOptions{Name: "demo"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteFile(t.Context(), "demo", "a.txt", strings.NewReader("one\ntwo\n")); err != nil {
+		t.Fatal(err)
+	}
+	cs := connect(t, f, mcpserver.Options{Session: "demo"})
+	res, _ := call(t, cs, "run_diff", map[string]any{})
+	wantToolError(t, "run_diff before any change", res, "has changed nothing")
+	call(t, cs, "edit_file", map[string]any{"path": "a.txt", "old_string": "two", "new_string": "TWO"})
+	call(t, cs, "write_file", map[string]any{"path": "b.txt", "content": "new\n"})
+	res, out := call(t, cs, "run_diff", map[string]any{"patch": true})
+	if res.IsError {
+		t.Fatalf("run_diff: %s", text(res))
+	}
+	b, _ := json.Marshal(out)
+	for _, want := range []string{`"kind":"modified","new_mode":420`, `"path":"a.txt"`, `"path":"b.txt"`, `-two\n+TWO\n`, `"files":2`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("run_diff = %s, want %s", b, want)
+		}
+	}
+	res, _ = call(t, cs, "run_diff", map[string]any{"paths": []string{"../etc"}})
+	wantToolError(t, "run_diff of a path out of /workspace", res, "climbs")
 }

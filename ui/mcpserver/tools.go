@@ -178,6 +178,7 @@ func (s *Server) addTools() {
 	addTool(s, "write_file", "Write a file in the session's /workspace, replacing it. Durable when it returns.", session.ActionWriteFile, s.writeFile)
 	addTool(s, "edit_file", "Replace an exact string that occurs exactly once in a file; fails, changing nothing, when it is absent or occurs more than once.", session.ActionWriteFile, s.editFile)
 	addTool(s, "forward_port", "Forward a host loopback port to a port in the session (a dev server the agent started); returns its local URL. The forward lasts as long as this MCP connection.", session.ActionNet, s.forwardPort)
+	addTool(s, "run_diff", "What a run changed in /workspace since it started: files added, modified, removed and renamed, with sizes, modes and lines added and removed; with patch, unified diffs of text files. The run is this connection's own in the session unless one is named. Review your work with it before you finish.", session.ActionDiff, s.runDiff)
 	addTool(s, "flush", "Flush the session's /workspace to its volume on the host, so a crash of the VM loses nothing written so far.", session.ActionFlush, s.flush)
 }
 
@@ -661,4 +662,47 @@ func (s *Server) flush(ctx context.Context, in sessionArg) (session.FlushResult,
 		return session.FlushResult{}, err
 	}
 	return s.svc.Flush(ctx, name)
+}
+
+type runDiffIn struct {
+	Session string   `json:"session,omitempty" jsonschema:"the session (default: the one this server works on)"`
+	Run     string   `json:"run,omitempty" jsonschema:"a run id (default: this connection's run in the session)"`
+	Paths   []string `json:"paths,omitempty" jsonschema:"limit the diff to these paths under /workspace and what is under them"`
+	Patch   bool     `json:"patch,omitempty" jsonschema:"include unified diffs of text files"`
+}
+
+func (s *Server) runDiff(ctx context.Context, in runDiffIn) (session.Diff, error) {
+	name, err := s.sessionFor(in.Session)
+	if err != nil {
+		return session.Diff{}, err
+	}
+	for _, p := range in.Paths {
+		if _, err := session.CleanDiffPath(p); err != nil {
+			return session.Diff{}, err
+		}
+	}
+	run := in.Run
+	if run == "" {
+		s.mu.Lock()
+		run = s.runs[name]
+		s.mu.Unlock()
+		if run == "" {
+			return session.Diff{}, fmt.Errorf("this connection has changed nothing in session %q yet, so it has no run there: name one with run: %w", name, session.ErrInvalid)
+		}
+	}
+	d, err := s.svc.RunDiff(ctx, run, session.DiffOptions{Paths: in.Paths, Patch: in.Patch})
+	if err != nil {
+		return d, err
+	}
+	// Patches are bounded as command output is: the counts stay whole.
+	budget := s.opts.OutputLimit
+	for i := range d.Changes {
+		if len(d.Changes[i].Patch) > budget {
+			d.Changes[i].Patch = d.Changes[i].Patch[:max(budget, 0)] + "\n[patch cut: ask for this path alone, or read the file]\n"
+			budget = 0
+			continue
+		}
+		budget -= len(d.Changes[i].Patch)
+	}
+	return d, nil
 }

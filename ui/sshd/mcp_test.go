@@ -56,7 +56,7 @@ func TestMCPOverSSH(t *testing.T) {
 
 	t.Run("viewer", func(t *testing.T) {
 		cs := mcpOverSSH(t, w.dial(viewer), "--session demo")
-		if got, want := toolNames(t, cs), []string{"list_files", "list_sessions", "read_file", "read_output", "session_info"}; !slices.Equal(got, want) {
+		if got, want := toolNames(t, cs), []string{"list_files", "list_sessions", "read_file", "read_output", "run_diff", "session_info"}; !slices.Equal(got, want) {
 			t.Errorf("a viewer's tools = %v, want %v", got, want)
 		}
 		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"command": "true"}})
@@ -70,8 +70,8 @@ func TestMCPOverSSH(t *testing.T) {
 
 	t.Run("operator", func(t *testing.T) {
 		cs := mcpOverSSH(t, w.dial(op), "--session demo")
-		if got := toolNames(t, cs); len(got) != 12 {
-			t.Errorf("an operator's tools = %v, want all 12", got)
+		if got := toolNames(t, cs); len(got) != 13 {
+			t.Errorf("an operator's tools = %v, want all 13", got)
 		}
 		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"command": "echo hi"}})
 		if err != nil || res.IsError {

@@ -1,6 +1,8 @@
 // Package runs is the Runs tab: a session's agent runs, newest first, each
-// with its executions under it; enter on an execution opens its output.
-// The tab is shown once the session has a run.
+// with its executions under it and, for a run that kept its starting
+// point, what it changed; enter on an execution opens its output, d on a
+// run its diff (added lines green, removed red). The tab is shown once the
+// session has a run.
 package runs
 
 import (
@@ -28,6 +30,8 @@ type KeyMap struct {
 	common.NavKeys
 	Open    key.Binding
 	Refresh key.Binding
+	Diff    key.Binding
+	Close   key.Binding
 }
 
 // DefaultKeyMap returns the bindings.
@@ -36,6 +40,8 @@ func DefaultKeyMap() KeyMap {
 		NavKeys: common.NewNavKeys(),
 		Open:    key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "show output")),
 		Refresh: key.NewBinding(key.WithKeys("r"), key.WithHelp("r", "reload")),
+		Diff:    key.NewBinding(key.WithKeys("d"), key.WithHelp("d", "what the run changed")),
+		Close:   key.NewBinding(key.WithKeys("esc", "d", "q"), key.WithHelp("esc", "back to the runs")),
 	}
 }
 
@@ -72,6 +78,18 @@ type Model struct {
 	offset  int
 	loading bool
 	err     string
+
+	// The diff shown over the list (d), while diffOn.
+	diffOn    bool
+	diffGen   int
+	diffLines []string // rendered
+	diffOff   int
+}
+
+type diffMsg struct {
+	gen  int
+	diff session.Diff
+	err  error
 }
 
 var _ common.Component = (*Model)(nil)
@@ -85,12 +103,24 @@ func New(c *common.Common, svc session.Service) *Model {
 func (m *Model) SetSize(w, h int) { m.w, m.h = w, h; m.clampScroll() }
 
 // ShortHelp implements help.KeyMap.
-func (m *Model) ShortHelp() []key.Binding { return []key.Binding{m.keys.Open} }
+func (m *Model) ShortHelp() []key.Binding {
+	if m.diffOn {
+		return []key.Binding{m.keys.Close}
+	}
+	return []key.Binding{m.keys.Open, m.keys.Diff}
+}
 
 // FullHelp implements help.KeyMap.
 func (m *Model) FullHelp() [][]key.Binding {
-	return [][]key.Binding{m.keys.NavKeys.List(), {m.keys.Open, m.keys.Refresh}}
+	if m.diffOn {
+		return [][]key.Binding{m.keys.NavKeys.List(), {m.keys.Close}}
+	}
+	return [][]key.Binding{m.keys.NavKeys.List(), {m.keys.Open, m.keys.Diff, m.keys.Refresh}}
 }
+
+// Capturing implements common.Capturer: the diff view takes every key
+// until it is closed.
+func (m *Model) Capturing() bool { return m.diffOn }
 
 // Has reports whether the session shown has runs: the tab is shown then.
 func (m *Model) Has() bool { return len(m.entries) > 0 }
@@ -102,6 +132,7 @@ func (m *Model) Len() int { return len(m.entries) }
 func (m *Model) SetSession(name string) tea.Cmd {
 	if name != m.name {
 		m.entries, m.rows, m.cursor, m.offset = nil, nil, 0, 0
+		m.diffOn = false
 	}
 	m.name = name
 	return m.Reload()
@@ -200,7 +231,26 @@ func (m *Model) Update(msg tea.Msg) tea.Cmd {
 		m.err = ""
 		m.entries = msg.entries
 		m.rebuild()
+	case diffMsg:
+		if msg.gen != m.diffGen || !m.diffOn {
+			return nil
+		}
+		if msg.err != nil {
+			m.diffLines = []string{m.c.Styles.FlashErr.Render(common.ErrorText(msg.err))}
+			return nil
+		}
+		m.diffLines = m.renderDiff(msg.diff)
 	case tea.KeyPressMsg:
+		if m.diffOn {
+			if key.Matches(msg, m.keys.Close) {
+				m.diffOn = false
+				return nil
+			}
+			if c, ok := m.keys.Move(msg, m.diffOff, m.page(), len(m.diffLines)); ok {
+				m.diffOff = c
+			}
+			return nil
+		}
 		if c, ok := m.keys.Move(msg, m.cursor, m.page(), len(m.rows)); ok {
 			m.cursor = c
 			m.clampScroll()
@@ -213,21 +263,113 @@ func (m *Model) Update(msg tea.Msg) tea.Cmd {
 			}
 		case key.Matches(msg, m.keys.Refresh):
 			return m.Reload()
+		case key.Matches(msg, m.keys.Diff):
+			return m.openDiff()
 		}
 	}
 	return nil
 }
 
+// openDiff loads the diff of the run under the cursor.
+func (m *Model) openDiff() tea.Cmd {
+	if m.cursor >= len(m.rows) {
+		return nil
+	}
+	run := m.entries[m.rows[m.cursor].run].run
+	m.diffOn, m.diffOff = true, 0
+	m.diffGen++
+	if run.Checkpoint == "" {
+		m.diffLines = []string{m.c.Styles.Muted.Render("Run " + run.ID + " kept no starting point, so there is nothing to compare it with (start runs with 'berth run start --keep').")}
+		return nil
+	}
+	m.diffLines = []string{m.c.Styles.Muted.Render("comparing run " + run.ID + " with its starting point…")}
+	gen, svc, id := m.diffGen, m.svc, run.ID
+	ctx, cancel := m.c.Call()
+	return func() tea.Msg {
+		defer cancel()
+		d, err := svc.RunDiff(ctx, id, session.DiffOptions{Patch: true})
+		return diffMsg{gen: gen, diff: d, err: err}
+	}
+}
+
+// renderDiff lays a diff out: its heading, the list of changed paths,
+// then each patch with added lines green and removed ones red.
+func (m *Model) renderDiff(d session.Diff) []string {
+	st := m.c.Styles
+	out := []string{st.Bold.Render("Run " + d.Run + ": checkpoint " + d.From + " → now — " + d.Summary()), ""}
+	if d.Note != "" {
+		out = append(out, st.Muted.Render(common.SanitizeLine(d.Note)), "")
+	}
+	letter := map[session.ChangeKind]string{session.ChangeAdded: "A", session.ChangeModified: "M", session.ChangeRemoved: "D", session.ChangeRenamed: "R"}
+	for _, c := range d.Changes {
+		name := common.SanitizeLine(c.Path)
+		if c.From != "" {
+			name = common.SanitizeLine(c.From) + " → " + name
+		}
+		line := "  " + letter[c.Kind] + " " + name
+		if c.Added+c.Removed > 0 {
+			line += "  " + st.FlashOK.Render("+"+strconv.Itoa(c.Added)) + " " + st.FlashErr.Render("-"+strconv.Itoa(c.Removed))
+		}
+		out = append(out, line)
+	}
+	for _, c := range d.Changes {
+		if c.Patch == "" {
+			continue
+		}
+		out = append(out, "")
+		for _, l := range strings.Split(strings.TrimSuffix(c.Patch, "\n"), "\n") {
+			t := common.SanitizeLine(l)
+			switch {
+			case strings.HasPrefix(l, "+++"), strings.HasPrefix(l, "---"):
+				t = st.Bold.Render(t)
+			case strings.HasPrefix(l, "@@"):
+				t = st.Accent.Render(t)
+			case strings.HasPrefix(l, "+"):
+				t = st.FlashOK.Render(t)
+			case strings.HasPrefix(l, "-"):
+				t = st.FlashErr.Render(t)
+			}
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
 // Column widths; the title or command takes the rest.
 const (
-	wID, wStatus, wStart, wExecs, wWritten, wBy = 13, 10, 8, 5, 9, 12
+	wID, wStatus, wStart, wExecs, wWritten, wChanges, wBy = 13, 10, 8, 5, 9, 14, 12
 )
+
+// changes is a run's CHANGES cell: its last diff's counts, or that it
+// kept a starting point not compared yet.
+func changes(r session.Run) string {
+	switch {
+	case r.Changes != nil:
+		return strconv.Itoa(r.Changes.Files) + " +" + strconv.Itoa(r.Changes.Added) + " -" + strconv.Itoa(r.Changes.Removed)
+	case r.Checkpoint != "":
+		return "d: diff"
+	}
+	return "-"
+}
 
 // View implements common.Component.
 func (m *Model) View() string {
 	st := m.c.Styles
+	if m.diffOn {
+		var lines []string
+		for i := m.diffOff; i < len(m.diffLines) && i < m.diffOff+m.h; i++ {
+			lines = append(lines, common.Fit(m.diffLines[i], m.w))
+		}
+		return common.Block(strings.Join(lines, "\n"), m.w, m.h)
+	}
+	// The CHANGES column is there once a run shown kept its start.
+	kept := slices.ContainsFunc(m.entries, func(e entry) bool { return e.run.Checkpoint != "" })
+	changesHead := ""
+	if kept {
+		changesHead = common.Fit("CHANGES", wChanges) + "  "
+	}
 	head := common.Fit("  "+common.Fit("RUN", wID)+"  "+common.Fit("STATUS", wStatus)+"  "+common.Fit("STARTED", wStart)+"  "+
-		common.FitLeft("EXECS", wExecs)+"  "+common.FitLeft("WRITTEN", wWritten)+"  "+common.Fit("BY", wBy)+"  TITLE", m.w)
+		common.FitLeft("EXECS", wExecs)+"  "+common.FitLeft("WRITTEN", wWritten)+"  "+changesHead+common.Fit("BY", wBy)+"  TITLE", m.w)
 	lines := []string{st.TableHead.Render(head)}
 	switch {
 	case m.err != "":
@@ -248,9 +390,13 @@ func (m *Model) View() string {
 		var line string
 		if r.exec < 0 {
 			run := e.run
+			changesCell := ""
+			if kept {
+				changesCell = common.Fit(changes(run), wChanges) + "  "
+			}
 			line = mark + common.Fit(run.ID, wID) + "  " + common.Fit(string(run.Status), wStatus) + "  " +
 				common.Fit(run.StartedAt.In(loc).Format("15:04:05"), wStart) + "  " + common.FitLeft(strconv.Itoa(run.Executions), wExecs) + "  " +
-				common.FitLeft(session.FormatBytesShort(run.BytesWritten), wWritten) + "  " + common.Fit(common.SanitizeLine(run.By), wBy) + "  " +
+				common.FitLeft(session.FormatBytesShort(run.BytesWritten), wWritten) + "  " + changesCell + common.Fit(common.SanitizeLine(run.By), wBy) + "  " +
 				common.SanitizeLine(run.Title)
 		} else {
 			x := e.execs[r.exec]
