@@ -1,8 +1,6 @@
 package ui_test
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,13 +8,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/session/api"
-	"github.com/berthvm/berth/session/daemon"
+	"github.com/berthvm/berth/session/daemon/daemontest"
 	"github.com/berthvm/berth/vmm/vmmtest"
 )
 
@@ -25,11 +21,7 @@ import (
 // log) on a fresh data directory. Keys go in with `tmux send-keys`, the
 // screen comes back with `tmux capture-pane`.
 type tuiEnv struct {
-	t      *testing.T
-	berth  string // the berth binary
-	data   string
-	cache  string
-	daemon *exec.Cmd
+	*daemontest.Env
 
 	tmux   string // tmux binary
 	socket string // tmux -L name: a server of our own
@@ -54,123 +46,33 @@ const (
 func newTUIEnv(t *testing.T, tmux string) *tuiEnv {
 	t.Helper()
 	e := &tuiEnv{
-		t:      t,
-		berth:  vmmtest.Berth(t),
-		data:   vmmtest.DataDir(t),
-		cache:  vmmtest.CacheDir(),
+		Env:    daemontest.New(t, vmmtest.DataDir(t)),
 		tmux:   tmux,
 		socket: fmt.Sprintf("berth-e2e-%d-%d", os.Getpid(), time.Now().UnixNano()),
 	}
-	t.Cleanup(func() {
-		e.stopDaemon()
-		// VMs outlive daemons by design; the test must not leak them.
-		pids, _ := filepath.Glob(filepath.Join(e.data, "sessions", "*", "vm", "vmm.pid"))
-		for _, p := range pids {
-			b, _ := os.ReadFile(p)
-			if f := strings.Fields(string(b)); len(f) > 0 {
-				if pid, err := strconv.Atoi(f[0]); err == nil && pid > 0 {
-					syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-		}
-	})
-	e.startDaemon()
+	e.StartDaemon()
 	return e
-}
-
-func (e *tuiEnv) cmd(args ...string) *exec.Cmd {
-	c := exec.Command(e.berth, append([]string{"--data", e.data, "--cache", e.cache}, args...)...)
-	c.Env = append(os.Environ(), "BERTH_DATA=", "NO_COLOR=1")
-	return c
-}
-
-func (e *tuiEnv) startDaemon() {
-	e.t.Helper()
-	c := e.cmd("serve")
-	logf, err := os.OpenFile(e.daemonLogPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer logf.Close()
-	c.Stdout, c.Stderr = logf, logf
-	if err := c.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	e.daemon = c
-	// Probe the socket directly: a CLI command would start a daemon of
-	// its own in the background when none answers yet.
-	client := api.Dial(daemon.SocketPath(e.data))
-	defer client.Close()
-	for range 300 {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := client.Ping(ctx)
-		cancel()
-		if err == nil {
-			return
-		}
-		if !alive(c.Process.Pid) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	e.t.Fatalf("daemon did not come up:\n%s", e.daemonLog())
-}
-
-func (e *tuiEnv) stopDaemon() {
-	if e.daemon != nil && e.daemon.Process != nil {
-		e.daemon.Process.Kill()
-		e.daemon.Wait()
-		e.daemon = nil
-	}
-}
-
-func (e *tuiEnv) daemonLogPath() string { return filepath.Join(e.data, "test-daemon.log") }
-
-func (e *tuiEnv) daemonLog() string {
-	b, _ := os.ReadFile(e.daemonLogPath())
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
 }
 
 // run runs a berth CLI command.
 func (e *tuiEnv) run(args ...string) (stdout, stderr string, code int) {
-	c := e.cmd(args...)
-	var out, errb bytes.Buffer
-	c.Stdout, c.Stderr = &out, &errb
-	err := c.Run()
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		e.t.Fatal(err)
-	}
-	return out.String(), errb.String(), code
-}
-
-// ok runs a berth CLI command that must succeed and returns its stdout.
-func (e *tuiEnv) ok(args ...string) string {
-	e.t.Helper()
-	out, errs, code := e.run(args...)
-	if code != 0 {
-		e.t.Fatalf("berth %s: exit %d: %s%s\ndaemon log:\n%s", strings.Join(args, " "), code, out, errs, e.daemonLog())
-	}
-	return out
+	r := e.Run(args...)
+	return r.Stdout, r.Stderr, r.Code
 }
 
 // sessions returns `berth ls --json`.
 func (e *tuiEnv) sessions() []session.Session {
-	e.t.Helper()
+	e.T.Helper()
 	var l []session.Session
-	if err := json.Unmarshal([]byte(e.ok("ls", "--json")), &l); err != nil {
-		e.t.Fatalf("ls --json: %v", err)
+	if err := json.Unmarshal([]byte(e.OK("ls", "--json")), &l); err != nil {
+		e.T.Fatalf("ls --json: %v", err)
 	}
 	return l
 }
 
 // session returns one session as `berth ls --json` lists it.
 func (e *tuiEnv) session(name string) (session.Session, bool) {
-	e.t.Helper()
+	e.T.Helper()
 	for _, s := range e.sessions() {
 		if s.Name == name {
 			return s, true
@@ -181,24 +83,15 @@ func (e *tuiEnv) session(name string) (session.Session, bool) {
 
 // wantState checks, through the CLI, that the daemon has name in state.
 func (e *tuiEnv) wantState(name string, want session.State) session.Session {
-	e.t.Helper()
+	e.T.Helper()
 	s, ok := e.session(name)
 	if !ok {
-		e.t.Fatalf("berth ls --json does not list %s", name)
+		e.T.Fatalf("berth ls --json does not list %s", name)
 	}
 	if s.State != want {
-		e.t.Fatalf("berth ls --json: %s is %s (cause %q), want %s", name, s.State, s.Cause, want)
+		e.T.Fatalf("berth ls --json: %s is %s (cause %q), want %s", name, s.State, s.Cause, want)
 	}
 	return s
-}
-
-func (e *tuiEnv) execs(name string) []session.Execution {
-	e.t.Helper()
-	var l []session.Execution
-	if err := json.Unmarshal([]byte(e.ok("ps", name, "--all", "--json")), &l); err != nil {
-		e.t.Fatalf("ps --json: %v", err)
-	}
-	return l
 }
 
 // tmuxCmd runs a tmux command on the private server.
@@ -216,49 +109,49 @@ func (e *tuiEnv) tmuxCmd(args ...string) (string, error) {
 // A shell around it prints its exit status when it ends and keeps the
 // pane open, so the status (or a start-up error) can still be read.
 func (e *tuiEnv) startTUI() {
-	e.t.Helper()
+	e.T.Helper()
 	name := "tui"
 	e.target = name + ":0.0"
 	_, err := e.tmuxCmd("-f", "/dev/null", "new-session", "-d", "-s", name,
 		"-x", strconv.Itoa(tuiCols), "-y", strconv.Itoa(tuiRows), "--",
 		"env", "NO_COLOR=1", "TERM=xterm-256color", "BERTH_DATA=",
 		"sh", "-c", `"$@"; echo "[berth exited with status $?]"; exec sleep 3600`, "sh",
-		e.berth, "--data", e.data, "--cache", e.cache)
+		e.Berth, "--data", e.Data, "--cache", e.Cache)
 	// The server leaves its socket file behind; remove it with the server.
 	sock, _ := e.tmuxCmd("display-message", "-p", "#{socket_path}")
-	e.t.Cleanup(func() {
+	e.T.Cleanup(func() {
 		e.tmuxCmd("kill-server")
 		if p := strings.TrimSpace(sock); filepath.Base(p) == e.socket {
 			os.Remove(p)
 		}
 	})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 }
 
 // keys sends tmux key names (Enter, Escape, Tab) to the pane.
 func (e *tuiEnv) keys(keys ...string) {
-	e.t.Helper()
+	e.T.Helper()
 	if _, err := e.tmuxCmd(append([]string{"send-keys", "-t", e.target}, keys...)...); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 }
 
 // typeText sends s literally, as typed.
 func (e *tuiEnv) typeText(s string) {
-	e.t.Helper()
+	e.T.Helper()
 	if _, err := e.tmuxCmd("send-keys", "-t", e.target, "-l", s); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 }
 
 // screen returns the pane's text.
 func (e *tuiEnv) screen() string {
-	e.t.Helper()
+	e.T.Helper()
 	out, err := e.tmuxCmd("capture-pane", "-p", "-t", e.target)
 	if err != nil {
-		e.t.Fatalf("%v\nlast screen:\n%s", err, e.last)
+		e.T.Fatalf("%v\nlast screen:\n%s", err, e.last)
 	}
 	e.last = out
 	return out
@@ -282,7 +175,7 @@ func (e *tuiEnv) waitUntil(t *testing.T, what string, timeout time.Duration, con
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("waited %s for %s; last screen:\n%s\n%s\ndaemon log (tail):\n%s",
-				timeout, what, strings.Repeat("─", tuiCols), s, e.daemonLog())
+				timeout, what, strings.Repeat("─", tuiCols), s, e.DaemonLog())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

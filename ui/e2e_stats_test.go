@@ -22,8 +22,8 @@ func TestTUIGraphsEndToEnd(t *testing.T) {
 	}
 	e := newTUIEnv(t, tmux)
 	const name = "graphs"
-	e.ok("create", name, "--cpus", "1", "--memory", "256M", "--disk", "256M")
-	e.ok("exec", name, "--detach", "--", "sh", "-c", "end=$(($(date +%s)+40)); while [ $(date +%s) -lt $end ]; do :; done")
+	e.OK("create", name, "--cpus", "1", "--memory", "256M", "--disk", "256M")
+	e.OK("exec", name, "--detach", "--", "sh", "-c", "end=$(($(date +%s)+40)); while [ $(date +%s) -lt $end ]; do :; done")
 	e.startTUI()
 
 	// A busy loop under TCG: the VMM's CPU is well above idle.

@@ -43,7 +43,7 @@ func TestTUIEndToEnd(t *testing.T) {
 	if !strings.Contains(line(s, 0), "berth › sessions  0 total") {
 		t.Fatalf("header %q, want an empty sessions list", line(s, 0))
 	}
-	if _, err := os.Stat(filepath.Join(e.data, "daemon.log")); err == nil {
+	if _, err := os.Stat(filepath.Join(e.Data, "daemon.log")); err == nil {
 		t.Fatal("the TUI started a daemon of its own although one was answering")
 	}
 	step("TUI up")
@@ -112,7 +112,7 @@ func TestTUIEndToEnd(t *testing.T) {
 	if !strings.Contains(line(s, 2), "2 Output") || !strings.Contains(line(s, 0), "berth › "+name) {
 		t.Errorf("exec did not open the session's Output tab:\n%s\n%s", line(s, 0), line(s, 2))
 	}
-	xs := e.execs(name)
+	xs := e.Execs(name)
 	if len(xs) != 1 {
 		t.Fatalf("ps --json: %d executions, want 1", len(xs))
 	}
@@ -124,7 +124,7 @@ func TestTUIEndToEnd(t *testing.T) {
 	if !strings.HasPrefix(line(s, 3), common.ShortID(x.ID)+" · ") {
 		t.Errorf("Output header %q does not name execution %s", line(s, 3), x.ID)
 	}
-	if got, want := e.ok("logs", name, x.ID), "tick-1\ntick-2\ntick-3\ntick-4\ntick-5\nall-done\n"; got != want {
+	if got, want := e.OK("logs", name, x.ID), "tick-1\ntick-2\ntick-3\ntick-4\ntick-5\nall-done\n"; got != want {
 		t.Errorf("berth logs: %q, want %q", got, want)
 	}
 
@@ -172,12 +172,12 @@ func TestTUIEndToEnd(t *testing.T) {
 		t.Logf("TUI: flushed %s", m[1])
 	}
 	var flushed bool
-	for _, l := range strings.Split(e.ok("events", name), "\n") {
+	for _, l := range strings.Split(e.OK("events", name), "\n") {
 		f := strings.Fields(l)
 		flushed = flushed || (len(f) > 4 && f[2] == "flush" && f[3] == "tui")
 	}
 	if !flushed {
-		t.Errorf("berth events has no flush by the TUI:\n%s", e.ok("events", name))
+		t.Errorf("berth events has no flush by the TUI:\n%s", e.OK("events", name))
 	}
 	if s := e.wantState(name, session.StateRunning); s.DirtyBytes >= 2000000 {
 		t.Errorf("ls --json: %d dirty bytes after the flush", s.DirtyBytes)
@@ -208,7 +208,7 @@ func TestTUIEndToEnd(t *testing.T) {
 	if _, errs, code := e.run("info", name); code == 0 || !strings.Contains(errs, "not found") {
 		t.Errorf("berth info after delete: exit %d, %q", code, errs)
 	}
-	if _, err := os.Stat(filepath.Join(e.data, "sessions", name)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(e.Data, "sessions", name)); !os.IsNotExist(err) {
 		t.Errorf("delete left the session's storage (%v)", err)
 	}
 	deadline := time.Now().Add(5 * time.Second)

@@ -20,10 +20,10 @@ func TestTUIRunsEndToEnd(t *testing.T) {
 	}
 	e := newTUIEnv(t, tmux)
 	const name = "runs-e2e"
-	e.ok("create", name, "--memory", "256M", "--disk", "128M")
+	e.OK("create", name, "--memory", "256M", "--disk", "128M")
 	defer e.run("delete", name, "--yes")
-	id := strings.TrimSpace(e.ok("run", "start", name, "--title", "tmux task"))
-	e.ok("exec", "--run", id, name, "--", "sh", "-c", "echo from-the-run")
+	id := strings.TrimSpace(e.OK("run", "start", name, "--title", "tmux task"))
+	e.OK("exec", "--run", id, name, "--", "sh", "-c", "echo from-the-run")
 
 	e.startTUI()
 	e.waitFor(t, "● live", uiWait)
@@ -42,7 +42,7 @@ func TestTUIRunsEndToEnd(t *testing.T) {
 	e.waitFor(t, "from-the-run", uiWait)
 
 	// Ending it shows, live.
-	e.ok("run", "end", id, "--status", "failed")
+	e.OK("run", "end", id, "--status", "failed")
 	e.typeText("5")
 	e.waitUntil(t, "the run shown ended", 10*time.Second, func(s string) bool { return strings.Contains(s, "failed") })
 }

@@ -16,12 +16,12 @@ func TestBenchCheckpoints(t *testing.T) {
 		t.Skip("set BERTH_BENCH=1 (make bench)")
 	}
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\nidle_timeout = \"0\"\ncheckpoint_limit = 100\n"), 0o644)
-	e.startDaemon()
-	e.ok("create", "bench", "--disk", "4G")
-	e.ok("exec", "bench", "--", "sh", "-c", "head -c 200000000 /dev/urandom > big.bin")
-	e.ok("flush", "bench")
-	img := filepath.Join(e.data, "sessions", "bench", "workspace.img")
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\nidle_timeout = \"0\"\ncheckpoint_limit = 100\n"), 0o644)
+	e.StartDaemon()
+	e.OK("create", "bench", "--disk", "4G")
+	e.OK("exec", "bench", "--", "sh", "-c", "head -c 200000000 /dev/urandom > big.bin")
+	e.OK("flush", "bench")
+	img := filepath.Join(e.Data, "sessions", "bench", "workspace.img")
 
 	// Checkpoint of 200 MB used of 4 GiB against cp --sparse=always of
 	// the same image (the VM stopped, so the image is still).
@@ -29,12 +29,12 @@ func TestBenchCheckpoints(t *testing.T) {
 	how := ""
 	for i := 0; i < 3; i++ {
 		start := time.Now()
-		e.ok("checkpoint", "bench")
+		e.OK("checkpoint", "bench")
 		ckpt = append(ckpt, time.Since(start))
 		l := e.checkpoints("bench")
 		how = l[len(l)-1].Copy
-		e.ok("checkpoint", "rm", "bench", l[len(l)-1].ID)
-		dst := filepath.Join(e.data, "cp-bench.img")
+		e.OK("checkpoint", "rm", "bench", l[len(l)-1].ID)
+		dst := filepath.Join(e.Data, "cp-bench.img")
 		start = time.Now()
 		if out, err := exec.Command("cp", "--sparse=always", img, dst).CombinedOutput(); err != nil {
 			t.Fatalf("cp: %v %s", err, out)
@@ -51,55 +51,55 @@ func TestBenchCheckpoints(t *testing.T) {
 	// Disk bytes added per checkpoint of an unchanged workspace.
 	var added []int64
 	for i := 0; i < 3; i++ {
-		before := freeBytes(t, e.data)
-		e.ok("checkpoint", "bench")
-		added = append(added, before-freeBytes(t, e.data))
+		before := freeBytes(t, e.Data)
+		e.OK("checkpoint", "bench")
+		added = append(added, before-freeBytes(t, e.Data))
 	}
-	used := e.info("bench").WorkspaceUsed
+	used := e.Info("bench").WorkspaceUsed
 	a := added[1]
 	t.Logf("BENCH %-40s %10.1f MB vs workspace used %.1f MB  ratio %.2fx  (copy: %s; target with reflink: close to 0)",
 		"disk added per unchanged checkpoint", float64(a)/1e6, float64(used)/1e6, float64(a)/float64(max(used, 1)), how)
 	for _, c := range e.checkpoints("bench") {
-		e.ok("checkpoint", "rm", "bench", c.ID)
+		e.OK("checkpoint", "rm", "bench", c.ID)
 	}
-	e.ok("exec", "bench", "--", "rm", "big.bin")
+	e.OK("exec", "bench", "--", "rm", "big.bin")
 
 	// Fork → the fork's first exec true, against create from a template
 	// → first exec true.
-	e.ok("create", "warm") // builds the template if needed
-	e.ok("delete", "warm", "--yes")
+	e.OK("create", "warm") // builds the template if needed
+	e.OK("delete", "warm", "--yes")
 	var fork, create []time.Duration
 	for i := 0; i < 3; i++ {
 		start := time.Now()
-		e.ok("fork", "bench", "fk")
-		e.ok("exec", "fk", "--", "true")
+		e.OK("fork", "bench", "fk")
+		e.OK("exec", "fk", "--", "true")
 		fork = append(fork, time.Since(start))
-		e.ok("delete", "fk", "--yes")
+		e.OK("delete", "fk", "--yes")
 		start = time.Now()
-		e.ok("create", "fresh", "--disk", "4G")
-		e.ok("exec", "fresh", "--", "true")
+		e.OK("create", "fresh", "--disk", "4G")
+		e.OK("exec", "fresh", "--", "true")
 		create = append(create, time.Since(start))
-		e.ok("delete", "fresh", "--yes")
+		e.OK("delete", "fresh", "--yes")
 	}
 	t.Logf("BENCH %-40s %10s vs create from template %10s  ratio %.2fx  (target ≤ 1.5x)",
 		"fork → first exec true (median)", median(fork).Round(time.Millisecond), median(create).Round(time.Millisecond), float64(median(fork))/float64(median(create)))
 
 	// Restore → first exec true, against a start of the stopped session
 	// → first exec true.
-	e.ok("checkpoint", "bench")
+	e.OK("checkpoint", "bench")
 	id := e.lastCheckpoint("bench")
 	var restore, start []time.Duration
 	for i := 0; i < 3; i++ {
 		t0 := time.Now()
-		e.ok("restore", "bench", id, "--yes")
-		e.ok("exec", "bench", "--", "true")
+		e.OK("restore", "bench", id, "--yes")
+		e.OK("exec", "bench", "--", "true")
 		restore = append(restore, time.Since(t0))
 		l := e.checkpoints("bench")
-		e.ok("checkpoint", "rm", "bench", l[len(l)-1].ID) // the automatic one
-		e.ok("stop", "bench")
+		e.OK("checkpoint", "rm", "bench", l[len(l)-1].ID) // the automatic one
+		e.OK("stop", "bench")
 		t0 = time.Now()
-		e.ok("start", "bench")
-		e.ok("exec", "bench", "--", "true")
+		e.OK("start", "bench")
+		e.OK("exec", "bench", "--", "true")
 		start = append(start, time.Since(t0))
 	}
 	t.Logf("BENCH %-40s %10s vs start %10s  ratio %.2fx",
@@ -107,5 +107,5 @@ func TestBenchCheckpoints(t *testing.T) {
 	if !strings.Contains(how, "copy") && how != "reflink" {
 		t.Errorf("unknown copy kind %q", how)
 	}
-	e.ok("delete", "bench", "--yes")
+	e.OK("delete", "bench", "--yes")
 }

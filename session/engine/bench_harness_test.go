@@ -29,14 +29,14 @@ func TestBenchHarness(t *testing.T) {
 	}
 	ctx := context.Background()
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.startDaemon()
-	e.ok("create", "bench")
-	client := api.Dial(filepath.Join(e.data, "berth.sock"))
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\n"), 0o644)
+	e.StartDaemon()
+	e.OK("create", "bench")
+	client := api.Dial(filepath.Join(e.Data, "berth.sock"))
 	defer client.Close()
 
 	// MCP exec of true, one connection, against berth exec -- true.
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: e.cmd("mcp", "--session", "bench")}, nil)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: e.Cmd("mcp", "--session", "bench")}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestBenchHarness(t *testing.T) {
 	cs.Close()
 	for range 40 {
 		start := time.Now()
-		e.ok("exec", "bench", "--", "true")
+		e.OK("exec", "bench", "--", "true")
 		cliRT = append(cliRT, time.Since(start))
 	}
 	t.Logf("BENCH %-40s %10s vs cli %10s  ratio %.2fx  (target ≤ 1.2x)", "MCP exec true p50", median(mcpRT).Round(time.Microsecond), median(cliRT).Round(time.Microsecond), float64(median(mcpRT))/float64(median(cliRT)))
@@ -87,15 +87,15 @@ func TestBenchHarness(t *testing.T) {
 	for range 6 {
 		// The wake figure: wake → first exec true, as issue 7 measures it.
 		e.eventually("no command running", 30*time.Second, idle)
-		e.ok("sleep", "bench")
-		e.waitState("bench", session.StateSleeping, 30*time.Second)
+		e.OK("sleep", "bench")
+		e.WaitState("bench", session.StateSleeping, 30*time.Second)
 		start := time.Now()
-		e.ok("exec", "bench", "--", "true")
+		e.OK("exec", "bench", "--", "true")
 		wakes = append(wakes, time.Since(start))
 
 		e.eventually("no command running", 30*time.Second, idle)
-		e.ok("sleep", "bench")
-		e.waitState("bench", session.StateSleeping, 30*time.Second)
+		e.OK("sleep", "bench")
+		e.WaitState("bench", session.StateSleeping, 30*time.Second)
 		sc, err := client.AddSchedule(ctx, "bench", session.ScheduleRequest{Spec: "@every 2s", Argv: []string{"true"}})
 		if err != nil {
 			t.Fatal(err)
@@ -118,5 +118,5 @@ func TestBenchHarness(t *testing.T) {
 		sleeping = append(sleeping, started.Sub(sc.Next))
 	}
 	t.Logf("BENCH %-40s p50 %8s p99 %8s vs wake %8s  ratio %.2fx  (p50 against wake → first exec true)", "schedule start delay, sleeping", percentile(sleeping, 0.5).Round(time.Millisecond), percentile(sleeping, 0.99).Round(time.Millisecond), median(wakes).Round(time.Millisecond), float64(percentile(sleeping, 0.5))/float64(median(wakes)))
-	e.ok("delete", "bench", "--yes")
+	e.OK("delete", "bench", "--yes")
 }

@@ -29,13 +29,13 @@ func allocated(path string) int64 {
 // withColdDaemon restarts e's daemon with templates off, runs fn and
 // restarts it with templates on.
 func withColdDaemon(e *env, fn func()) {
-	e.killDaemon()
+	e.KillDaemon()
 	os.Setenv("BERTH_NO_TEMPLATES", "1")
-	e.startDaemon()
+	e.StartDaemon()
 	os.Unsetenv("BERTH_NO_TEMPLATES")
 	fn()
-	e.killDaemon()
-	e.startDaemon()
+	e.KillDaemon()
+	e.StartDaemon()
 }
 
 // TestBenchImages prints issue 12's figures: the debian image's boot,
@@ -48,13 +48,13 @@ func TestBenchImages(t *testing.T) {
 	ctx := context.Background()
 	deb := vmmtest.Debian(t)
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"512M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.startDaemon()
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"512M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
+	e.StartDaemon()
 
 	ready := func(name string, args ...string) time.Duration {
 		start := time.Now()
-		e.ok(append([]string{"create", name}, args...)...)
-		e.ok("exec", name, "--", "true")
+		e.OK(append([]string{"create", name}, args...)...)
+		e.OK("exec", name, "--", "true")
 		return time.Since(start)
 	}
 	const n = 3
@@ -63,36 +63,36 @@ func TestBenchImages(t *testing.T) {
 		for i := 0; i < n; i++ {
 			miniCold = append(miniCold, ready(fmt.Sprintf("mc%d", i)))
 			debCold = append(debCold, ready(fmt.Sprintf("dc%d", i), "--image", "debian"))
-			e.ok("delete", fmt.Sprintf("mc%d", i), "--yes")
-			e.ok("delete", fmt.Sprintf("dc%d", i), "--yes")
+			e.OK("delete", fmt.Sprintf("mc%d", i), "--yes")
+			e.OK("delete", fmt.Sprintf("dc%d", i), "--yes")
 		}
 	})
 	t.Logf("BENCH %-44s %10s vs mini %10s  ratio %.2fx  (target ≤ 1.2x)", "debian cold boot → ready (median)", median(debCold).Round(time.Millisecond), median(miniCold).Round(time.Millisecond), float64(median(debCold))/float64(median(miniCold)))
 	ready("warm", "--image", "debian") // builds the template
-	e.ok("delete", "warm", "--yes")
+	e.OK("delete", "warm", "--yes")
 	for i := 0; i < n; i++ {
 		debTmpl = append(debTmpl, ready(fmt.Sprintf("dt%d", i), "--image", "debian"))
-		e.ok("delete", fmt.Sprintf("dt%d", i), "--yes")
+		e.OK("delete", fmt.Sprintf("dt%d", i), "--yes")
 	}
 	t.Logf("BENCH %-44s %10s vs cold %10s  ratio %.2fx  (target ≤ 0.1x)", "debian create from template → ready (median)", median(debTmpl).Round(time.Millisecond), median(debCold).Round(time.Millisecond), float64(median(debTmpl))/float64(median(debCold)))
 
-	e.ok("create", "sm")
-	e.ok("create", "sd", "--image", "debian")
+	e.OK("create", "sm")
+	e.OK("create", "sd", "--image", "debian")
 	for i := 0; i < n; i++ {
 		for _, s := range []struct {
 			name string
 			out  *[]time.Duration
 		}{{"sm", &startMini}, {"sd", &startDeb}} {
-			e.ok("stop", s.name)
+			e.OK("stop", s.name)
 			start := time.Now()
-			e.ok("start", s.name)
-			e.ok("exec", s.name, "--", "true")
+			e.OK("start", s.name)
+			e.OK("exec", s.name, "--", "true")
 			*s.out = append(*s.out, time.Since(start))
 		}
 	}
 	t.Logf("BENCH %-44s %10s vs cold %10s  ratio %.2fx  (target ≤ 0.1x)", "start of a stopped mini session → ready", median(startMini).Round(time.Millisecond), median(miniCold).Round(time.Millisecond), float64(median(startMini))/float64(median(miniCold)))
 	t.Logf("BENCH %-44s %10s vs cold %10s  ratio %.2fx  (target ≤ 0.1x)", "start of a stopped debian session → ready", median(startDeb).Round(time.Millisecond), median(debCold).Round(time.Millisecond), float64(median(startDeb))/float64(median(debCold)))
-	booted := allocated(filepath.Join(e.data, "sessions", "sd", "system.img"))
+	booted := allocated(filepath.Join(e.Data, "sessions", "sd", "system.img"))
 
 	// cp of a 100 MB tree of 2,000 files in, against put of one 100 MB file.
 	local := t.TempDir()
@@ -107,16 +107,16 @@ func TestBenchImages(t *testing.T) {
 	one := make([]byte, 2000*50<<10)
 	rand.Read(one)
 	os.WriteFile(filepath.Join(local, "one.bin"), one, 0o644)
-	e.ok("create", "cpb", "--disk", "1G")
+	e.OK("create", "cpb", "--disk", "1G")
 	var cpIn, put []time.Duration
 	for i := 0; i < n; i++ {
 		start := time.Now()
-		e.ok("cp", tree, "cpb:t")
+		e.OK("cp", tree, "cpb:t")
 		cpIn = append(cpIn, time.Since(start))
 		start = time.Now()
-		e.ok("put", "cpb", filepath.Join(local, "one.bin"), "one.bin")
+		e.OK("put", "cpb", filepath.Join(local, "one.bin"), "one.bin")
 		put = append(put, time.Since(start))
-		e.ok("rm", "cpb", "-r", "t")
+		e.OK("rm", "cpb", "-r", "t")
 	}
 	mb := float64(len(one)) / 1e6
 	t.Logf("BENCH %-44s %10s (%.0f MB/s) vs put of one file %10s (%.0f MB/s)  ratio %.2fx  (report)", "cp in of 100 MB in 2,000 files (median)",
@@ -124,7 +124,7 @@ func TestBenchImages(t *testing.T) {
 	var cpOut []time.Duration
 	for i := 0; i < n; i++ {
 		start := time.Now()
-		e.ok("cp", "cpb:one.bin", filepath.Join(local, fmt.Sprintf("out%d", i)))
+		e.OK("cp", "cpb:one.bin", filepath.Join(local, fmt.Sprintf("out%d", i)))
 		cpOut = append(cpOut, time.Since(start))
 	}
 	t.Logf("BENCH %-44s %10s (%.0f MB/s)  (report)", "cp out of the same tree (median)", median(cpOut).Round(time.Millisecond), mb/median(cpOut).Seconds())
@@ -135,7 +135,7 @@ func TestBenchImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("BENCH %-44s %10d bytes of 8 GiB (target ≤ 1 MiB); after %d boots and stops %d bytes", "new system disk allocated", allocated(sys), n+1, booted)
-	e.killDaemon()
+	e.KillDaemon()
 
 	// The build against mmdebstrap and mkfs.ext4 by hand, same packages,
 	// alternated (this machine's load moves either by a third), with

@@ -44,18 +44,18 @@ func TestBenchSampling(t *testing.T) {
 	}
 	const window = 30 * time.Second
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.startDaemon()
-	e.ok("create", "warm") // builds the image and the template
-	e.ok("delete", "warm", "--yes")
-	d := e.daemon.Process.Pid
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
+	e.StartDaemon()
+	e.OK("create", "warm") // builds the image and the template
+	e.OK("delete", "warm", "--yes")
+	d := e.Daemon.Process.Pid
 	idle := cpuOf(t, func() { time.Sleep(window) }, d)
 
 	var vmms []int
 	for i := range n {
 		name := fmt.Sprintf("s%d", i)
-		e.ok("create", name)
-		vmms = append(vmms, e.vmmPid(name))
+		e.OK("create", name)
+		vmms = append(vmms, e.VMMPid(name))
 	}
 	time.Sleep(10 * time.Second) // settle after the boots
 	var guests time.Duration
@@ -66,7 +66,7 @@ func TestBenchSampling(t *testing.T) {
 		fmt.Sprintf("daemon sampling %d idle TCG sessions", n), perSession, float64(idle)/float64(window)*100, perVMM, perSession/max(perVMM, 1e-9))
 
 	for i := range n {
-		e.ok("sleep", fmt.Sprintf("s%d", i))
+		e.OK("sleep", fmt.Sprintf("s%d", i))
 	}
 	asleep := cpuOf(t, func() { time.Sleep(window) }, d)
 	t.Logf("BENCH %-40s %6.3f%% of a core vs idle daemon %.3f%%  ratio %.2fx  (target ≈ 1x: nothing to sample)",

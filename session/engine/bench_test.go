@@ -63,15 +63,15 @@ func TestBenchSessions(t *testing.T) {
 	b.VM.Kill(ctx)
 
 	e := newEnv(t)
-	e.startDaemon()
-	e.ok("create", "bench", "--disk", "256M")
+	e.StartDaemon()
+	e.OK("create", "bench", "--disk", "256M")
 
 	// Poll the API in-process and gently: a `berth ps` every few ms would
 	// spend a core of this two-core machine on the poll itself.
-	client := api.Dial(filepath.Join(e.data, "berth.sock"))
+	client := api.Dial(filepath.Join(e.Data, "berth.sock"))
 	defer client.Close()
 	start := time.Now()
-	id := strings.TrimSpace(e.ok("exec", "bench", "--detach", "--", "dd", "if=/dev/zero", "bs=1M", fmt.Sprintf("count=%d", bulk>>20)))
+	id := strings.TrimSpace(e.OK("exec", "bench", "--detach", "--", "dd", "if=/dev/zero", "bs=1M", fmt.Sprintf("count=%d", bulk>>20)))
 	for {
 		x, err := client.Execution(ctx, id)
 		if err != nil {
@@ -92,15 +92,15 @@ func TestBenchSessions(t *testing.T) {
 	var cliRT []time.Duration
 	for i := 0; i < 40; i++ {
 		start := time.Now()
-		e.ok("exec", "bench", "--", "true")
+		e.OK("exec", "bench", "--", "true")
 		cliRT = append(cliRT, time.Since(start))
 	}
 	t.Logf("BENCH %-40s %10s vs agent %10s  ratio %.2fx  (target ≤ 5x)", "berth exec -- true p50", median(cliRT).Round(time.Microsecond), median(agentRT).Round(time.Microsecond), float64(median(cliRT))/float64(median(agentRT)))
-	e.ok("delete", "bench", "--yes")
-	e.killDaemon()
+	e.OK("delete", "bench", "--yes")
+	e.KillDaemon()
 
 	// berth ls with 1,000 stopped sessions, against berth version.
-	st, err := store.Open(filepath.Join(e.data, "store"), nil)
+	st, err := store.Open(filepath.Join(e.Data, "store"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,14 +110,14 @@ func TestBenchSessions(t *testing.T) {
 		}
 	}
 	st.Close()
-	e.startDaemon()
+	e.StartDaemon()
 	var ls, ver []time.Duration
 	for i := 0; i < 20; i++ {
 		start := time.Now()
-		e.ok("version")
+		e.OK("version")
 		ver = append(ver, time.Since(start))
 		start = time.Now()
-		out := e.ok("ls")
+		out := e.OK("ls")
 		ls = append(ls, time.Since(start))
 		if i == 0 && len(out) < 1000*20 {
 			t.Fatalf("ls printed %d bytes", len(out))
@@ -146,32 +146,32 @@ func TestBenchSleep(t *testing.T) {
 		t.Skip("set BERTH_BENCH=1 (make bench)")
 	}
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.startDaemon()
-	e.ok("create", "zz")
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
+	e.StartDaemon()
+	e.OK("create", "zz")
 	var cold, wake []time.Duration
 	// A start restores the template; the cold boot it is measured
 	// against is a daemon's with templates off.
 	withColdDaemon(e, func() {
 		for i := 0; i < 5; i++ {
-			e.ok("stop", "zz")
+			e.OK("stop", "zz")
 			start := time.Now()
-			e.ok("start", "zz")
-			e.ok("exec", "zz", "--", "true")
+			e.OK("start", "zz")
+			e.OK("exec", "zz", "--", "true")
 			cold = append(cold, time.Since(start))
 		}
 	})
 	for i := 0; i < 5; i++ {
-		e.ok("sleep", "zz")
+		e.OK("sleep", "zz")
 		start := time.Now()
-		e.ok("exec", "zz", "--", "true")
+		e.OK("exec", "zz", "--", "true")
 		wake = append(wake, time.Since(start))
 	}
 	t.Logf("BENCH %-40s %10s vs cold %10s  ratio %.2fx  (target ≤ 0.1x)", "wake → first exec true (median)", median(wake).Round(time.Millisecond), median(cold).Round(time.Millisecond), float64(median(wake))/float64(median(cold)))
 
 	var info session.Session
 	var total, avail int64
-	for _, l := range strings.Split(e.ok("exec", "zz", "--", "cat", "/proc/meminfo"), "\n") {
+	for _, l := range strings.Split(e.OK("exec", "zz", "--", "cat", "/proc/meminfo"), "\n") {
 		f := strings.Fields(l)
 		if len(f) >= 2 {
 			n, _ := strconv.ParseInt(f[1], 10, 64)
@@ -184,8 +184,8 @@ func TestBenchSleep(t *testing.T) {
 		}
 	}
 	used := total - avail
-	e.ok("sleep", "zz")
-	json.Unmarshal([]byte(e.ok("info", "zz", "--json")), &info)
+	e.OK("sleep", "zz")
+	json.Unmarshal([]byte(e.OK("info", "zz", "--json")), &info)
 	t.Logf("BENCH %-40s %10d bytes vs guest memory used %d  ratio %.2fx", "snapshot on disk", info.SnapshotBytes, used, float64(info.SnapshotBytes)/float64(max(used, 1)))
 
 	// Create from a template (built by the first create above) against a
@@ -194,33 +194,33 @@ func TestBenchSleep(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		name := fmt.Sprintf("tmpl%d", i)
 		start := time.Now()
-		e.ok("create", name)
-		e.ok("exec", name, "--", "true")
+		e.OK("create", name)
+		e.OK("exec", name, "--", "true")
 		fromTemplate = append(fromTemplate, time.Since(start))
-		e.ok("delete", name, "--yes")
+		e.OK("delete", name, "--yes")
 	}
-	e.killDaemon()
+	e.KillDaemon()
 	os.Setenv("BERTH_NO_TEMPLATES", "1")
-	e.startDaemon()
+	e.StartDaemon()
 	os.Unsetenv("BERTH_NO_TEMPLATES")
 	for i := 0; i < 5; i++ {
 		name := fmt.Sprintf("cold%d", i)
 		start := time.Now()
-		e.ok("create", name)
-		e.ok("exec", name, "--", "true")
+		e.OK("create", name)
+		e.OK("exec", name, "--", "true")
 		coldCreate = append(coldCreate, time.Since(start))
-		e.ok("delete", name, "--yes")
+		e.OK("delete", name, "--yes")
 	}
 	t.Logf("BENCH %-40s %10s vs cold %10s  ratio %.2fx  (target ≤ 0.1x)", "create from template → ready (median)", median(fromTemplate).Round(time.Millisecond), median(coldCreate).Round(time.Millisecond), float64(median(fromTemplate))/float64(median(coldCreate)))
-	e.killDaemon()
-	e.startDaemon()
+	e.KillDaemon()
+	e.StartDaemon()
 
 	const n = 50
-	base := rss(e.daemon.Process.Pid)
+	base := rss(e.Daemon.Process.Pid)
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("s%d", i)
-		e.ok("create", name)
-		e.ok("sleep", name)
+		e.OK("create", name)
+		e.OK("sleep", name)
 	}
 	vmms := 0
 	for i := 0; i < n; i++ {
@@ -228,9 +228,9 @@ func TestBenchSleep(t *testing.T) {
 			vmms++
 		}
 	}
-	t.Logf("BENCH %-40s %d VMM processes, daemon RSS growth %.1f MB for %d sleeping sessions (target: none, ≤ 50 MB for 50)", "sleeping sessions' host cost", vmms, float64(rss(e.daemon.Process.Pid)-base)/1e6, n)
+	t.Logf("BENCH %-40s %d VMM processes, daemon RSS growth %.1f MB for %d sleeping sessions (target: none, ≤ 50 MB for 50)", "sleeping sessions' host cost", vmms, float64(rss(e.Daemon.Process.Pid)-base)/1e6, n)
 	var all []session.Session
-	json.Unmarshal([]byte(e.ok("ls", "--json")), &all)
+	json.Unmarshal([]byte(e.OK("ls", "--json")), &all)
 	var snaps int64
 	for _, s := range all {
 		snaps += s.SnapshotBytes

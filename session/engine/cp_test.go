@@ -42,8 +42,8 @@ func treeSums(t *testing.T, root string) map[string]string {
 // symlinks included, and refuses symlinks that lead out of it.
 func TestCopyTree(t *testing.T) {
 	e := newEnv(t)
-	e.startDaemon()
-	e.ok("create", "cp", "--disk", "128M")
+	e.StartDaemon()
+	e.OK("create", "cp", "--disk", "128M")
 	src := filepath.Join(t.TempDir(), "proj")
 	os.MkdirAll(filepath.Join(src, "bin"), 0o755)
 	os.MkdirAll(filepath.Join(src, "empty"), 0o700)
@@ -56,15 +56,15 @@ func TestCopyTree(t *testing.T) {
 	os.Symlink("../README", filepath.Join(src, "bin", "readme"))
 	want := treeSums(t, src)
 
-	out := e.ok("cp", src, "cp:proj")
+	out := e.OK("cp", src, "cp:proj")
 	if !strings.Contains(out, "durably") {
 		t.Errorf("cp in said %q", out)
 	}
-	if got := e.ok("exec", "cp", "--", "sh", "-c", "ls -l proj/bin/readme | sed 's/.*-> //'; stat -c %a proj/empty proj/bin/run; cat proj/bin/readme"); got != "../README\n700\n755\nhello\n" {
+	if got := e.OK("exec", "cp", "--", "sh", "-c", "ls -l proj/bin/readme | sed 's/.*-> //'; stat -c %a proj/empty proj/bin/run; cat proj/bin/readme"); got != "../README\n700\n755\nhello\n" {
 		t.Errorf("in the guest: %q", got)
 	}
 	back := filepath.Join(t.TempDir(), "back")
-	e.ok("cp", "cp:proj", back)
+	e.OK("cp", "cp:proj", back)
 	got := treeSums(t, back)
 	for k, v := range want {
 		if k == "." {
@@ -78,12 +78,12 @@ func TestCopyTree(t *testing.T) {
 		t.Errorf("%d entries came back, %d went in", len(got), len(want))
 	}
 	// Into an existing directory, and one file to a new name.
-	e.ok("cp", filepath.Join(src, "README"), "cp:proj/empty")
-	e.ok("cp", "cp:proj/README", filepath.Join(back, "README.copy"))
+	e.OK("cp", filepath.Join(src, "README"), "cp:proj/empty")
+	e.OK("cp", "cp:proj/README", filepath.Join(back, "README.copy"))
 	if b, _ := os.ReadFile(filepath.Join(back, "README.copy")); string(b) != "hello\n" {
 		t.Errorf("one file out: %q", b)
 	}
-	if r := e.ok("cat", "cp", "proj/empty/README"); r != "hello\n" {
+	if r := e.OK("cat", "cp", "proj/empty/README"); r != "hello\n" {
 		t.Errorf("one file into a directory: %q", r)
 	}
 
@@ -92,14 +92,14 @@ func TestCopyTree(t *testing.T) {
 	os.MkdirAll(evil, 0o755)
 	os.WriteFile(filepath.Join(evil, "a"), []byte("a"), 0o644)
 	os.Symlink("/etc/passwd", filepath.Join(evil, "passwd"))
-	e.fails("points out of the tree", "cp", evil, "cp:evil")
-	e.ok("exec", "cp", "--", "sh", "-c", "mkdir -p out && ln -s ../../etc out/etc")
+	e.Fails("points out of the tree", "cp", evil, "cp:evil")
+	e.OK("exec", "cp", "--", "sh", "-c", "mkdir -p out && ln -s ../../etc out/etc")
 	o := filepath.Join(t.TempDir(), "o")
-	e.fails("points out of the tree", "cp", "cp:out", o)
+	e.Fails("points out of the tree", "cp", "cp:out", o)
 	if _, err := os.Lstat(o); err == nil {
 		t.Errorf("a refused copy out left %s", o)
 	}
-	e.fails("outside /workspace", "cp", src, "cp:../x")
+	e.Fails("outside /workspace", "cp", src, "cp:../x")
 	// A refused copy leaves nothing under the name it was going to (the
 	// agent refusing mid-stream too), so the same copy, once the link is
 	// gone, lands in evil, not evil/evil.
@@ -109,23 +109,23 @@ func TestCopyTree(t *testing.T) {
 	tw.Write([]byte("a"))
 	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: "passwd", Linkname: "/etc/passwd"})
 	tw.Close()
-	if r := e.runIn(tb.String(), "cp", "-", "cp:evil2"); r.code == 0 || !strings.Contains(r.stderr, "points out of the tree") {
-		t.Errorf("a tar with an escaping symlink: exit %d, %q", r.code, r.stderr)
+	if r := e.RunIn(tb.String(), "cp", "-", "cp:evil2"); r.Code == 0 || !strings.Contains(r.Stderr, "points out of the tree") {
+		t.Errorf("a tar with an escaping symlink: exit %d, %q", r.Code, r.Stderr)
 	}
-	if got := e.ok("exec", "cp", "--", "sh", "-c", "ls -a"); strings.Contains(got, "evil") {
+	if got := e.OK("exec", "cp", "--", "sh", "-c", "ls -a"); strings.Contains(got, "evil") {
 		t.Errorf("refused copies left in /workspace:\n%s", got)
 	}
 	os.Remove(filepath.Join(evil, "passwd"))
-	if out := e.ok("cp", evil, "cp:evil"); !strings.Contains(out, "to cp:evil, durably") {
+	if out := e.OK("cp", evil, "cp:evil"); !strings.Contains(out, "to cp:evil, durably") {
 		t.Errorf("the retry said %q", out)
 	}
-	if got := e.ok("cat", "cp", "evil/a"); got != "a" {
+	if got := e.OK("cat", "cp", "evil/a"); got != "a" {
 		t.Errorf("the retry: evil/a = %q", got)
 	}
 
 	// A full workspace: the copy fails saying so, and no file is left
 	// half-written under its final name.
-	e.ok("create", "small", "--disk", "24M")
+	e.OK("create", "small", "--disk", "24M")
 	full := filepath.Join(t.TempDir(), "full")
 	os.MkdirAll(full, 0o755)
 	for i := 0; i < 3; i++ {
@@ -133,13 +133,13 @@ func TestCopyTree(t *testing.T) {
 		rand.Read(b)
 		os.WriteFile(filepath.Join(full, fmt.Sprintf("f%d", i)), b, 0o644)
 	}
-	e.fails("is full", "cp", full, "small:full")
-	out = e.ok("exec", "small", "--", "sh", "-c", "ls -a full; for f in full/f*; do [ -f \"$f\" ] && stat -c '%n %s' \"$f\"; done; true")
+	e.Fails("is full", "cp", full, "small:full")
+	out = e.OK("exec", "small", "--", "sh", "-c", "ls -a full; for f in full/f*; do [ -f \"$f\" ] && stat -c '%n %s' \"$f\"; done; true")
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 		if f := strings.Fields(l); len(f) == 2 && f[1] != fmt.Sprint(12<<20) {
 			t.Errorf("a partial file under its final name: %s", l)
 		}
 	}
-	e.ok("delete", "small", "--yes")
-	e.ok("delete", "cp", "--yes")
+	e.OK("delete", "small", "--yes")
+	e.OK("delete", "cp", "--yes")
 }

@@ -72,18 +72,18 @@ func fill(t *testing.T, dir, path string, keep int64) {
 }
 
 func (e *env) execution(name, id string) session.Execution {
-	e.t.Helper()
-	for _, x := range e.execs(name) {
+	e.T.Helper()
+	for _, x := range e.Execs(name) {
 		if x.ID == id {
 			return x
 		}
 	}
-	e.t.Fatalf("no execution %s in %s", id, name)
+	e.T.Fatalf("no execution %s in %s", id, name)
 	return session.Execution{}
 }
 
 func (e *env) waitExec(name, id string, within time.Duration, done func(session.Execution) bool) session.Execution {
-	e.t.Helper()
+	e.T.Helper()
 	deadline := time.Now().Add(within)
 	for {
 		x := e.execution(name, id)
@@ -91,7 +91,7 @@ func (e *env) waitExec(name, id string, within time.Duration, done func(session.
 			return x
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("execution %s: %+v after %s\ndaemon log:\n%s", id, x, within, e.daemonLog())
+			e.T.Fatalf("execution %s: %+v after %s\ndaemon log:\n%s", id, x, within, e.DaemonLog())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -107,26 +107,14 @@ func TestDiskFull(t *testing.T) {
 		t.Skip("boots VMs")
 	}
 	mnt := smallFS(t, 512<<20)
-	e := &env{t: t, berth: vmmtest.Berth(t), data: vmmtest.DataDirIn(t, filepath.Join(mnt, "data"))}
-	t.Cleanup(func() {
-		e.killDaemon()
-		pids, _ := filepath.Glob(filepath.Join(e.data, "sessions", "*", "vm", "vmm.pid"))
-		for _, p := range pids {
-			b, _ := os.ReadFile(p)
-			if f := strings.Fields(string(b)); len(f) > 0 {
-				if pid, err := strconv.Atoi(f[0]); err == nil {
-					syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-		}
-	})
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"48M\"\nidle_timeout = \"0\"\nretention = \"1G\"\nfree_space_floor = \"96M\"\noutput_budget = \"0\"\n"), 0o644)
-	e.startDaemon()
-	e.ok("create", "a")
-	e.ok("create", "b")
+	e := newEnvAt(t, vmmtest.DataDirIn(t, filepath.Join(mnt, "data")))
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"48M\"\nidle_timeout = \"0\"\nretention = \"1G\"\nfree_space_floor = \"96M\"\noutput_budget = \"0\"\n"), 0o644)
+	e.StartDaemon()
+	e.OK("create", "a")
+	e.OK("create", "b")
 	filler := filepath.Join(mnt, "filler")
 
-	e.subtest(t, "output that does not fit is held, then stored byte-exact", func(t *testing.T) {
+	e.Subtest(t, "output that does not fit is held, then stored byte-exact", func(t *testing.T) {
 		// Known output, fast to produce under TCG: a random file, catted
 		// eight times (256 MB). A chunk lost or stored twice changes the
 		// replay's length or its hash.
@@ -134,22 +122,22 @@ func TestDiskFull(t *testing.T) {
 		rand.Read(block)
 		local := filepath.Join(t.TempDir(), "block")
 		os.WriteFile(local, block, 0o644)
-		e.ok("put", "a", local, "block")
+		e.OK("put", "a", local, "block")
 		fill(t, mnt, filler, 160<<20)
-		id := strings.TrimSpace(e.ok("exec", "a", "--detach", "--", "cat", "block", "block", "block", "block", "block", "block", "block", "block"))
+		id := strings.TrimSpace(e.OK("exec", "a", "--detach", "--", "cat", "block", "block", "block", "block", "block", "block", "block", "block"))
 		x := e.waitExec("a", id, 3*time.Minute, func(x session.Execution) bool { return x.Held != "" || x.State.Done() })
 		if x.State.Done() || !strings.HasPrefix(x.Held, "output held: host disk") {
 			t.Fatalf("the output was not held: %+v", x)
 		}
 		// The daemon answers, and so do other sessions: the noisy one is
 		// held first, so a quiet one's small output is still stored.
-		e.ok("ls")
-		if out := e.ok("exec", "b", "--", "echo", "alive"); out != "alive\n" {
+		e.OK("ls")
+		if out := e.OK("exec", "b", "--", "echo", "alive"); out != "alive\n" {
 			t.Errorf("a quiet session's echo with the noisy one held: %q", out)
 		}
 		// Whoever follows the held command is told at once, on stderr;
 		// ls and info say which session is held.
-		follow := e.cmd("logs", "a", id, "-f")
+		follow := e.Cmd("logs", "a", id, "-f")
 		var notice lockedBuffer
 		follow.Stdout, follow.Stderr = io.Discard, &notice
 		if err := follow.Start(); err != nil {
@@ -163,10 +151,10 @@ func TestDiskFull(t *testing.T) {
 		if !strings.Contains(notice.String(), "berth: output held: host disk") {
 			t.Errorf("logs -f of the held command said %q, want the held notice", notice.String())
 		}
-		if r := e.run("ls"); !strings.Contains(r.stderr, "output held") || !strings.Contains(r.stderr, ": a") {
-			t.Errorf("ls with a held session: stderr %q", r.stderr)
+		if r := e.Run("ls"); !strings.Contains(r.Stderr, "output held") || !strings.Contains(r.Stderr, ": a") {
+			t.Errorf("ls with a held session: stderr %q", r.Stderr)
 		}
-		if out := e.ok("info", "a"); !strings.Contains(out, "Output held:") {
+		if out := e.OK("info", "a"); !strings.Contains(out, "Output held:") {
 			t.Errorf("info of the held session:\n%s", out)
 		}
 		held := x.StdoutBytes
@@ -185,7 +173,7 @@ func TestDiskFull(t *testing.T) {
 		for i := 0; i < 8; i++ {
 			want.Write(block)
 		}
-		c := e.cmd("logs", "a", id)
+		c := e.Cmd("logs", "a", id)
 		got := sha256.New()
 		var stderr strings.Builder
 		c.Stdout, c.Stderr = got, &stderr
@@ -195,19 +183,19 @@ func TestDiskFull(t *testing.T) {
 		if string(got.Sum(nil)) != string(want.Sum(nil)) {
 			t.Fatalf("the replay differs from what the command wrote (%d bytes recorded)", x.StdoutBytes)
 		}
-		e.ok("delete", "a", "--yes")
+		e.OK("delete", "a", "--yes")
 	})
 
-	e.subtest(t, "a guest filling the host through its workspace pauses, and resumes when space returns", func(t *testing.T) {
-		e.ok("create", "w", "--disk", "256M")
+	e.Subtest(t, "a guest filling the host through its workspace pauses, and resumes when space returns", func(t *testing.T) {
+		e.OK("create", "w", "--disk", "256M")
 		fill(t, mnt, filler, 150<<20)
-		id := strings.TrimSpace(e.ok("exec", "w", "--detach", "--", "dd", "if=/dev/zero", "of=/workspace/big", "bs=1M", "count=200", "conv=fsync"))
-		s := e.waitState("w", session.StatePaused, 3*time.Minute)
+		id := strings.TrimSpace(e.OK("exec", "w", "--detach", "--", "dd", "if=/dev/zero", "of=/workspace/big", "bs=1M", "count=200", "conv=fsync"))
+		s := e.WaitState("w", session.StatePaused, 3*time.Minute)
 		if !strings.Contains(s.Cause, "host disk full") || !strings.Contains(s.Cause, "free under") {
 			t.Errorf("paused with cause %q", s.Cause)
 		}
 		start := time.Now()
-		e.fails("host disk full", "exec", "w", "--", "true")
+		e.Fails("host disk full", "exec", "w", "--", "true")
 		if d := time.Since(start); d > 5*time.Second {
 			t.Errorf("exec on the paused session took %s to fail", d)
 		}
@@ -219,45 +207,45 @@ func TestDiskFull(t *testing.T) {
 		if x.State != session.ExecExited || x.ExitCode == nil || *x.ExitCode != 0 {
 			t.Fatalf("dd after space returned: %+v", x)
 		}
-		e.ok("flush", "w")
-		if got := strings.TrimSpace(e.ok("exec", "w", "--", "stat", "-c", "%s", "/workspace/big")); got != strconv.Itoa(200<<20) {
+		e.OK("flush", "w")
+		if got := strings.TrimSpace(e.OK("exec", "w", "--", "stat", "-c", "%s", "/workspace/big")); got != strconv.Itoa(200<<20) {
 			t.Errorf("the file is %s bytes, want %d", got, 200<<20)
 		}
-		e.ok("exec", "w", "--", "rm", "/workspace/big")
+		e.OK("exec", "w", "--", "rm", "/workspace/big")
 	})
 
-	e.subtest(t, "below the floor what needs space is refused, with the figures", func(t *testing.T) {
+	e.Subtest(t, "below the floor what needs space is refused, with the figures", func(t *testing.T) {
 		fill(t, mnt, filler, 64<<20)
-		e.fails("below the 96 MiB floor", "create", "x")
-		e.fails("below the 96 MiB floor", "sleep", "w")
-		r := e.run("ls")
-		if r.code != 0 || !strings.Contains(r.stderr, "host disk low") {
-			t.Errorf("ls below the floor: %d %q", r.code, r.stderr)
+		e.Fails("below the 96 MiB floor", "create", "x")
+		e.Fails("below the 96 MiB floor", "sleep", "w")
+		r := e.Run("ls")
+		if r.Code != 0 || !strings.Contains(r.Stderr, "host disk low") {
+			t.Errorf("ls below the floor: %d %q", r.Code, r.Stderr)
 		}
-		e.ok("exec", "w", "--", "true") // running sessions keep running
+		e.OK("exec", "w", "--", "true") // running sessions keep running
 		// A daemon killed below the floor comes back and says so. (Its
 		// store gives back what it had preallocated; take that too.)
-		e.killDaemon()
-		e.startDaemon()
+		e.KillDaemon()
+		e.StartDaemon()
 		fill(t, mnt, filler, 64<<20)
 		time.Sleep(1500 * time.Millisecond) // the daemon notices within a second
-		c := e.cmd("ls", "--json")
+		c := e.Cmd("ls", "--json")
 		out, _ := c.Output()
 		var list []session.Session
 		json.Unmarshal(out, &list)
 		if len(list) != 2 {
 			t.Errorf("after the restart ls lists %d sessions", len(list))
 		}
-		if r := e.run("ls"); !strings.Contains(r.stderr, "host disk low") {
-			t.Errorf("after the restart ls says %q", r.stderr)
+		if r := e.Run("ls"); !strings.Contains(r.Stderr, "host disk low") {
+			t.Errorf("after the restart ls says %q", r.Stderr)
 		}
-		if out := e.ok("doctor"); !strings.Contains(out, "below the 96 MiB floor") {
+		if out := e.OK("doctor"); !strings.Contains(out, "below the 96 MiB floor") {
 			t.Errorf("doctor says:\n%s", out)
 		}
 		os.Remove(filler)
 	})
-	e.ok("delete", "w", "--yes")
-	e.ok("delete", "b", "--yes")
+	e.OK("delete", "w", "--yes")
+	e.OK("delete", "b", "--yes")
 }
 
 // TestBenchDiskFull prints issue 13's figure: the time from space
@@ -267,20 +255,19 @@ func TestBenchDiskFull(t *testing.T) {
 		t.Skip("set BERTH_BENCH=1 (make bench)")
 	}
 	mnt := smallFS(t, 512<<20)
-	e := &env{t: t, berth: vmmtest.Berth(t), data: vmmtest.DataDirIn(t, filepath.Join(mnt, "data"))}
-	t.Cleanup(e.killDaemon)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"48M\"\nidle_timeout = \"0\"\nretention = \"1G\"\nfree_space_floor = \"96M\"\noutput_budget = \"0\"\n"), 0o644)
-	e.startDaemon()
-	client := api.Dial(filepath.Join(e.data, "berth.sock"))
+	e := newEnvAt(t, vmmtest.DataDirIn(t, filepath.Join(mnt, "data")))
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"48M\"\nidle_timeout = \"0\"\nretention = \"1G\"\nfree_space_floor = \"96M\"\noutput_budget = \"0\"\n"), 0o644)
+	e.StartDaemon()
+	client := api.Dial(filepath.Join(e.Data, "berth.sock"))
 	defer client.Close()
 	filler := filepath.Join(mnt, "filler")
 	var resumed []time.Duration
 	for i := 0; i < 5; i++ {
 		name := fmt.Sprintf("h%d", i)
-		e.ok("create", name)
-		e.ok("exec", name, "--", "sh", "-c", "dd if=/dev/zero of=block bs=1M count=32 2>/dev/null")
+		e.OK("create", name)
+		e.OK("exec", name, "--", "sh", "-c", "dd if=/dev/zero of=block bs=1M count=32 2>/dev/null")
 		fill(t, mnt, filler, 140<<20)
-		id := strings.TrimSpace(e.ok("exec", name, "--detach", "--", "cat", "block", "block", "block", "block"))
+		id := strings.TrimSpace(e.OK("exec", name, "--detach", "--", "cat", "block", "block", "block", "block"))
 		x := e.waitExec(name, id, 3*time.Minute, func(x session.Execution) bool { return x.Held != "" || x.State.Done() })
 		if x.State.Done() {
 			t.Fatalf("not held: %+v", x)
@@ -301,7 +288,7 @@ func TestBenchDiskFull(t *testing.T) {
 		}
 		resumed = append(resumed, time.Since(start))
 		e.waitExec(name, id, 5*time.Minute, func(x session.Execution) bool { return x.State.Done() })
-		e.ok("delete", name, "--yes")
+		e.OK("delete", name, "--yes")
 	}
 	t.Logf("BENCH %-44s %10s p50, %s max of %d (report)", "space returns → held output stored again", median(resumed).Round(time.Millisecond), slices.Max(resumed).Round(time.Millisecond), len(resumed))
 }

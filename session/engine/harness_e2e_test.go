@@ -26,19 +26,19 @@ import (
 )
 
 func (e *env) runs(name string) []session.Run {
-	e.t.Helper()
+	e.T.Helper()
 	var l []session.Run
-	if err := json.Unmarshal([]byte(e.ok("runs", name, "--json")), &l); err != nil {
-		e.t.Fatal(err)
+	if err := json.Unmarshal([]byte(e.OK("runs", name, "--json")), &l); err != nil {
+		e.T.Fatal(err)
 	}
 	return l
 }
 
 func (e *env) schedules(name string) []session.Schedule {
-	e.t.Helper()
+	e.T.Helper()
 	var l []session.Schedule
-	if err := json.Unmarshal([]byte(e.ok("schedule", "ls", name, "--json")), &l); err != nil {
-		e.t.Fatal(err)
+	if err := json.Unmarshal([]byte(e.OK("schedule", "ls", name, "--json")), &l); err != nil {
+		e.T.Fatal(err)
 	}
 	return l
 }
@@ -46,7 +46,7 @@ func (e *env) schedules(name string) []session.Schedule {
 // schedExecs lists the executions a schedule started, oldest first.
 func (e *env) schedExecs(name, id string) []session.Execution {
 	var out []session.Execution
-	for _, x := range e.execs(name) {
+	for _, x := range e.Execs(name) {
 		if x.By == "schedule:"+id {
 			out = append(out, x)
 		}
@@ -56,11 +56,11 @@ func (e *env) schedExecs(name, id string) []session.Execution {
 
 // eventually polls cond until it holds, failing after within.
 func (e *env) eventually(what string, within time.Duration, cond func() bool) {
-	e.t.Helper()
+	e.T.Helper()
 	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
-			e.t.Fatalf("%s: not within %s\ndaemon log:\n%s", what, within, e.daemonLog())
+			e.T.Fatalf("%s: not within %s\ndaemon log:\n%s", what, within, e.DaemonLog())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -120,15 +120,15 @@ func TestManagerHarness(t *testing.T) {
 // over stdio and over SSH) and schedules against a real daemon and VM.
 func TestHarnessEndToEnd(t *testing.T) {
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\nrun_timeout = \"3s\"\n"), 0o644)
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\nrun_timeout = \"3s\"\n"), 0o644)
 	addr := freeAddr(t)
-	e.startDaemon("--ssh", addr)
-	e.ok("create", "h")
+	e.StartDaemon("--ssh", addr)
+	e.OK("create", "h")
 
-	e.subtest(t, "runs", func(t *testing.T) {
-		id := strings.TrimSpace(e.ok("run", "start", "h", "--title", "build"))
-		e.ok("exec", "--run", id, "h", "--", "sh", "-c", "echo one")
-		e.runIn("12345678", "put", "--run", id, "h", "-", "run.txt")
+	e.Subtest(t, "runs", func(t *testing.T) {
+		id := strings.TrimSpace(e.OK("run", "start", "h", "--title", "build"))
+		e.OK("exec", "--run", id, "h", "--", "sh", "-c", "echo one")
+		e.RunIn("12345678", "put", "--run", id, "h", "-", "run.txt")
 		var r session.Run
 		for _, x := range e.runs("h") {
 			if x.ID == id {
@@ -138,14 +138,14 @@ func TestHarnessEndToEnd(t *testing.T) {
 		if r.Title != "build" || r.By != "cli" || r.Executions != 1 || r.BytesWritten != 8 || r.Status != session.RunOpen {
 			t.Errorf("run = %+v, want build by cli, 1 execution, 8 bytes, open", r)
 		}
-		e.ok("run", "end", id, "--status", "ok")
-		e.fails("already ended", "run", "end", id)
-		e.fails("has ended", "exec", "--run", id, "h", "--", "true")
+		e.OK("run", "end", id, "--status", "ok")
+		e.Fails("already ended", "run", "end", id)
+		e.Fails("has ended", "exec", "--run", id, "h", "--", "true")
 
 		// A run left open with a command in it: the command goes on, the
 		// run is abandoned once it is over and the run timeout passed.
-		left := strings.TrimSpace(e.ok("run", "start", "h"))
-		xid := strings.TrimSpace(e.ok("exec", "--run", left, "--detach", "h", "--", "sh", "-c", "sleep 2; echo late > late.txt"))
+		left := strings.TrimSpace(e.OK("run", "start", "h"))
+		xid := strings.TrimSpace(e.OK("exec", "--run", left, "--detach", "h", "--", "sh", "-c", "sleep 2; echo late > late.txt"))
 		time.Sleep(2500 * time.Millisecond) // past the run timeout, the command still in it
 		e.eventually("the left run abandoned", 20*time.Second, func() bool {
 			for _, x := range e.runs("h") {
@@ -158,19 +158,19 @@ func TestHarnessEndToEnd(t *testing.T) {
 			}
 			return false
 		})
-		for _, x := range e.execs("h") {
+		for _, x := range e.Execs("h") {
 			if x.ID == xid && (x.State != session.ExecExited || *x.ExitCode != 0) {
 				t.Errorf("the run's command ended %s, want it to run to its end", x.State)
 			}
 		}
-		if got := e.ok("cat", "h", "late.txt"); got != "late\n" {
+		if got := e.OK("cat", "h", "late.txt"); got != "late\n" {
 			t.Errorf("late.txt = %q", got)
 		}
 	})
 
-	e.subtest(t, "mcp over stdio", func(t *testing.T) {
+	e.Subtest(t, "mcp over stdio", func(t *testing.T) {
 		client := mcp.NewClient(&mcp.Implementation{Name: "e2e-agent", Version: "1"}, nil)
-		cs, err := client.Connect(t.Context(), &mcp.CommandTransport{Command: e.cmd("mcp", "--session", "h")}, nil)
+		cs, err := client.Connect(t.Context(), &mcp.CommandTransport{Command: e.Cmd("mcp", "--session", "h")}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,7 +210,7 @@ func TestHarnessEndToEnd(t *testing.T) {
 		if isErr, msg, _ := callTool(t, cs, "edit_file", map[string]any{"path": "e.txt", "old_string": "b\na", "new_string": "B"}); isErr {
 			t.Errorf("edit_file exact: %s", msg)
 		}
-		if got := e.ok("cat", "h", "e.txt"); got != "a\nB\n" {
+		if got := e.OK("cat", "h", "e.txt"); got != "a\nB\n" {
 			t.Errorf("after the edits e.txt = %q, want a, B", got)
 		}
 		if isErr, msg, _ := callTool(t, cs, "exec", map[string]any{"session": "zz", "command": "true"}); !isErr || !strings.Contains(msg, `works on session "h" only`) {
@@ -242,18 +242,18 @@ func TestHarnessEndToEnd(t *testing.T) {
 			}
 			return false
 		})
-		if got := e.ok("cat", "h", "gone.txt"); got != "done\n" {
+		if got := e.OK("cat", "h", "gone.txt"); got != "done\n" {
 			t.Errorf("the command of a client that went away: gone.txt = %q", got)
 		}
 	})
 
-	e.subtest(t, "mcp over ssh", func(t *testing.T) {
+	e.Subtest(t, "mcp over ssh", func(t *testing.T) {
 		dial := func(role string) *gossh.Client {
 			_, priv, _ := ed25519.GenerateKey(rand.Reader)
 			signer, _ := gossh.NewSignerFromKey(priv)
 			pub := filepath.Join(t.TempDir(), role+".pub")
 			os.WriteFile(pub, []byte(strings.TrimSpace(string(gossh.MarshalAuthorizedKey(signer.PublicKey())))+" "+role+"@e2e\n"), 0o644)
-			e.ok("ssh", "add-key", "--role", role, pub)
+			e.OK("ssh", "add-key", "--role", role, pub)
 			c, err := gossh.Dial("tcp", addr, &gossh.ClientConfig{User: "berth", Auth: []gossh.AuthMethod{gossh.PublicKeys(signer)},
 				HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second})
 			if err != nil {
@@ -294,18 +294,18 @@ func TestHarnessEndToEnd(t *testing.T) {
 		if isErr, msg, out := callTool(t, op, "exec", map[string]any{"command": "echo $((6*7))"}); isErr || out["stdout"] != "42\n" {
 			t.Errorf("exec as an operator over SSH = %v %q %v", isErr, msg, out)
 		}
-		found := slices.ContainsFunc(e.execs("h"), func(x session.Execution) bool { return x.By == "ssh:operator@e2e" })
+		found := slices.ContainsFunc(e.Execs("h"), func(x session.Execution) bool { return x.By == "ssh:operator@e2e" })
 		if !found {
 			t.Errorf("no execution recorded as ssh:operator@e2e")
 		}
 	})
 
-	e.subtest(t, "schedule fires on a running session", func(t *testing.T) {
-		e.fails("day-of-week field", "schedule", "add", "h", "* * * * 8", "--", "true")
-		e.fails("below the minimum", "schedule", "add", "h", "@every 0s", "--", "true")
-		id := strings.TrimSpace(e.ok("schedule", "add", "h", "@every 2s", "--", "sh", "-c", "echo tick"))
+	e.Subtest(t, "schedule fires on a running session", func(t *testing.T) {
+		e.Fails("day-of-week field", "schedule", "add", "h", "* * * * 8", "--", "true")
+		e.Fails("below the minimum", "schedule", "add", "h", "@every 0s", "--", "true")
+		id := strings.TrimSpace(e.OK("schedule", "add", "h", "@every 2s", "--", "sh", "-c", "echo tick"))
 		e.eventually("two firings", 15*time.Second, func() bool { return len(e.schedExecs("h", id)) >= 2 })
-		e.ok("schedule", "rm", "h", id)
+		e.OK("schedule", "rm", "h", id)
 		runs := 0
 		for _, r := range e.runs("h") {
 			if r.Schedule == id {
@@ -320,10 +320,10 @@ func TestHarnessEndToEnd(t *testing.T) {
 		}
 	})
 
-	e.subtest(t, "schedule skips while the previous one runs", func(t *testing.T) {
-		id := strings.TrimSpace(e.ok("schedule", "add", "h", "@every 2s", "--overlap", "skip", "--", "sleep", "5"))
+	e.Subtest(t, "schedule skips while the previous one runs", func(t *testing.T) {
+		id := strings.TrimSpace(e.OK("schedule", "add", "h", "@every 2s", "--overlap", "skip", "--", "sleep", "5"))
 		time.Sleep(9 * time.Second)
-		e.ok("schedule", "rm", "h", id)
+		e.OK("schedule", "rm", "h", id)
 		xs := e.schedExecs("h", id)
 		if len(xs) < 1 || len(xs) > 2 {
 			t.Errorf("%d firings of a 5s command every 2s in 9s under skip, want 1 or 2", len(xs))
@@ -333,7 +333,7 @@ func TestHarnessEndToEnd(t *testing.T) {
 				t.Errorf("firings overlap under skip: %s started before %s ended", xs[i].ID, xs[i-1].ID)
 			}
 		}
-		out := e.ok("events", "h")
+		out := e.OK("events", "h")
 		if !strings.Contains(out, "schedule "+id+" skipped") {
 			t.Errorf("timeline does not show the skip:\n%s", out)
 		}
@@ -347,37 +347,37 @@ func TestHarnessEndToEnd(t *testing.T) {
 		})
 	})
 
-	e.subtest(t, "schedule wakes a sleeping session", func(t *testing.T) {
-		e.ok("sleep", "h")
-		e.waitState("h", session.StateSleeping, 30*time.Second)
-		id := strings.TrimSpace(e.ok("schedule", "add", "h", "@every 2s", "--", "touch", "woke.txt"))
+	e.Subtest(t, "schedule wakes a sleeping session", func(t *testing.T) {
+		e.OK("sleep", "h")
+		e.WaitState("h", session.StateSleeping, 30*time.Second)
+		id := strings.TrimSpace(e.OK("schedule", "add", "h", "@every 2s", "--", "touch", "woke.txt"))
 		e.eventually("a firing in the woken session", 40*time.Second, func() bool {
 			xs := e.schedExecs("h", id)
 			return len(xs) > 0 && xs[0].State == session.ExecExited
 		})
-		e.ok("schedule", "rm", "h", id)
-		if s := e.info("h"); s.State != session.StateRunning {
+		e.OK("schedule", "rm", "h", id)
+		if s := e.Info("h"); s.State != session.StateRunning {
 			t.Errorf("after the firing the session is %s, want running", s.State)
 		}
-		e.ok("cat", "h", "woke.txt")
+		e.OK("cat", "h", "woke.txt")
 	})
 
-	e.subtest(t, "schedule survives a daemon kill -9 without firing twice", func(t *testing.T) {
-		id := strings.TrimSpace(e.ok("schedule", "add", "h", "@every 2s", "--overlap", "skip", "--", "sh", "-c", "echo start >> k.txt; sleep 1; echo end >> k.txt"))
+	e.Subtest(t, "schedule survives a daemon kill -9 without firing twice", func(t *testing.T) {
+		id := strings.TrimSpace(e.OK("schedule", "add", "h", "@every 2s", "--overlap", "skip", "--", "sh", "-c", "echo start >> k.txt; sleep 1; echo end >> k.txt"))
 		e.eventually("a firing running", 15*time.Second, func() bool {
 			xs := e.schedExecs("h", id)
 			return len(xs) > 0 && xs[len(xs)-1].State == session.ExecRunning
 		})
-		e.daemon.Process.Signal(syscall.SIGKILL)
-		e.daemon.Wait()
-		e.daemon = nil
+		e.Daemon.Process.Signal(syscall.SIGKILL)
+		e.Daemon.Wait()
+		e.Daemon = nil
 		time.Sleep(4500 * time.Millisecond) // two ticks fall due while it is down
 		restarted := time.Now()
-		e.startDaemon("--ssh", addr)
+		e.StartDaemon("--ssh", addr)
 		e.eventually("the missed firing", 15*time.Second, func() bool {
 			return slices.ContainsFunc(e.schedExecs("h", id), func(x session.Execution) bool { return x.StartedAt.After(restarted) })
 		})
-		e.ok("schedule", "rm", "h", id)
+		e.OK("schedule", "rm", "h", id)
 		e.eventually("every firing over", 15*time.Second, func() bool {
 			for _, x := range e.schedExecs("h", id) {
 				if !x.State.Done() {
@@ -404,21 +404,21 @@ func TestHarnessEndToEnd(t *testing.T) {
 		if caughtUp < 1 || caughtUp > 2 {
 			t.Errorf("%d firings after the restart, want the missed ticks run once", caughtUp)
 		}
-		if n := strings.Count(e.ok("events", "h"), "schedule "+id+" was due at"); n != 1 {
+		if n := strings.Count(e.OK("events", "h"), "schedule "+id+" was due at"); n != 1 {
 			t.Errorf("the timeline says %d times that a missed firing runs, want once", n)
 		}
-		k := e.ok("cat", "h", "k.txt")
+		k := e.OK("cat", "h", "k.txt")
 		if starts, ends := strings.Count(k, "start"), strings.Count(k, "end"); starts != len(xs) || ends != len(xs) {
 			t.Errorf("k.txt has %d starts and %d ends for %d recorded firings", starts, ends, len(xs))
 		}
-		if out := e.ok("events", "h"); !strings.Contains(out, "while the daemon was down: running it once now") {
+		if out := e.OK("events", "h"); !strings.Contains(out, "while the daemon was down: running it once now") {
 			t.Errorf("the timeline does not say the missed firing was caught up:\n%s", out)
 		}
 	})
 
-	e.subtest(t, "a stopped session holds its schedules", func(t *testing.T) {
-		id := strings.TrimSpace(e.ok("schedule", "add", "h", "@every 1s", "--", "true"))
-		e.ok("stop", "h")
+	e.Subtest(t, "a stopped session holds its schedules", func(t *testing.T) {
+		id := strings.TrimSpace(e.OK("schedule", "add", "h", "@every 1s", "--", "true"))
+		e.OK("stop", "h")
 		before := len(e.schedExecs("h", id))
 		time.Sleep(3 * time.Second)
 		if after := len(e.schedExecs("h", id)); after != before {
@@ -428,12 +428,12 @@ func TestHarnessEndToEnd(t *testing.T) {
 		if len(scs) != 1 || !strings.Contains(scs[0].Held, "stopped") {
 			t.Errorf("schedule ls of a stopped session = %+v, want it held", scs)
 		}
-		if out := e.ok("schedule", "ls", "h"); !strings.Contains(out, "held: session is stopped") {
+		if out := e.OK("schedule", "ls", "h"); !strings.Contains(out, "held: session is stopped") {
 			t.Errorf("schedule ls:\n%s", out)
 		}
-		e.ok("delete", "h", "--yes")
-		if out := e.run("schedule", "ls", "h"); out.code == 0 {
-			t.Errorf("schedule ls after delete succeeded: %q", out.stdout)
+		e.OK("delete", "h", "--yes")
+		if out := e.Run("schedule", "ls", "h"); out.Code == 0 {
+			t.Errorf("schedule ls after delete succeeded: %q", out.Stdout)
 		}
 	})
 }

@@ -62,39 +62,39 @@ func TestImportEndToEnd(t *testing.T) {
 	}
 	t.Setenv("BERTH_NO_TEMPLATES", "1")
 	e := newEnvAt(t, data)
-	e.startDaemon()
+	e.StartDaemon()
 	images := filepath.Join(data, "images")
 
-	e.subtest(t, "truncated archive", func(t *testing.T) {
+	e.Subtest(t, "truncated archive", func(t *testing.T) {
 		cut := archive[:len(archive)*2/3]
-		r := e.runIn(string(cut), "image", "import", "-", "--name", "bad")
-		if r.code == 0 || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 || !strings.Contains(r.stderr, "truncated") {
-			t.Errorf("import of a truncated archive: exit %d, stderr %q; want one line saying it is truncated", r.code, r.stderr)
+		r := e.RunIn(string(cut), "image", "import", "-", "--name", "bad")
+		if r.Code == 0 || strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 || !strings.Contains(r.Stderr, "truncated") {
+			t.Errorf("import of a truncated archive: exit %d, stderr %q; want one line saying it is truncated", r.Code, r.Stderr)
 		}
 		file := filepath.Join(t.TempDir(), "cut.tar")
 		os.WriteFile(file, cut, 0o644)
-		e.fails("truncated", "image", "import", file, "--name", "bad")
-		e.fails("--name NAME is required", "image", "import", file)
-		if strings.Contains(e.ok("image", "ls"), "bad") {
+		e.Fails("truncated", "image", "import", file, "--name", "bad")
+		e.Fails("--name NAME is required", "image", "import", file)
+		if strings.Contains(e.OK("image", "ls"), "bad") {
 			t.Error("image ls lists the failed import")
 		}
 		leftovers(t, images)
 	})
 
-	e.subtest(t, "import from standard input", func(t *testing.T) {
+	e.Subtest(t, "import from standard input", func(t *testing.T) {
 		start := time.Now()
-		r := e.runIn(string(archive), "image", "import", "-", "--name", "bb")
-		if r.code != 0 {
-			t.Fatalf("image import: exit %d: %s%s\ndaemon log:\n%s", r.code, r.stdout, r.stderr, e.daemonLog())
+		r := e.RunIn(string(archive), "image", "import", "-", "--name", "bb")
+		if r.Code != 0 {
+			t.Fatalf("image import: exit %d: %s%s\ndaemon log:\n%s", r.Code, r.Stdout, r.Stderr, e.DaemonLog())
 		}
-		t.Logf("import took %s:\n%s", time.Since(start), r.stdout)
+		t.Logf("import took %s:\n%s", time.Since(start), r.Stdout)
 		for _, want := range []string{"layer 1 of 2", "layer 2 of 2", "imported docker-archive:-", "as image bb", "commands start in /workspace/src"} {
-			if !strings.Contains(r.stdout, want) {
-				t.Errorf("the import's output does not say %q:\n%s", want, r.stdout)
+			if !strings.Contains(r.Stdout, want) {
+				t.Errorf("the import's output does not say %q:\n%s", want, r.Stdout)
 			}
 		}
 		var list []session.ImageInfo
-		if err := json.Unmarshal([]byte(e.ok("image", "ls", "--json")), &list); err != nil {
+		if err := json.Unmarshal([]byte(e.OK("image", "ls", "--json")), &list); err != nil {
 			t.Fatal(err)
 		}
 		var got *session.ImageInfo
@@ -107,31 +107,31 @@ func TestImportEndToEnd(t *testing.T) {
 			got.Config == nil || got.Config.WorkingDir != "/workspace/src" {
 			t.Errorf("image ls --json: %+v; want bb from docker-archive:- with digest %s, 2 layers", got, id)
 		}
-		if ls := e.ok("image", "ls"); !strings.Contains(ls, "docker-archive:- "+id.String()[:len("sha256:")+12]) {
+		if ls := e.OK("image", "ls"); !strings.Contains(ls, "docker-archive:- "+id.String()[:len("sha256:")+12]) {
 			t.Errorf("image ls does not show the source and its digest:\n%s", ls)
 		}
 	})
 
-	e.ok("create", "s1", "--image", "bb", "--memory", "256M", "--disk", "64M")
-	e.subtest(t, "the image's config applied", func(t *testing.T) {
-		out := e.ok("exec", "s1", "--", "sh", "-c", `echo "$GREETING"; pwd; cat /etc/motd; test -e /etc/gone || echo whiteout applied`)
+	e.OK("create", "s1", "--image", "bb", "--memory", "256M", "--disk", "64M")
+	e.Subtest(t, "the image's config applied", func(t *testing.T) {
+		out := e.OK("exec", "s1", "--", "sh", "-c", `echo "$GREETING"; pwd; cat /etc/motd; test -e /etc/gone || echo whiteout applied`)
 		if want := "hello from the image\n/workspace/src\nfrom layer 2\nwhiteout applied\n"; out != want {
 			t.Errorf("exec printed %q, want %q", out, want)
 		}
-		env := e.ok("exec", "s1", "--env", "MODE=mine", "--", "env")
+		env := e.OK("exec", "s1", "--env", "MODE=mine", "--", "env")
 		for _, want := range []string{"GREETING=hello from the image", "PATH=/bin", "MODE=mine"} {
 			if !strings.Contains(env, want+"\n") {
 				t.Errorf("env does not have %s:\n%s", want, env)
 			}
 		}
-		if out := e.ok("exec", "s1", "--env", "GREETING=mine", "--", "sh", "-c", `echo "$GREETING"`); out != "mine\n" {
+		if out := e.OK("exec", "s1", "--env", "GREETING=mine", "--", "sh", "-c", `echo "$GREETING"`); out != "mine\n" {
 			t.Errorf("a command's own variable: %q, want it over the image's", out)
 		}
 	})
-	e.subtest(t, "image rm refused while used", func(t *testing.T) {
-		e.fails("used by s1", "image", "rm", "bb")
+	e.Subtest(t, "image rm refused while used", func(t *testing.T) {
+		e.Fails("used by s1", "image", "rm", "bb")
 	})
-	e.subtest(t, "a recipe on the imported image", func(t *testing.T) {
+	e.Subtest(t, "a recipe on the imported image", func(t *testing.T) {
 		dir := t.TempDir()
 		recipe := filepath.Join(dir, "bb-plus.toml")
 		os.WriteFile(filepath.Join(dir, "note"), []byte("a file of the recipe\n"), 0o644)
@@ -142,34 +142,34 @@ run = ["echo \"built with $GREETING\" > /etc/berth-recipe"]
 `), 0o644)
 		bad := filepath.Join(dir, "bad.toml")
 		os.WriteFile(bad, []byte("name = \"bad\"\nbase = \"image:nosuch\"\nrun = [\"true\"]\n"), 0o644)
-		e.fails(`base image "nosuch"`, "image", "build", "--recipe", bad)
-		out := e.ok("image", "build", "--recipe", recipe)
+		e.Fails(`base image "nosuch"`, "image", "build", "--recipe", bad)
+		out := e.OK("image", "build", "--recipe", recipe)
 		if !strings.Contains(out, "on image bb") {
 			t.Errorf("the build does not say what it built on:\n%s", out)
 		}
-		e.ok("create", "s2", "--image", "bb-plus", "--memory", "256M", "--disk", "64M")
+		e.OK("create", "s2", "--image", "bb-plus", "--memory", "256M", "--disk", "64M")
 		// The setup step saw the base's Env; the session has the base's
 		// layers (its whiteout too) and the recipe's.
-		got := e.ok("exec", "s2", "--", "sh", "-c", `cat /etc/berth-recipe /etc/note /etc/motd; test -e /etc/gone || echo whiteout kept; pwd`)
+		got := e.OK("exec", "s2", "--", "sh", "-c", `cat /etc/berth-recipe /etc/note /etc/motd; test -e /etc/gone || echo whiteout kept; pwd`)
 		if want := "built with hello from the image\na file of the recipe\nfrom layer 2\nwhiteout kept\n/workspace/src\n"; got != want {
 			t.Errorf("a session of the recipe's image printed %q, want %q", got, want)
 		}
-		if out := e.ok("exec", "s1", "--", "sh", "-c", "test -e /etc/berth-recipe && echo changed || echo untouched"); out != "untouched\n" {
+		if out := e.OK("exec", "s1", "--", "sh", "-c", "test -e /etc/berth-recipe && echo changed || echo untouched"); out != "untouched\n" {
 			t.Errorf("the base image's session sees the recipe's layer: %q", out)
 		}
-		e.ok("delete", "s2", "--yes")
-		e.ok("image", "rm", "bb-plus")
+		e.OK("delete", "s2", "--yes")
+		e.OK("image", "rm", "bb-plus")
 	})
-	e.subtest(t, "a second import reuses the layers", func(t *testing.T) {
+	e.Subtest(t, "a second import reuses the layers", func(t *testing.T) {
 		file := filepath.Join(t.TempDir(), "bb.tar")
 		os.WriteFile(file, archive, 0o644)
-		out := e.ok("image", "import", file, "--name", "bb")
+		out := e.OK("image", "import", file, "--name", "bb")
 		if !strings.Contains(out, "2 reused") || !strings.Contains(out, "docker-archive:"+file) {
 			t.Errorf("a second import of the same image:\n%s\nwant its 2 layers reused, from %s", out, file)
 		}
 	})
-	e.ok("delete", "s1", "--yes")
-	e.ok("image", "rm", "bb")
+	e.OK("delete", "s1", "--yes")
+	e.OK("image", "rm", "bb")
 	leftovers(t, images)
 }
 

@@ -71,17 +71,17 @@ func series(fams map[string]*dto.MetricFamily, name string, want ...string) (flo
 }
 
 func (e *env) stats(name string) cli.StatsRow {
-	e.t.Helper()
+	e.T.Helper()
 	var rows []cli.StatsRow
-	if err := json.Unmarshal([]byte(e.ok("stats", name, "--no-stream", "--json")), &rows); err != nil || len(rows) != 1 {
-		e.t.Fatalf("stats --json: %v %+v", err, rows)
+	if err := json.Unmarshal([]byte(e.OK("stats", name, "--no-stream", "--json")), &rows); err != nil || len(rows) != 1 {
+		e.T.Fatalf("stats --json: %v %+v", err, rows)
 	}
 	return rows[0]
 }
 
 // sampledAfter waits for a sample of name taken after t.
 func (e *env) sampledAfter(name string, t time.Time) cli.StatsRow {
-	e.t.Helper()
+	e.T.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		r := e.stats(name)
@@ -89,7 +89,7 @@ func (e *env) sampledAfter(name string, t time.Time) cli.StatsRow {
 			return r
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("no sample of %s after %s: %+v", name, t, r)
+			e.T.Fatalf("no sample of %s after %s: %+v", name, t, r)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -107,9 +107,9 @@ func TestMetricsEndToEnd(t *testing.T) {
 	}
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	ln.Close()
-	e.startDaemon("--metrics", port)
+	e.StartDaemon("--metrics", port)
 	base := "http://127.0.0.1:" + port
-	e.ok("create", "mx")
+	e.OK("create", "mx")
 	before := e.sampledAfter("mx", time.Time{})
 	// A second sample: rates need two.
 	before = e.sampledAfter("mx", before.Live.Time)
@@ -120,10 +120,10 @@ func TestMetricsEndToEnd(t *testing.T) {
 	}
 	w0, _ := series(fams, "berth_session_disk_written_bytes_total", "session", "mx", "disk", "workspace")
 
-	e.subtest(t, "figures move", func(t *testing.T) {
+	e.Subtest(t, "figures move", func(t *testing.T) {
 		start := time.Now()
-		e.ok("exec", "mx", "--", "sh", "-c", "end=$(($(date +%s)+6)); while [ $(date +%s) -lt $end ]; do :; done")
-		e.ok("exec", "mx", "--", "sh", "-c", "dd if=/dev/urandom of=/workspace/big bs=1M count=32 2>/dev/null && sync")
+		e.OK("exec", "mx", "--", "sh", "-c", "end=$(($(date +%s)+6)); while [ $(date +%s) -lt $end ]; do :; done")
+		e.OK("exec", "mx", "--", "sh", "-c", "dd if=/dev/urandom of=/workspace/big bs=1M count=32 2>/dev/null && sync")
 		busy := time.Since(start)
 		e.sampledAfter("mx", time.Now())
 		fams := scrape(t, base)
@@ -158,7 +158,7 @@ func TestMetricsEndToEnd(t *testing.T) {
 		}
 	})
 
-	e.subtest(t, "stats matches metrics", func(t *testing.T) {
+	e.Subtest(t, "stats matches metrics", func(t *testing.T) {
 		// A scrape between two stats calls that saw the same sample must
 		// show that sample's figures exactly.
 		for range 10 {
@@ -190,8 +190,8 @@ func TestMetricsEndToEnd(t *testing.T) {
 		t.Fatalf("no two stats calls saw the same sample")
 	})
 
-	e.subtest(t, "events follow json", func(t *testing.T) {
-		c := e.cmd("events", "--follow", "--json")
+	e.Subtest(t, "events follow json", func(t *testing.T) {
+		c := e.Cmd("events", "--follow", "--json")
 		out, err := c.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -202,8 +202,8 @@ func TestMetricsEndToEnd(t *testing.T) {
 		defer func() { c.Process.Kill(); c.Wait() }()
 		time.Sleep(time.Second) // the watch is up, the timeline printed
 		since := time.Now()
-		e.ok("exec", "mx", "--", "echo", "followed")
-		e.ok("flush", "mx")
+		e.OK("exec", "mx", "--", "echo", "followed")
+		e.OK("flush", "mx")
 		lines := bufio.NewScanner(out)
 		var seqs []uint64
 		var kinds []string
@@ -233,8 +233,8 @@ func TestMetricsEndToEnd(t *testing.T) {
 		}
 	})
 
-	e.subtest(t, "sleeping is not sampled, a wake is timed", func(t *testing.T) {
-		e.ok("sleep", "mx")
+	e.Subtest(t, "sleeping is not sampled, a wake is timed", func(t *testing.T) {
+		e.OK("sleep", "mx")
 		fams := scrape(t, base)
 		if _, ok := series(fams, "berth_session_cpu_seconds_total", "session", "mx"); ok {
 			t.Errorf("a sleeping session has a CPU series")
@@ -245,7 +245,7 @@ func TestMetricsEndToEnd(t *testing.T) {
 		if r := e.stats("mx"); r.Live != nil {
 			t.Errorf("a sleeping session has live figures: %+v", r.Live)
 		}
-		e.ok("exec", "mx", "--", "true") // wakes it
+		e.OK("exec", "mx", "--", "true") // wakes it
 		if n, _ := series(scrape(t, base), "berth_session_wake_duration_seconds"); n != 1 {
 			t.Errorf("wake histogram count %v, want 1", n)
 		}
@@ -253,12 +253,12 @@ func TestMetricsEndToEnd(t *testing.T) {
 		e.sampledAfter("mx", time.Now())
 	})
 
-	e.subtest(t, "VMM dies between samples", func(t *testing.T) {
-		pid := e.vmmPid("mx")
+	e.Subtest(t, "VMM dies between samples", func(t *testing.T) {
+		pid := e.VMMPid("mx")
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		e.waitState("mx", session.StateCrashed, time.Minute)
+		e.WaitState("mx", session.StateCrashed, time.Minute)
 		fams := scrape(t, base)
 		if _, ok := series(fams, "berth_session_cpu_seconds_total", "session", "mx"); ok {
 			t.Errorf("a crashed session still has a CPU series")
@@ -279,6 +279,6 @@ func TestMetricsEndToEnd(t *testing.T) {
 			t.Errorf("/healthz: %d %s", resp.StatusCode, b)
 		}
 	})
-	e.ok("delete", "mx", "--yes")
+	e.OK("delete", "mx", "--yes")
 
 }

@@ -73,16 +73,16 @@ func TestBenchNet(t *testing.T) {
 	hp := strconv.Itoa(up.Listener.Addr().(*net.TCPAddr).Port)
 
 	e := newEnv(t)
-	e.startDaemon()
-	e.ok("create", "nb", "--disk", "256M", "--net", "allow:host.berth.internal:"+hp)
+	e.StartDaemon()
+	e.OK("create", "nb", "--disk", "256M", "--net", "allow:host.berth.internal:"+hp)
 
 	start := time.Now()
-	e.ok("exec", "nb", "--", "wget", "-q", "-O", "/dev/null", "http://host.berth.internal:"+hp+"/big")
+	e.OK("exec", "nb", "--", "wget", "-q", "-O", "/dev/null", "http://host.berth.internal:"+hp+"/big")
 	egress := time.Since(start)
 	t.Logf("BENCH %-40s %7.0f MB/s vs raw %7.0f MB/s  ratio %.2fx  (target ≥ 0.5x)", "egress: 100 MB download via the proxy", mbs(egress), mbs(raw), mbs(egress)/mbs(raw))
 
 	// Port-forward: a busybox httpd on the guest's loopback.
-	e.ok("exec", "nb", "--", "sh", "-c", "mkdir -p /workspace/www && echo hi > /workspace/www/index.html && "+
+	e.OK("exec", "nb", "--", "sh", "-c", "mkdir -p /workspace/www && echo hi > /workspace/www/index.html && "+
 		"dd if=/dev/zero of=/workspace/www/big bs=1M count=100 2>/dev/null && httpd -p 127.0.0.1:8080 -h /workspace/www </dev/null >/dev/null 2>&1")
 	fw := e.portForward("nb", fmt.Sprintf("%d:8080", freePort(t)))
 	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -97,7 +97,7 @@ func TestBenchNet(t *testing.T) {
 		resp.Body.Close()
 		fwdRT = append(fwdRT, time.Since(start))
 		start = time.Now()
-		e.ok("exec", "nb", "--", "true")
+		e.OK("exec", "nb", "--", "true")
 		execRT = append(execRT, time.Since(start))
 	}
 	t.Logf("BENCH %-40s %10s vs exec %10s  ratio %.2fx  (target ≤ 1x)", "port-forward HTTP round trip p50", median(fwdRT).Round(time.Microsecond), median(execRT).Round(time.Microsecond), float64(median(fwdRT))/float64(median(execRT)))
@@ -105,10 +105,10 @@ func TestBenchNet(t *testing.T) {
 	// without the proxy: busybox wget from the guest's own httpd, and
 	// 100 MB sent to a command's stdin over the agent channel.
 	start = time.Now()
-	e.ok("exec", "nb", "--", "wget", "-Y", "off", "-q", "-O", "/dev/null", "http://127.0.0.1:8080/big")
+	e.OK("exec", "nb", "--", "wget", "-Y", "off", "-q", "-O", "/dev/null", "http://127.0.0.1:8080/big")
 	localWget := time.Since(start)
 	start = time.Now()
-	e.runIn(string(make([]byte, size)), "exec", "nb", "--", "sh", "-c", "cat > /dev/null")
+	e.RunIn(string(make([]byte, size)), "exec", "nb", "--", "sh", "-c", "cat > /dev/null")
 	stdin := time.Since(start)
 	t.Logf("BENCH %-40s %7.0f MB/s; 100 MB to a command's stdin (host to guest) %7.0f MB/s  (context)", "guest wget from guest httpd", mbs(localWget), mbs(stdin))
 	start = time.Now()
@@ -128,16 +128,16 @@ func TestBenchNet(t *testing.T) {
 	// load on the guest's own loopback (no proxy), and the daemon's CPU.
 	load := func(flags, url string) time.Duration {
 		start := time.Now()
-		out := e.ok("exec", "nb", "--", "sh", "-c", "for i in $(seq 50); do (for j in $(seq 20); do wget "+flags+" -q -O /dev/null "+url+" || echo fail; done) & done; wait")
+		out := e.OK("exec", "nb", "--", "sh", "-c", "for i in $(seq 50); do (for j in $(seq 20); do wget "+flags+" -q -O /dev/null "+url+" || echo fail; done) & done; wait")
 		if n := strings.Count(out, "fail"); n > 0 {
 			t.Fatalf("%d of 1000 requests to %s failed", n, url)
 		}
 		return time.Since(start)
 	}
 	local := load("-Y off", "http://127.0.0.1:8080/")
-	cpu0 := daemonCPU(t, e.daemon.Process.Pid)
+	cpu0 := daemonCPU(t, e.Daemon.Process.Pid)
 	proxied := load("", "http://host.berth.internal:"+hp+"/small")
-	cpu := daemonCPU(t, e.daemon.Process.Pid) - cpu0
+	cpu := daemonCPU(t, e.Daemon.Process.Pid) - cpu0
 	cps := func(d time.Duration) float64 { return 1000 / d.Seconds() }
 	t.Logf("BENCH %-40s %7.0f conn/s vs guest-local %7.0f conn/s  ratio %.2fx  daemon CPU %.0f%% (%.2f ms/conn)  (report)", "egress connections, 50 concurrent", cps(proxied), cps(local), cps(proxied)/cps(local), 100*cpu.Seconds()/proxied.Seconds(), float64(cpu.Microseconds())/1000/1000)
 }

@@ -110,43 +110,43 @@ func TestNetDebian(t *testing.T) {
 	tp := strconv.Itoa(tlsSrv.Listener.Addr().(*net.TCPAddr).Port)
 	ip := strconv.Itoa(index.Listener.Addr().(*net.TCPAddr).Port)
 	t.Setenv("BERTH_TEST_HOSTS", testHosts)
-	e.startDaemon()
+	e.StartDaemon()
 	policy := "allow:host.berth.internal:" + tp + ",host.berth.internal:" + ip
-	e.ok("create", "deb", "--image", "debian", "--disk", "256M", "--net", policy)
+	e.OK("create", "deb", "--image", "debian", "--disk", "256M", "--net", policy)
 	ca := filepath.Join(t.TempDir(), "ca.pem")
 	os.WriteFile(ca, caPEM, 0o644)
-	e.ok("put", "deb", ca, "ca.pem")
+	e.OK("put", "deb", ca, "ca.pem")
 	allowed := "https://host.berth.internal:" + tp + "/ok"
 	denied := "https://pkgs.test:" + tp + "/no"
 	deniedMsg := "berth: egress to pkgs.test:" + tp + " is not allowed for session deb (policy: " + policy + ")"
 
-	e.subtest(t, "curl, wget and urllib reach an allowed HTTPS server through the proxy", func(t *testing.T) {
+	e.Subtest(t, "curl, wget and urllib reach an allowed HTTPS server through the proxy", func(t *testing.T) {
 		for _, argv := range [][]string{
 			{"curl", "-sS", "--cacert", "/workspace/ca.pem", allowed},
 			{"wget", "-q", "-O-", "--ca-certificate=/workspace/ca.pem", allowed},
 			{"python3", "-c", "import ssl, urllib.request; print(urllib.request.urlopen('" + allowed + "', context=ssl.create_default_context(cafile='/workspace/ca.pem')).read().decode(), end='')"},
 		} {
-			if out := e.ok(append([]string{"exec", "deb", "--"}, argv...)...); out != "tls says /ok" {
+			if out := e.OK(append([]string{"exec", "deb", "--"}, argv...)...); out != "tls says /ok" {
 				t.Errorf("%s: %q", argv[0], out)
 			}
 		}
 	})
 
-	e.subtest(t, "denied entries are refused with the message", func(t *testing.T) {
+	e.Subtest(t, "denied entries are refused with the message", func(t *testing.T) {
 		for _, argv := range [][]string{
 			{"sh", "-c", "curl -sS -v --cacert /workspace/ca.pem " + denied + " 2>&1"},
 			{"sh", "-c", "wget -O- --ca-certificate=/workspace/ca.pem " + denied + " 2>&1"},
 			{"sh", "-c", "python3 -c \"import urllib.request; urllib.request.urlopen('" + denied + "')\" 2>&1"},
 		} {
-			r := e.run(append([]string{"exec", "deb", "--"}, argv...)...)
-			if r.code == 0 || !strings.Contains(r.stdout, deniedMsg) {
-				t.Errorf("%s: exit %d, output:\n%s\nwant a failure showing %q", argv[2], r.code, r.stdout, deniedMsg)
+			r := e.Run(append([]string{"exec", "deb", "--"}, argv...)...)
+			if r.Code == 0 || !strings.Contains(r.Stdout, deniedMsg) {
+				t.Errorf("%s: exit %d, output:\n%s\nwant a failure showing %q", argv[2], r.Code, r.Stdout, deniedMsg)
 			}
 		}
 	})
 
-	e.subtest(t, "pip install of a wheel from an index on host loopback", func(t *testing.T) {
-		out := e.ok("exec", "deb", "--", "sh", "-c", "pip install -q --no-cache-dir --disable-pip-version-check --break-system-packages --target /workspace/pp "+
+	e.Subtest(t, "pip install of a wheel from an index on host loopback", func(t *testing.T) {
+		out := e.OK("exec", "deb", "--", "sh", "-c", "pip install -q --no-cache-dir --disable-pip-version-check --break-system-packages --target /workspace/pp "+
 			"--index-url http://host.berth.internal:"+ip+"/simple/ --trusted-host host.berth.internal berthprobe 2>&1 && "+
 			"PYTHONPATH=/workspace/pp python3 -c 'import berthprobe; print(berthprobe.VALUE)'")
 		if !strings.Contains(out, "from the host index") {
@@ -154,12 +154,12 @@ func TestNetDebian(t *testing.T) {
 		}
 	})
 
-	e.subtest(t, "port-forward to python's http.server bound to 127.0.0.1", func(t *testing.T) {
-		e.ok("exec", "deb", "--", "sh", "-c", "echo served > /workspace/page.txt; cd /workspace && (setsid python3 -m http.server 8000 --bind 127.0.0.1 </dev/null >/dev/null 2>&1 &)")
+	e.Subtest(t, "port-forward to python's http.server bound to 127.0.0.1", func(t *testing.T) {
+		e.OK("exec", "deb", "--", "sh", "-c", "echo served > /workspace/page.txt; cd /workspace && (setsid python3 -m http.server 8000 --bind 127.0.0.1 </dev/null >/dev/null 2>&1 &)")
 		deadline := time.Now().Add(60 * time.Second)
 		for {
 			var st session.NetStatus
-			json.Unmarshal([]byte(e.ok("net", "deb", "--json")), &st)
+			json.Unmarshal([]byte(e.OK("net", "deb", "--json")), &st)
 			up := false
 			for _, p := range st.Listening {
 				up = up || p.Port == 8000
@@ -188,7 +188,7 @@ func TestRecipeNet(t *testing.T) {
 	}))
 	defer up.Close()
 	p := strconv.Itoa(up.Listener.Addr().(*net.TCPAddr).Port)
-	e.startDaemon()
+	e.StartDaemon()
 	dir := t.TempDir()
 	recipe := filepath.Join(dir, "netty.toml")
 	os.WriteFile(recipe, []byte(`name = "netty"
@@ -197,15 +197,15 @@ net = "allow:host.berth.internal:`+p+`"
 run = ["curl -sSf http://host.berth.internal:`+p+`/x > /etc/from-host",
        "if curl -sSf http://host.berth.internal:1/ 2>/etc/refused; then exit 1; fi"]
 `), 0o644)
-	e.ok("image", "build", "--recipe", recipe)
-	e.ok("create", "nt", "--image", "netty", "--disk", "64M")
-	if got := e.ok("exec", "nt", "--", "cat", "/etc/from-host", "/etc/refused"); !strings.Contains(got, "fetched by a setup step") || !strings.Contains(got, "403") {
+	e.OK("image", "build", "--recipe", recipe)
+	e.OK("create", "nt", "--image", "netty", "--disk", "64M")
+	if got := e.OK("exec", "nt", "--", "cat", "/etc/from-host", "/etc/refused"); !strings.Contains(got, "fetched by a setup step") || !strings.Contains(got, "403") {
 		t.Errorf("the image holds %q", got)
 	}
-	if s := e.info("nt"); s.Net != "none" {
+	if s := e.Info("nt"); s.Net != "none" {
 		t.Errorf("a session of the image has net %q: the recipe's policy is the build's, not the sessions'", s.Net)
 	}
 	bad := filepath.Join(dir, "bad.toml")
 	os.WriteFile(bad, []byte("name = \"bad\"\nbase = \"debian\"\nnet = \"allow:\"\nrun = [\"true\"]\n"), 0o644)
-	e.fails("at least one entry", "image", "build", "--recipe", bad)
+	e.Fails("at least one entry", "image", "build", "--recipe", bad)
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/daemon/daemontest"
 )
 
 // testHosts pins names for the daemon's egress resolver.
@@ -56,21 +57,21 @@ type lockedBuf struct {
 // portForward starts `berth port-forward NAME SPECS...` and waits until it
 // listens.
 func (e *env) portForward(name string, specs ...string) *forwarder {
-	e.t.Helper()
-	c := e.cmd(append([]string{"port-forward", name}, specs...)...)
+	e.T.Helper()
+	c := e.Cmd(append([]string{"port-forward", name}, specs...)...)
 	out, err := c.StdoutPipe()
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	errPipe, err := c.StderrPipe()
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	if err := c.Start(); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	f := &forwarder{cmd: c, stderr: &lockedBuf{ch: make(chan string, 64)}}
-	e.t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+	e.T.Cleanup(func() { c.Process.Kill(); c.Wait() })
 	go func() {
 		sc := bufio.NewScanner(errPipe)
 		for sc.Scan() {
@@ -81,12 +82,12 @@ func (e *env) portForward(name string, specs ...string) *forwarder {
 	sc := bufio.NewScanner(out)
 	for range specs {
 		if !sc.Scan() {
-			e.t.Fatalf("port-forward %s %v printed nothing: %s", name, specs, <-f.stderr.ch)
+			e.T.Fatalf("port-forward %s %v printed nothing: %s", name, specs, <-f.stderr.ch)
 		}
 		// "forwarding 127.0.0.1:PORT -> NAME:REMOTE"
 		fields := strings.Fields(sc.Text())
 		if len(fields) < 2 {
-			e.t.Fatalf("port-forward printed %q", sc.Text())
+			e.T.Fatalf("port-forward printed %q", sc.Text())
 		}
 		f.addrs = append(f.addrs, fields[1])
 	}
@@ -141,18 +142,18 @@ func TestNetMini(t *testing.T) {
 	hostURL := "http://host.berth.internal:" + hp + "/hello"
 	t.Setenv("BERTH_TEST_HOSTS", testHosts)
 	sshPort := strconv.Itoa(freePort(t))
-	e.startDaemon("--ssh", "127.0.0.1:"+sshPort)
-	e.ok("create", "n1", "--disk", "64M")
+	e.StartDaemon("--ssh", "127.0.0.1:"+sshPort)
+	e.OK("create", "n1", "--disk", "64M")
 
-	wget := func(url string) result {
-		return e.run("exec", "n1", "--", "wget", "-q", "-O-", url)
+	wget := func(url string) daemontest.Result {
+		return e.Run("exec", "n1", "--", "wget", "-q", "-O-", url)
 	}
 	refused := func(t *testing.T, url, hostport, policy string) {
 		t.Helper()
 		r := wget(url)
 		want := "berth: egress to " + hostport + " is not allowed for session n1 (policy: " + policy + ")"
-		if r.code == 0 || !strings.Contains(r.stdout+r.stderr, want) {
-			t.Errorf("wget %s: exit %d, %q %q; want a failure saying %q", url, r.code, r.stdout, r.stderr, want)
+		if r.Code == 0 || !strings.Contains(r.Stdout+r.Stderr, want) {
+			t.Errorf("wget %s: exit %d, %q %q; want a failure saying %q", url, r.Code, r.Stdout, r.Stderr, want)
 		}
 	}
 
@@ -160,25 +161,25 @@ func TestNetMini(t *testing.T) {
 		t.Helper()
 		r := wget(url)
 		want := "berth: egress to " + hostport + " is not allowed for session n1: " + why
-		if r.code == 0 || !strings.Contains(r.stdout+r.stderr, want) {
-			t.Errorf("wget %s: exit %d, %q %q; want a failure saying %q", url, r.code, r.stdout, r.stderr, want)
+		if r.Code == 0 || !strings.Contains(r.Stdout+r.Stderr, want) {
+			t.Errorf("wget %s: exit %d, %q %q; want a failure saying %q", url, r.Code, r.Stdout, r.Stderr, want)
 		}
 	}
 
-	e.subtest(t, "default none, shown in info and refused visibly", func(t *testing.T) {
-		if s := e.info("n1"); s.Net != "none" {
+	e.Subtest(t, "default none, shown in info and refused visibly", func(t *testing.T) {
+		if s := e.Info("n1"); s.Net != "none" {
 			t.Errorf("info: net %q, want none", s.Net)
 		}
-		if out := e.ok("info", "n1"); !strings.Contains(out, "Network:") {
+		if out := e.OK("info", "n1"); !strings.Contains(out, "Network:") {
 			t.Errorf("info does not show the network:\n%s", out)
 		}
 		refused(t, hostURL, "host.berth.internal:"+hp, "none")
-		if out := e.ok("exec", "n1", "--", "sh", "-c", "echo $http_proxy $https_proxy $no_proxy; cat /etc/resolv.conf"); !strings.Contains(out, "http://127.0.0.1:3128 http://127.0.0.1:3128 localhost") || !strings.Contains(out, "nameserver 127.0.0.1") {
+		if out := e.OK("exec", "n1", "--", "sh", "-c", "echo $http_proxy $https_proxy $no_proxy; cat /etc/resolv.conf"); !strings.Contains(out, "http://127.0.0.1:3128 http://127.0.0.1:3128 localhost") || !strings.Contains(out, "nameserver 127.0.0.1") {
 			t.Errorf("guest environment:\n%s", out)
 		}
 	})
 
-	e.subtest(t, "malformed policies are refused with the entry named", func(t *testing.T) {
+	e.Subtest(t, "malformed policies are refused with the entry named", func(t *testing.T) {
 		for arg, want := range map[string]string{
 			"allow:":             "at least one entry",
 			"allow:*.":           `"*."`,
@@ -186,23 +187,23 @@ func TestNetMini(t *testing.T) {
 			"allow:a.test:65536": `"a.test:65536"`,
 			"allow:10.0.0.0/33":  `"10.0.0.0/33"`,
 		} {
-			e.fails(want, "net", "n1", arg)
-			e.fails(want, "create", "bad", "--net", arg)
+			e.Fails(want, "net", "n1", arg)
+			e.Fails(want, "create", "bad", "--net", arg)
 		}
 	})
 
-	e.subtest(t, "allowed host, then a change applies to new connections", func(t *testing.T) {
-		e.ok("net", "n1", "allow:host.berth.internal:"+hp)
-		if r := wget(hostURL); r.code != 0 || r.stdout != "host says /hello" {
-			t.Fatalf("wget allowed: exit %d %q %q", r.code, r.stdout, r.stderr)
+	e.Subtest(t, "allowed host, then a change applies to new connections", func(t *testing.T) {
+		e.OK("net", "n1", "allow:host.berth.internal:"+hp)
+		if r := wget(hostURL); r.Code != 0 || r.Stdout != "host says /hello" {
+			t.Fatalf("wget allowed: exit %d %q %q", r.Code, r.Stdout, r.Stderr)
 		}
 		refused(t, "http://host.berth.internal:1/", "host.berth.internal:1", "allow:host.berth.internal:"+hp)
-		e.ok("net", "n1", "none")
+		e.OK("net", "n1", "none")
 		refused(t, hostURL, "host.berth.internal:"+hp, "none")
 	})
 
-	e.subtest(t, "open still refuses the host, loopback, metadata and private names", func(t *testing.T) {
-		e.ok("net", "n1", "open")
+	e.Subtest(t, "open still refuses the host, loopback, metadata and private names", func(t *testing.T) {
+		e.OK("net", "n1", "open")
 		refused(t, hostURL, "host.berth.internal:"+hp, "open")
 		// A reserved address says which and its range, and that naming
 		// it allows it.
@@ -211,37 +212,37 @@ func TestNetMini(t *testing.T) {
 		reserved(t, "http://pkgs.test:"+hp+"/", "pkgs.test:"+hp, "pkgs.test resolves to 127.0.0.1, a reserved address (127.0.0.0/8)")
 		// 127.0.0.1 is the guest's own loopback (no_proxy): the host's is
 		// not reached that way at all.
-		if r := wget("http://127.0.0.1:" + hp + "/"); r.code == 0 {
-			t.Errorf("127.0.0.1 reached the host's server: %q", r.stdout)
+		if r := wget("http://127.0.0.1:" + hp + "/"); r.Code == 0 {
+			t.Errorf("127.0.0.1 reached the host's server: %q", r.Stdout)
 		}
 		var st session.NetStatus
-		json.Unmarshal([]byte(e.ok("net", "n1", "--json")), &st)
+		json.Unmarshal([]byte(e.OK("net", "n1", "--json")), &st)
 		if st.Refused < 5 {
 			t.Errorf("net status counts %d refusals, want at least 5", st.Refused)
 		}
-		if ev := e.ok("events", "n1"); !strings.Contains(ev, "is not allowed for session n1") {
+		if ev := e.OK("events", "n1"); !strings.Contains(ev, "is not allowed for session n1") {
 			t.Errorf("timeline has no refusal:\n%s", ev)
 		}
 	})
 
-	e.subtest(t, "a named address and guest DNS", func(t *testing.T) {
-		e.ok("net", "n1", "allow:pkgs.test,127.0.0.1:"+hp)
-		if r := wget("http://pkgs.test:" + hp + "/p"); r.code != 0 || r.stdout != "host says /p" {
-			t.Errorf("wget pkgs.test: exit %d %q %q", r.code, r.stdout, r.stderr)
+	e.Subtest(t, "a named address and guest DNS", func(t *testing.T) {
+		e.OK("net", "n1", "allow:pkgs.test,127.0.0.1:"+hp)
+		if r := wget("http://pkgs.test:" + hp + "/p"); r.Code != 0 || r.Stdout != "host says /p" {
+			t.Errorf("wget pkgs.test: exit %d %q %q", r.Code, r.Stdout, r.Stderr)
 		}
-		if out := e.run("exec", "n1", "--", "nslookup", "pkgs.test").stdout; !strings.Contains(out, "127.0.0.1") {
+		if out := e.Run("exec", "n1", "--", "nslookup", "pkgs.test").Stdout; !strings.Contains(out, "127.0.0.1") {
 			t.Errorf("nslookup of an allowed name:\n%s", out)
 		}
-		if r := e.run("exec", "n1", "--", "nslookup", "ten.test"); strings.Contains(r.stdout, "10.0.0.1") {
-			t.Errorf("nslookup answered a name the policy does not allow:\n%s", r.stdout)
+		if r := e.Run("exec", "n1", "--", "nslookup", "ten.test"); strings.Contains(r.Stdout, "10.0.0.1") {
+			t.Errorf("nslookup answered a name the policy does not allow:\n%s", r.Stdout)
 		}
-		e.ok("net", "n1", "none")
+		e.OK("net", "n1", "none")
 	})
 
-	e.ok("exec", "n1", "--", "sh", "-c", "mkdir -p /workspace/www && echo hi from httpd > /workspace/www/index.html && httpd -p 127.0.0.1:8080 -h /workspace/www </dev/null >/dev/null 2>&1")
+	e.OK("exec", "n1", "--", "sh", "-c", "mkdir -p /workspace/www && echo hi from httpd > /workspace/www/index.html && httpd -p 127.0.0.1:8080 -h /workspace/www </dev/null >/dev/null 2>&1")
 	// Started outside the subtests: it lives for the whole test.
 	fw := e.portForward("n1", fmt.Sprintf("%d:8080", freePort(t)), fmt.Sprintf("%d:9", freePort(t)))
-	e.subtest(t, "port-forward to busybox httpd with no network policy", func(t *testing.T) {
+	e.Subtest(t, "port-forward to busybox httpd with no network policy", func(t *testing.T) {
 		body, err := httpGet(t, "http://"+fw.addrs[0]+"/")
 		if err != nil || body != "hi from httpd\n" {
 			t.Fatalf("GET through the forward: %q %v", body, err)
@@ -263,23 +264,23 @@ func TestNetMini(t *testing.T) {
 		}
 		// busybox wget ignores no_proxy: the proxy sends loopback back
 		// into the guest.
-		if out := e.ok("exec", "n1", "--", "wget", "-q", "-O-", "http://127.0.0.1:8080/"); out != "hi from httpd\n" {
+		if out := e.OK("exec", "n1", "--", "wget", "-q", "-O-", "http://127.0.0.1:8080/"); out != "hi from httpd\n" {
 			t.Errorf("wget of the guest's own loopback: %q", out)
 		}
-		out := e.ok("net", "n1")
+		out := e.OK("net", "n1")
 		if !strings.Contains(out, "8080 (127.0.0.1)") {
 			t.Errorf("net status does not list the guest's listener:\n%s", out)
 		}
 	})
 
-	e.subtest(t, "ssh -L with the OpenSSH client; a viewer may not forward", func(t *testing.T) {
+	e.Subtest(t, "ssh -L with the OpenSSH client; a viewer may not forward", func(t *testing.T) {
 		keys := t.TempDir()
 		for _, role := range []string{"operator", "viewer"} {
 			k := filepath.Join(keys, role)
 			if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", role, "-f", k).CombinedOutput(); err != nil {
 				t.Fatalf("ssh-keygen: %v %s", err, out)
 			}
-			e.ok("ssh", "add-key", "--role", role, k+".pub")
+			e.OK("ssh", "add-key", "--role", role, k+".pub")
 		}
 		tunnel := func(role string) (string, *syncBuf) {
 			local := strconv.Itoa(freePort(t))
@@ -319,44 +320,44 @@ func TestNetMini(t *testing.T) {
 		}
 		// The SSH port is never an egress destination, even where the
 		// policy names the host.
-		e.ok("net", "n1", "allow:host.berth.internal")
+		e.OK("net", "n1", "allow:host.berth.internal")
 		refused(t, "http://host.berth.internal:"+sshPort+"/", "host.berth.internal:"+sshPort, "allow:host.berth.internal")
-		e.ok("net", "n1", "none")
+		e.OK("net", "n1", "none")
 	})
 
-	e.subtest(t, "the local port already in use", func(t *testing.T) {
+	e.Subtest(t, "the local port already in use", func(t *testing.T) {
 		busy := strings.TrimPrefix(fw.addrs[0], "127.0.0.1:")
-		e.fails("already in use", "port-forward", "n1", busy+":8080")
+		e.Fails("already in use", "port-forward", "n1", busy+":8080")
 	})
 
-	e.subtest(t, "a forward wakes a sleeping session and survives the wake", func(t *testing.T) {
-		e.ok("sleep", "n1")
-		e.waitState("n1", session.StateSleeping, 30*time.Second)
+	e.Subtest(t, "a forward wakes a sleeping session and survives the wake", func(t *testing.T) {
+		e.OK("sleep", "n1")
+		e.WaitState("n1", session.StateSleeping, 30*time.Second)
 		body, err := httpGet(t, "http://"+fw.addrs[0]+"/")
 		if err != nil || body != "hi from httpd\n" {
 			t.Fatalf("GET after sleep: %q %v", body, err)
 		}
-		if s := e.info("n1"); s.State != session.StateRunning || s.Net != "none" {
+		if s := e.Info("n1"); s.State != session.StateRunning || s.Net != "none" {
 			t.Errorf("after the wake: %s, net %q", s.State, s.Net)
 		}
 	})
 
-	e.subtest(t, "the policy survives stop/start and replace", func(t *testing.T) {
-		e.ok("net", "n1", "allow:host.berth.internal:"+hp)
-		e.ok("stop", "n1")
-		e.ok("start", "n1")
-		if s := e.info("n1"); s.Net != "allow:host.berth.internal:"+hp {
+	e.Subtest(t, "the policy survives stop/start and replace", func(t *testing.T) {
+		e.OK("net", "n1", "allow:host.berth.internal:"+hp)
+		e.OK("stop", "n1")
+		e.OK("start", "n1")
+		if s := e.Info("n1"); s.Net != "allow:host.berth.internal:"+hp {
 			t.Errorf("after stop/start: net %q", s.Net)
 		}
-		if r := wget(hostURL); r.code != 0 || r.stdout != "host says /hello" {
-			t.Errorf("wget after start: exit %d %q %q", r.code, r.stdout, r.stderr)
+		if r := wget(hostURL); r.Code != 0 || r.Stdout != "host says /hello" {
+			t.Errorf("wget after start: exit %d %q %q", r.Code, r.Stdout, r.Stderr)
 		}
-		e.ok("replace", "n1", "--yes")
-		if s := e.info("n1"); s.Net != "allow:host.berth.internal:"+hp {
+		e.OK("replace", "n1", "--yes")
+		if s := e.Info("n1"); s.Net != "allow:host.berth.internal:"+hp {
 			t.Errorf("after replace: net %q", s.Net)
 		}
-		if r := wget(hostURL); r.code != 0 || r.stdout != "host says /hello" {
-			t.Errorf("wget after replace: exit %d %q %q", r.code, r.stdout, r.stderr)
+		if r := wget(hostURL); r.Code != 0 || r.Stdout != "host says /hello" {
+			t.Errorf("wget after replace: exit %d %q %q", r.Code, r.Stdout, r.Stderr)
 		}
 	})
 }

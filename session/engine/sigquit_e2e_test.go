@@ -13,23 +13,23 @@ import (
 // tells a bug reporter, and a new daemon comes up on the same data.
 func TestServeSIGQUITWritesGoroutines(t *testing.T) {
 	e := newEnv(t)
-	e.startDaemon()
-	if err := e.daemon.Process.Signal(syscall.SIGQUIT); err != nil {
+	e.StartDaemon()
+	if err := e.Daemon.Process.Signal(syscall.SIGQUIT); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- e.daemon.Wait() }()
+	go func() { done <- e.Daemon.Wait() }()
 	select {
 	case <-done:
-		e.daemon = nil
+		e.Daemon = nil
 	case <-time.After(30 * time.Second):
 		t.Fatal("berth serve did not exit on SIGQUIT")
 	}
-	b, _ := os.ReadFile(filepath.Join(e.data, "test-daemon.log"))
+	b, _ := os.ReadFile(filepath.Join(e.Data, "test-daemon.log"))
 	log := string(b)
 	if !strings.Contains(log, "SIGQUIT") || !strings.Contains(log, "goroutine ") || !strings.Contains(log, "berth/session") {
 		t.Fatalf("the log has no goroutine dump:\n%.3000s", log)
 	}
-	e.startDaemon()
-	e.ok("ls")
+	e.StartDaemon()
+	e.OK("ls")
 }

@@ -17,7 +17,7 @@ import (
 // vmmAlive reports whether the session's VMM runs. A VMM whose daemon died
 // is reparented to an init that may reap it late: a zombie is not alive.
 func (e *env) vmmAlive(name string) bool {
-	pid := e.vmmPid(name)
+	pid := e.VMMPid(name)
 	if pid <= 0 || syscall.Kill(pid, 0) != nil {
 		return false
 	}
@@ -28,25 +28,25 @@ func (e *env) vmmAlive(name string) bool {
 
 // counter reads the background counter a test started in the guest.
 func (e *env) counter(name string) int {
-	e.t.Helper()
-	n, err := strconv.Atoi(strings.TrimSpace(e.ok("exec", name, "--", "cat", "/tmp/counter")))
+	e.T.Helper()
+	n, err := strconv.Atoi(strings.TrimSpace(e.OK("exec", name, "--", "cat", "/tmp/counter")))
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return n
 }
 
 func TestSleepWake(t *testing.T) {
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.startDaemon()
-	e.ok("create", "sleepy")
-	e.ok("exec", "sleepy", "--", "sh", "-c", "head -c 2000000 /dev/urandom > data.bin && sha256sum data.bin > data.sum")
-	e.ok("flush", "sleepy")
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\n"), 0o644)
+	e.StartDaemon()
+	e.OK("create", "sleepy")
+	e.OK("exec", "sleepy", "--", "sh", "-c", "head -c 2000000 /dev/urandom > data.bin && sha256sum data.bin > data.sum")
+	e.OK("flush", "sleepy")
 	// A background process outside any recorded command, as a shell's
 	// nohup would leave: it must keep counting across sleep.
-	e.ok("exec", "sleepy", "--", "sh", "-c", "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done' >/dev/null 2>&1 &")
-	for i := 0; e.run("exec", "sleepy", "--", "test", "-s", "/tmp/counter").code != 0; i++ {
+	e.OK("exec", "sleepy", "--", "sh", "-c", "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done' >/dev/null 2>&1 &")
+	for i := 0; e.Run("exec", "sleepy", "--", "test", "-s", "/tmp/counter").Code != 0; i++ {
 		if i > 100 {
 			t.Fatal("the background counter never started")
 		}
@@ -54,15 +54,15 @@ func TestSleepWake(t *testing.T) {
 	}
 	before := e.counter("sleepy")
 
-	e.ok("sleep", "sleepy")
-	s := e.waitState("sleepy", session.StateSleeping, time.Second)
+	e.OK("sleep", "sleepy")
+	s := e.WaitState("sleepy", session.StateSleeping, time.Second)
 	if e.vmmAlive("sleepy") {
 		t.Fatal("a VMM still runs for a sleeping session")
 	}
-	if s.SnapshotBytes == 0 || !strings.Contains(e.ok("ls"), "sleeping (") {
-		t.Errorf("ls does not show the snapshot: %+v\n%s", s, e.ok("ls"))
+	if s.SnapshotBytes == 0 || !strings.Contains(e.OK("ls"), "sleeping (") {
+		t.Errorf("ls does not show the snapshot: %+v\n%s", s, e.OK("ls"))
 	}
-	e.fails("it is already sleeping", "sleep", "sleepy")
+	e.Fails("it is already sleeping", "sleep", "sleepy")
 
 	// Any action wakes it: here exec.
 	start := time.Now()
@@ -75,33 +75,33 @@ func TestSleepWake(t *testing.T) {
 	if again := e.counter("sleepy"); again <= after {
 		t.Errorf("counter stopped after wake: %d then %d", after, again)
 	}
-	if r := e.run("exec", "sleepy", "--", "sha256sum", "-c", "data.sum"); r.code != 0 {
-		t.Fatalf("flushed file damaged across sleep: %s %s", r.stdout, r.stderr)
+	if r := e.Run("exec", "sleepy", "--", "sha256sum", "-c", "data.sum"); r.Code != 0 {
+		t.Fatalf("flushed file damaged across sleep: %s %s", r.Stdout, r.Stderr)
 	}
-	guest, _ := strconv.ParseInt(strings.TrimSpace(e.ok("exec", "sleepy", "--", "date", "+%s")), 10, 64)
+	guest, _ := strconv.ParseInt(strings.TrimSpace(e.OK("exec", "sleepy", "--", "date", "+%s")), 10, 64)
 	if d := time.Now().Unix() - guest; d < -1 || d > 1 {
 		t.Errorf("guest clock is %ds off after wake", d)
 	}
-	info := e.info("sleepy")
+	info := e.Info("sleepy")
 	if info.LastWake <= 0 {
 		t.Errorf("no wake time recorded: %+v", info)
 	}
 
-	e.subtest(t, "20 cycles", func(t *testing.T) {
+	e.Subtest(t, "20 cycles", func(t *testing.T) {
 		for i := 0; i < 20; i++ {
-			e.ok("exec", "sleepy", "--", "sh", "-c", "head -c 100000 /dev/urandom >> data.bin && sha256sum data.bin > data.sum")
-			e.ok("sleep", "sleepy")
-			if r := e.run("exec", "sleepy", "--", "sha256sum", "-c", "data.sum"); r.code != 0 {
-				t.Fatalf("cycle %d: %s %s", i, r.stdout, r.stderr)
+			e.OK("exec", "sleepy", "--", "sh", "-c", "head -c 100000 /dev/urandom >> data.bin && sha256sum data.bin > data.sum")
+			e.OK("sleep", "sleepy")
+			if r := e.Run("exec", "sleepy", "--", "sha256sum", "-c", "data.sum"); r.Code != 0 {
+				t.Fatalf("cycle %d: %s %s", i, r.Stdout, r.Stderr)
 			}
 		}
 	})
 
-	e.subtest(t, "busy sessions do not sleep", func(t *testing.T) {
-		id := strings.TrimSpace(e.ok("exec", "sleepy", "--detach", "--", "sleep", "30"))
-		e.fails("still running", "sleep", "sleepy")
-		e.ok("stop", "sleepy") // ends the command too
-		for _, x := range e.execs("sleepy") {
+	e.Subtest(t, "busy sessions do not sleep", func(t *testing.T) {
+		id := strings.TrimSpace(e.OK("exec", "sleepy", "--detach", "--", "sleep", "30"))
+		e.Fails("still running", "sleep", "sleepy")
+		e.OK("stop", "sleepy") // ends the command too
+		for _, x := range e.Execs("sleepy") {
 			if x.ID == id && x.State != session.ExecCancelled {
 				t.Errorf("command after stop: %s", x.State)
 			}
@@ -114,49 +114,49 @@ func TestSleepWake(t *testing.T) {
 // each), and the flushed file is intact.
 func TestSleepCrashPoints(t *testing.T) {
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.startDaemon()
-	e.ok("create", "crashy")
-	e.ok("exec", "crashy", "--", "sh", "-c", "head -c 1000000 /dev/urandom > data.bin && sha256sum data.bin > data.sum")
-	e.ok("flush", "crashy")
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\n"), 0o644)
+	e.StartDaemon()
+	e.OK("create", "crashy")
+	e.OK("exec", "crashy", "--", "sh", "-c", "head -c 1000000 /dev/urandom > data.bin && sha256sum data.bin > data.sum")
+	e.OK("flush", "crashy")
 	check := func(t *testing.T, point string) {
 		t.Helper()
-		s := e.info("crashy")
+		s := e.Info("crashy")
 		if s.State != session.StateRunning && s.State != session.StateSleeping {
 			t.Fatalf("after a crash at %s: %s (%s)", point, s.State, s.Cause)
 		}
 		if s.State == session.StateSleeping && e.vmmAlive("crashy") {
-			t.Fatalf("after a crash at %s: sleeping with a live VMM\n%s", point, e.daemonLog())
+			t.Fatalf("after a crash at %s: sleeping with a live VMM\n%s", point, e.DaemonLog())
 		}
-		if r := e.run("exec", "crashy", "--", "sha256sum", "-c", "data.sum"); r.code != 0 {
-			t.Fatalf("after a crash at %s: flushed file: %s %s", point, r.stdout, r.stderr)
+		if r := e.Run("exec", "crashy", "--", "sha256sum", "-c", "data.sum"); r.Code != 0 {
+			t.Fatalf("after a crash at %s: flushed file: %s %s", point, r.Stdout, r.Stderr)
 		}
-		e.ok("exec", "crashy", "--", "sh", "-c", "echo writable > w.txt") // thawed
+		e.OK("exec", "crashy", "--", "sh", "-c", "echo writable > w.txt") // thawed
 	}
 	crashDaemon := func(point string) {
-		e.killDaemon()
+		e.KillDaemon()
 		os.Setenv("BERTH_CRASH_AT", point)
-		e.startDaemon()
+		e.StartDaemon()
 		os.Unsetenv("BERTH_CRASH_AT")
 	}
 	for _, point := range []string{"sleep:frozen", "sleep:paused", "sleep:saved", "sleep:synced", "sleep:recorded"} {
-		e.subtest(t, point, func(t *testing.T) {
+		e.Subtest(t, point, func(t *testing.T) {
 			crashDaemon(point)
-			e.run("sleep", "crashy") // the daemon dies here
-			e.daemon.Wait()
-			e.daemon = nil
-			e.startDaemon()
+			e.Run("sleep", "crashy") // the daemon dies here
+			e.Daemon.Wait()
+			e.Daemon = nil
+			e.StartDaemon()
 			check(t, point)
 		})
 	}
 	for _, point := range []string{"wake:restored", "wake:recorded", "wake:resumed"} {
-		e.subtest(t, point, func(t *testing.T) {
-			e.ok("sleep", "crashy")
+		e.Subtest(t, point, func(t *testing.T) {
+			e.OK("sleep", "crashy")
 			crashDaemon(point)
-			e.run("exec", "crashy", "--", "true") // wakes; the daemon dies
-			e.daemon.Wait()
-			e.daemon = nil
-			e.startDaemon()
+			e.Run("exec", "crashy", "--", "true") // wakes; the daemon dies
+			e.Daemon.Wait()
+			e.Daemon = nil
+			e.StartDaemon()
 			check(t, point)
 		})
 	}
@@ -167,11 +167,11 @@ func TestSleepCrashPoints(t *testing.T) {
 // does not fit on the disk abandons the sleep with the session running.
 func TestIdleSleepAndFullDisk(t *testing.T) {
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"3s\"\n"), 0o644)
-	e.startDaemon()
-	e.ok("create", "dozy")
-	e.ok("create", "awake", "--idle-timeout", "0")
-	e.waitState("dozy", session.StateSleeping, 60*time.Second)
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"3s\"\n"), 0o644)
+	e.StartDaemon()
+	e.OK("create", "dozy")
+	e.OK("create", "awake", "--idle-timeout", "0")
+	e.WaitState("dozy", session.StateSleeping, 60*time.Second)
 	// The state is visible a moment before its event is recorded.
 	var events string
 	byIdle := func() bool {
@@ -183,33 +183,33 @@ func TestIdleSleepAndFullDisk(t *testing.T) {
 		return false
 	}
 	for end := time.Now().Add(10 * time.Second); time.Now().Before(end) && !byIdle(); time.Sleep(100 * time.Millisecond) {
-		events = e.ok("events", "dozy")
+		events = e.OK("events", "dozy")
 	}
 	if !byIdle() {
 		t.Errorf("the timeline does not say the idle timer did it:\n%s", events)
 	}
 	time.Sleep(4 * time.Second)
-	if s := e.info("awake"); s.State != session.StateRunning {
+	if s := e.Info("awake"); s.State != session.StateRunning {
 		t.Fatalf("a session with idle timeout 0 is %s", s.State)
 	}
 
-	snap := filepath.Join(e.data, "sessions", "awake", "snapshot")
+	snap := filepath.Join(e.Data, "sessions", "awake", "snapshot")
 	os.MkdirAll(snap, 0o755)
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", snap).CombinedOutput(); err != nil {
 		t.Skipf("cannot mount a small tmpfs to fill the disk: %v %s", err, out)
 	}
 	defer exec.Command("umount", snap).Run()
-	r := e.run("sleep", "awake")
-	if r.code == 0 {
+	r := e.Run("sleep", "awake")
+	if r.Code == 0 {
 		t.Fatal("sleep succeeded with no room for the snapshot")
 	}
-	if s := e.info("awake"); s.State != session.StateRunning {
+	if s := e.Info("awake"); s.State != session.StateRunning {
 		t.Fatalf("after an abandoned sleep: %s", s.State)
 	}
-	if !strings.Contains(e.ok("events", "awake"), "sleep abandoned") {
-		t.Errorf("the timeline does not say why:\n%s", e.ok("events", "awake"))
+	if !strings.Contains(e.OK("events", "awake"), "sleep abandoned") {
+		t.Errorf("the timeline does not say why:\n%s", e.OK("events", "awake"))
 	}
-	if got := e.ok("exec", "awake", "--", "sh", "-c", "echo still > s.txt && cat s.txt"); got != "still\n" {
+	if got := e.OK("exec", "awake", "--", "sh", "-c", "echo still > s.txt && cat s.txt"); got != "still\n" {
 		t.Errorf("after an abandoned sleep: %q", got)
 	}
 }

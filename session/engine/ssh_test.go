@@ -47,7 +47,7 @@ func newSSHEnv(t *testing.T, e *env) *sshEnv {
 		os.WriteFile(f, pem.EncodeToMemory(blk), 0o600)
 		sp, _ := gossh.NewPublicKey(pub)
 		os.WriteFile(f+".pub", append(gossh.MarshalAuthorizedKey(sp)[:len(gossh.MarshalAuthorizedKey(sp))-1], []byte(" "+role+"@test\n")...), 0o644)
-		e.ok("ssh", "add-key", "--role", role, f+".pub")
+		e.OK("ssh", "add-key", "--role", role, f+".pub")
 		se.keys[role] = f
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -56,11 +56,11 @@ func newSSHEnv(t *testing.T, e *env) *sshEnv {
 	}
 	_, se.port, _ = net.SplitHostPort(ln.Addr().String())
 	ln.Close()
-	e.startDaemon("--ssh", "127.0.0.1:"+se.port)
+	e.StartDaemon("--ssh", "127.0.0.1:"+se.port)
 	deadline := time.Now().Add(10 * time.Second)
-	for !regexp.MustCompile("berth ssh: listening").MatchString(e.daemonLog()) {
+	for !regexp.MustCompile("berth ssh: listening").MatchString(e.DaemonLog()) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the SSH server did not start:\n%s", e.daemonLog())
+			t.Fatalf("the SSH server did not start:\n%s", e.DaemonLog())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -79,7 +79,7 @@ func (se *sshEnv) sshCmd(role string) string {
 }
 
 func (se *sshEnv) run(name string, args ...string) (string, string, int) {
-	se.t.Helper()
+	se.T.Helper()
 	c := exec.Command(name, args...)
 	c.Env = append(os.Environ(), "HOME="+se.dir)
 	var out, errb bytes.Buffer
@@ -118,9 +118,9 @@ func hashTree(t *testing.T, root string) string {
 func TestSSHClients(t *testing.T) {
 	e := newEnv(t)
 	se := newSSHEnv(t, e)
-	e.ok("create", "demo", "--disk", "256M")
+	e.OK("create", "demo", "--disk", "256M")
 
-	e.subtest(t, "a shell with a terminal", func(t *testing.T) {
+	e.Subtest(t, "a shell with a terminal", func(t *testing.T) {
 		c := exec.Command("ssh", append(append(se.opts("admin"), "-tt", "-p", se.port), "demo@127.0.0.1")...)
 		c.Stdin = strings.NewReader("echo tty=$(tty) cols=$(stty size); pwd; exit 4\n")
 		out, _ := c.CombinedOutput()
@@ -128,7 +128,7 @@ func TestSSHClients(t *testing.T) {
 			t.Errorf("ssh -tt: exit %d:\n%s", c.ProcessState.ExitCode(), out)
 		}
 	})
-	e.subtest(t, "a command with its streams and exit status", func(t *testing.T) {
+	e.Subtest(t, "a command with its streams and exit status", func(t *testing.T) {
 		out, errs, code := se.ssh("admin", "demo", nil, "echo o; echo e >&2; exit 3")
 		if out != "o\n" || errs != "e\n" || code != 3 {
 			t.Errorf("stdout %q stderr %q exit %d", out, errs, code)
@@ -146,7 +146,7 @@ func TestSSHClients(t *testing.T) {
 	os.WriteFile(filepath.Join(tree, "a.txt"), []byte("a\n"), 0o644)
 	os.WriteFile(filepath.Join(tree, "sub", "deep", "b.bin"), data[:100000], 0o600)
 	for _, mode := range []struct{ name, flag string }{{"sftp", "-s"}, {"classic", "-O"}} {
-		e.subtest(t, "scp "+mode.name+" both ways", func(t *testing.T) {
+		e.Subtest(t, "scp "+mode.name+" both ways", func(t *testing.T) {
 			dst := "scp-" + mode.name
 			if _, errs, code := se.scp("admin", mode.flag, "-p", filepath.Join(local, "f.bin"), "demo@127.0.0.1:"+dst+".bin"); code != 0 {
 				t.Fatalf("scp up: %d %s", code, errs)
@@ -172,17 +172,17 @@ func TestSSHClients(t *testing.T) {
 			}
 		})
 	}
-	e.subtest(t, "sshfs", func(t *testing.T) { sshfsWorkload(t, se, "demo") })
-	e.subtest(t, "a sleeping session wakes", func(t *testing.T) {
-		e.ok("sleep", "demo")
+	e.Subtest(t, "sshfs", func(t *testing.T) { sshfsWorkload(t, se, "demo") })
+	e.Subtest(t, "a sleeping session wakes", func(t *testing.T) {
+		e.OK("sleep", "demo")
 		if out, errs, code := se.ssh("admin", "demo", nil, "cat /workspace/scp-sftp.bin | wc -c"); code != 0 || strings.TrimSpace(out) != "5242880" {
 			t.Fatalf("ssh to a sleeping session: %d %q %q", code, out, errs)
 		}
-		if out := e.ok("info", "demo"); !strings.Contains(out, "running") {
+		if out := e.OK("info", "demo"); !strings.Contains(out, "running") {
 			t.Errorf("after ssh the session is not running:\n%s", out)
 		}
 	})
-	e.subtest(t, "a viewer", func(t *testing.T) {
+	e.Subtest(t, "a viewer", func(t *testing.T) {
 		if _, errs, code := se.ssh("viewer", "demo", nil, "true"); code == 0 || !strings.Contains(errs, "viewer") {
 			t.Errorf("a viewer ran a command: %d %q", code, errs)
 		}
@@ -193,7 +193,7 @@ func TestSSHClients(t *testing.T) {
 			t.Errorf("a viewer could not download: %d %s", code, errs)
 		}
 	})
-	e.ok("delete", "demo", "--yes")
+	e.OK("delete", "demo", "--yes")
 }
 
 // sshfsWorkload mounts the session's /workspace and works on it as a
@@ -285,7 +285,7 @@ func TestSSHRsyncGit(t *testing.T) {
 			t.Skipf("%s is not installed on the host", b)
 		}
 	}
-	e.ok("create", "dev", "--image", "debian", "--disk", "256M")
+	e.OK("create", "dev", "--image", "debian", "--disk", "256M")
 	local := t.TempDir()
 	src := filepath.Join(local, "src")
 	os.MkdirAll(filepath.Join(src, "a", "b"), 0o755)
@@ -307,7 +307,7 @@ func TestSSHRsyncGit(t *testing.T) {
 		t.Errorf("rsync round trip:\n%s\nwant\n%s", got, want)
 	}
 
-	e.ok("exec", "dev", "--", "sh", "-c", "git init -q --bare /workspace/repo.git")
+	e.OK("exec", "dev", "--", "sh", "-c", "git init -q --bare /workspace/repo.git")
 	work := filepath.Join(local, "clone")
 	gitEnv := append(os.Environ(), "GIT_SSH_COMMAND="+rsh, "HOME="+se.dir)
 	git := func(dir string, args ...string) {
@@ -323,17 +323,17 @@ func TestSSHRsyncGit(t *testing.T) {
 	git(work, "add", "README")
 	git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
 	git(work, "push", "-q", "origin", "HEAD")
-	if got := e.ok("exec", "dev", "--", "git", "--git-dir=/workspace/repo.git", "log", "--format=%s"); strings.TrimSpace(got) != "first" {
+	if got := e.OK("exec", "dev", "--", "git", "--git-dir=/workspace/repo.git", "log", "--format=%s"); strings.TrimSpace(got) != "first" {
 		t.Errorf("the pushed log: %q", got)
 	}
 	// mini has neither: the client hears why.
-	e.ok("create", "small", "--disk", "64M")
+	e.OK("create", "small", "--disk", "64M")
 	if _, errs, code := se.run("rsync", "-a", "-e", rsh, src+"/", "small@127.0.0.1:/workspace/src/"); code == 0 ||
 		!strings.Contains(errs, "rsync: not found in session small (image mini); use --image debian") {
 		t.Errorf("rsync into mini: %d %q", code, errs)
 	}
-	e.ok("delete", "small", "--yes")
-	e.ok("delete", "dev", "--yes")
+	e.OK("delete", "small", "--yes")
+	e.OK("delete", "dev", "--yes")
 }
 
 // TestBenchSSH prints issue 14's figures against berth's own file API and
@@ -343,9 +343,9 @@ func TestBenchSSH(t *testing.T) {
 		t.Skip("set BERTH_BENCH=1 (make bench)")
 	}
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("disk = \"1G\"\nidle_timeout = \"0\"\n"), 0o644)
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("disk = \"1G\"\nidle_timeout = \"0\"\n"), 0o644)
 	se := newSSHEnv(t, e)
-	e.ok("create", "b")
+	e.OK("create", "b")
 	local := t.TempDir()
 	data := make([]byte, 100<<20)
 	rand.Read(data)
@@ -366,8 +366,8 @@ func TestBenchSSH(t *testing.T) {
 	const n = 3
 	var put, get, scpIn, scpOut []time.Duration
 	for i := 0; i < n; i++ {
-		put = append(put, timed(func() { e.ok("put", "b", f, "put.bin") }))
-		get = append(get, timed(func() { e.ok("get", "b", "put.bin", filepath.Join(local, "get.bin")) }))
+		put = append(put, timed(func() { e.OK("put", "b", f, "put.bin") }))
+		get = append(get, timed(func() { e.OK("get", "b", "put.bin", filepath.Join(local, "get.bin")) }))
 		scpIn = append(scpIn, timed(func() { must("scp in")(se.scp("admin", f, "b@127.0.0.1:scp.bin")) }))
 		scpOut = append(scpOut, timed(func() { must("scp out")(se.scp("admin", "b@127.0.0.1:scp.bin", filepath.Join(local, "scp.bin"))) }))
 	}
@@ -401,7 +401,7 @@ func TestBenchSSH(t *testing.T) {
 	var sshTrue, execTrue []time.Duration
 	for i := 0; i < 20; i++ {
 		sshTrue = append(sshTrue, timed(func() { must("ssh true")(se.ssh("admin", "b", nil, "true")) }))
-		execTrue = append(execTrue, timed(func() { e.ok("exec", "b", "--", "true") }))
+		execTrue = append(execTrue, timed(func() { e.OK("exec", "b", "--", "true") }))
 	}
 	t.Logf("BENCH %-44s %10s vs berth exec %10s  ratio %.2fx  (target ≤ 1.5x)", "ssh NAME@HOST true (median)", median(sshTrue).Round(time.Millisecond), median(execTrue).Round(time.Millisecond), float64(median(sshTrue))/float64(median(execTrue)))
 	// A harness that keeps one connection (ControlMaster) pays the key
