@@ -56,7 +56,7 @@ func newTUIEnv(t *testing.T, tmux string) *tuiEnv {
 
 // run runs a berth CLI command.
 func (e *tuiEnv) run(args ...string) (stdout, stderr string, code int) {
-	r := e.Run(args...)
+	r := e.Env.Run(args...)
 	return r.Stdout, r.Stderr, r.Code
 }
 

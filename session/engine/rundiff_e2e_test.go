@@ -21,11 +21,11 @@ const treeHash = `cd /workspace && find . -path ./lost+found -prune -o -print | 
 done | sha256sum`
 
 func (e *env) diff(args ...string) session.Diff {
-	e.t.Helper()
+	e.T.Helper()
 	var d session.Diff
-	out := e.ok(append(args, "--json")...)
+	out := e.OK(append(args, "--json")...)
 	if err := json.Unmarshal([]byte(out), &d); err != nil {
-		e.t.Fatalf("%v: %s", err, out)
+		e.T.Fatalf("%v: %s", err, out)
 	}
 	return d
 }
@@ -52,19 +52,19 @@ func changeList(d session.Diff) []string {
 // are refused with one line.
 func TestRunDiffUndo(t *testing.T) {
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte(ckptConfig), 0o644)
-	e.startDaemon()
-	e.ok("create", "d")
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte(ckptConfig), 0o644)
+	e.StartDaemon()
+	e.OK("create", "d")
 	var lines strings.Builder
 	for i := range 20 {
 		fmt.Fprintf(&lines, "line %d\n", i)
 	}
-	e.ok("exec", "d", "--", "sh", "-c", "mkdir -p src/deep/a/b && printf '"+lines.String()+"' > src/main.txt && echo keep > keep.txt && "+
+	e.OK("exec", "d", "--", "sh", "-c", "mkdir -p src/deep/a/b && printf '"+lines.String()+"' > src/main.txt && echo keep > keep.txt && "+
 		"head -c 5000 /dev/urandom > blob.bin && echo old > gone.txt && echo mv > tomove.txt && echo 'echo hi' > script.sh && chmod 644 script.sh && ln -s keep.txt link")
 	before := e.out("d", treeHash)
 	mainBefore := e.out("d", "sha256sum src/main.txt")
 
-	id := strings.TrimSpace(e.ok("run", "start", "d", "--title", "diff test", "--keep"))
+	id := strings.TrimSpace(e.OK("run", "start", "d", "--title", "diff test", "--keep"))
 	run := e.runs("d")[0]
 	if run.ID != id || run.Checkpoint == "" {
 		t.Fatalf("run %+v: no starting point", run)
@@ -73,15 +73,15 @@ func TestRunDiffUndo(t *testing.T) {
 	if len(ck) != 1 || ck[0].Run != id || !strings.Contains(ck[0].Label, id) || !strings.Contains(ck[0].Label, "diff test") {
 		t.Fatalf("checkpoints %+v", ck)
 	}
-	e.ok("exec", "--run", id, "d", "--", "sh", "-c", "sed -i 's/^line 5$/LINE 5/' src/main.txt && head -c 100 /dev/urandom >> blob.bin && rm gone.txt && "+
+	e.OK("exec", "--run", id, "d", "--", "sh", "-c", "sed -i 's/^line 5$/LINE 5/' src/main.txt && head -c 100 /dev/urandom >> blob.bin && rm gone.txt && "+
 		"mv tomove.txt moved.txt && chmod 755 script.sh && echo new > new.txt && mkdir -p src/deep/a/b/c && echo deep > src/deep/a/b/c/f.txt && ln -sfn gone.txt link")
 	// Outside the run and its coordination: a plain exec.
-	e.ok("exec", "d", "--", "sh", "-c", "echo outside > outside.txt")
+	e.OK("exec", "d", "--", "sh", "-c", "echo outside > outside.txt")
 
 	want := []string{"added new.txt", "added outside.txt", "added src/deep/a/b/c", "added src/deep/a/b/c/f.txt",
 		"modified blob.bin", "modified link", "modified script.sh", "modified src/main.txt", "removed gone.txt", "renamed moved.txt from tomove.txt"}
 	slices.Sort(want)
-	e.subtest(t, "diff lists exactly the changes", func(t *testing.T) {
+	e.Subtest(t, "diff lists exactly the changes", func(t *testing.T) {
 		d := e.diff("run", "diff", id)
 		got := changeList(d)
 		slices.Sort(got)
@@ -111,13 +111,13 @@ func TestRunDiffUndo(t *testing.T) {
 				}
 			}
 		}
-		patch := e.ok("run", "diff", id, "--patch")
+		patch := e.OK("run", "diff", id, "--patch")
 		for _, w := range []string{"--- a/src/main.txt\n+++ b/src/main.txt\n@@ -3,7 +3,7 @@\n line 2\n line 3\n line 4\n-line 5\n+LINE 5\n", "binary, 5000 → 5100 bytes"} {
 			if !strings.Contains(patch, w) {
 				t.Errorf("patch lacks %q:\n%s", w, patch)
 			}
 		}
-		stat := e.ok("run", "diff", id, "--stat")
+		stat := e.OK("run", "diff", id, "--stat")
 		if !strings.Contains(stat, "10 files changed, 4 insertions(+), 2 deletions(-)") {
 			t.Errorf("stat:\n%s", stat)
 		}
@@ -129,20 +129,20 @@ func TestRunDiffUndo(t *testing.T) {
 		}
 	})
 
-	e.subtest(t, "bad paths and runs", func(t *testing.T) {
-		e.fails("climbs with ..", "run", "diff", id, "../etc")
-		e.fails("outside /workspace", "run", "diff", id, "/etc/passwd")
-		e.fails("climbs with ..", "run", "diff", id, "src/../keep.txt")
-		e.fails("outside /workspace", "run", "undo", id, "/etc/passwd", "--yes")
-		e.fails("no such run", "run", "diff", "r000000000000")
-		e.fails("not a terminal", "run", "undo", id)
-		other := strings.TrimSpace(e.ok("run", "start", "d"))
-		e.fails("--keep", "run", "diff", other)
-		e.ok("run", "end", other)
+	e.Subtest(t, "bad paths and runs", func(t *testing.T) {
+		e.Fails("climbs with ..", "run", "diff", id, "../etc")
+		e.Fails("outside /workspace", "run", "diff", id, "/etc/passwd")
+		e.Fails("climbs with ..", "run", "diff", id, "src/../keep.txt")
+		e.Fails("outside /workspace", "run", "undo", id, "/etc/passwd", "--yes")
+		e.Fails("no such run", "run", "diff", "r000000000000")
+		e.Fails("not a terminal", "run", "undo", id)
+		other := strings.TrimSpace(e.OK("run", "start", "d"))
+		e.Fails("--keep", "run", "diff", other)
+		e.OK("run", "end", other)
 	})
 
-	e.subtest(t, "undo of paths", func(t *testing.T) {
-		out := e.ok("run", "undo", id, "src/main.txt", "new.txt", "--yes")
+	e.Subtest(t, "undo of paths", func(t *testing.T) {
+		out := e.OK("run", "undo", id, "src/main.txt", "new.txt", "--yes")
 		if !strings.Contains(out, "put back src/main.txt") || !strings.Contains(out, "removed new.txt") {
 			t.Errorf("undo said %q", out)
 		}
@@ -155,8 +155,8 @@ func TestRunDiffUndo(t *testing.T) {
 		}
 	})
 
-	e.subtest(t, "whole undo restores the start", func(t *testing.T) {
-		e.ok("run", "undo", id, "--yes")
+	e.Subtest(t, "whole undo restores the start", func(t *testing.T) {
+		e.OK("run", "undo", id, "--yes")
 		if got := e.out("d", treeHash); got != before {
 			t.Errorf("tree after a whole undo differs from the start")
 		}
@@ -165,7 +165,7 @@ func TestRunDiffUndo(t *testing.T) {
 		}
 	})
 
-	e.subtest(t, "two checkpoints", func(t *testing.T) {
+	e.Subtest(t, "two checkpoints", func(t *testing.T) {
 		l := e.checkpoints("d")
 		d := e.diff("diff", "d", l[0].ID, l[len(l)-1].ID)
 		got := changeList(d)

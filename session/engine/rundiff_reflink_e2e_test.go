@@ -71,14 +71,14 @@ func TestRunKeepReflink(t *testing.T) {
 			}
 			dir := loopFS(t, kind, 4<<30)
 			e := newEnvAt(t, vmmtest.DataDirIn(t, dir))
-			os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\n"), 0o644)
-			e.startDaemon()
-			e.ok("create", "x")
-			e.ok("exec", "x", "--", "sh", "-c", "head -c 50000000 /dev/urandom > data.bin")
-			e.ok("flush", "x")
-			before := freeBytes(t, e.data)
-			id := strings.TrimSpace(e.ok("run", "start", "x", "--keep"))
-			added := before - freeBytes(t, e.data)
+			os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\n"), 0o644)
+			e.StartDaemon()
+			e.OK("create", "x")
+			e.OK("exec", "x", "--", "sh", "-c", "head -c 50000000 /dev/urandom > data.bin")
+			e.OK("flush", "x")
+			before := freeBytes(t, e.Data)
+			id := strings.TrimSpace(e.OK("run", "start", "x", "--keep"))
+			added := before - freeBytes(t, e.Data)
 			l := e.checkpoints("x")
 			if len(l) != 1 || l[0].Run != id || l[0].Copy != "reflink" {
 				t.Fatalf("checkpoints %+v, want one reflink of run %s", l, id)
@@ -87,7 +87,7 @@ func TestRunKeepReflink(t *testing.T) {
 			if added >= 1<<20 {
 				t.Errorf("the starting point allocated %d bytes, want under 1 MiB", added)
 			}
-			e.ok("exec", "--run", id, "x", "--", "sh", "-c", "echo changed > new.txt")
+			e.OK("exec", "--run", id, "x", "--", "sh", "-c", "echo changed > new.txt")
 			if d := e.diff("run", "diff", id); len(d.Changes) != 1 || d.Changes[0].Path != "new.txt" {
 				t.Errorf("diff on %s: %q", kind, changeList(d))
 			}
@@ -104,27 +104,27 @@ func TestBenchRunKeep(t *testing.T) {
 		t.Skip("set BERTH_BENCH=1 (make bench)")
 	}
 	bench := func(t *testing.T, e *env, fsName string) {
-		os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\ncheckpoint_limit = 100\n"), 0o644)
-		e.startDaemon()
-		e.ok("create", "b")
-		e.ok("exec", "b", "--", "sh", "-c", "head -c 200000000 /dev/urandom > big.bin")
-		e.ok("flush", "b")
-		img := filepath.Join(e.data, "sessions", "b", "workspace.img")
+		os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\ncheckpoint_limit = 100\n"), 0o644)
+		e.StartDaemon()
+		e.OK("create", "b")
+		e.OK("exec", "b", "--", "sh", "-c", "head -c 200000000 /dev/urandom > big.bin")
+		e.OK("flush", "b")
+		img := filepath.Join(e.Data, "sessions", "b", "workspace.img")
 		var keep, plain, cp []time.Duration
 		how := ""
 		for range 3 {
 			start := time.Now()
-			id := strings.TrimSpace(e.ok("run", "start", "b", "--keep"))
+			id := strings.TrimSpace(e.OK("run", "start", "b", "--keep"))
 			keep = append(keep, time.Since(start))
 			l := e.checkpoints("b")
 			how = l[len(l)-1].Copy
-			e.ok("run", "end", id)
-			e.ok("checkpoint", "rm", "b", l[len(l)-1].ID)
+			e.OK("run", "end", id)
+			e.OK("checkpoint", "rm", "b", l[len(l)-1].ID)
 			start = time.Now()
-			id = strings.TrimSpace(e.ok("run", "start", "b"))
+			id = strings.TrimSpace(e.OK("run", "start", "b"))
 			plain = append(plain, time.Since(start))
-			e.ok("run", "end", id)
-			dst := filepath.Join(e.data, "cp-bench.img")
+			e.OK("run", "end", id)
+			dst := filepath.Join(e.Data, "cp-bench.img")
 			flag := "--sparse=always"
 			if how == "reflink" {
 				flag = "--reflink=always"
@@ -163,26 +163,26 @@ func TestBenchRunDiff(t *testing.T) {
 		t.Skip("set BERTH_BENCH=1 (make bench)")
 	}
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.startDaemon()
-	e.ok("create", "b")
-	e.ok("exec", "b", "--", "sh", "-c", "head -c 300000000 /dev/urandom > big.bin && for d in $(seq 1 20); do mkdir -p src/$d; for f in $(seq 1 100); do seq 1 200 > src/$d/$f.txt; done; done")
-	id := strings.TrimSpace(e.ok("run", "start", "b", "--keep"))
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\n"), 0o644)
+	e.StartDaemon()
+	e.OK("create", "b")
+	e.OK("exec", "b", "--", "sh", "-c", "head -c 300000000 /dev/urandom > big.bin && for d in $(seq 1 20); do mkdir -p src/$d; for f in $(seq 1 100); do seq 1 200 > src/$d/$f.txt; done; done")
+	id := strings.TrimSpace(e.OK("run", "start", "b", "--keep"))
 	var files []string
 	for i := 1; i <= 10; i++ {
 		files = append(files, fmt.Sprintf("src/%d/%d.txt", i, i))
 	}
-	e.ok("exec", "--run", id, "b", "--", "sh", "-c", "for f in "+strings.Join(files, " ")+"; do echo changed >> $f; done")
+	e.OK("exec", "--run", id, "b", "--", "sh", "-c", "for f in "+strings.Join(files, " ")+"; do echo changed >> $f; done")
 	var diff, read []time.Duration
 	for range 3 {
 		start := time.Now()
-		out := e.ok("run", "diff", id, "--stat")
+		out := e.OK("run", "diff", id, "--stat")
 		diff = append(diff, time.Since(start))
 		if !strings.Contains(out, "10 files changed, 10 insertions(+)") {
 			t.Fatalf("run diff --stat:\n%s", out)
 		}
 		start = time.Now()
-		e.ok("exec", "b", "--", "cat", files[0], files[1], files[2], files[3], files[4], files[5], files[6], files[7], files[8], files[9])
+		e.OK("exec", "b", "--", "cat", files[0], files[1], files[2], files[3], files[4], files[5], files[6], files[7], files[8], files[9])
 		read = append(read, time.Since(start))
 	}
 	t.Logf("BENCH %-40s %10s vs reading the 10 files %10s  ratio %.2fx", "run diff --stat, 10 of 2,000 files, 1 GiB",
