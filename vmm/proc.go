@@ -216,6 +216,42 @@ func AttachProcess(dir, logPath string) (*Process, error) {
 	return p, nil
 }
 
+// KillStrays kills every process working in dir, a VM's directory, and
+// returns their pids. A VMM works in its VM's directory (StartProcess
+// makes it its working directory), so this finds one that no vmm.pid
+// records: one a daemon was killed in starting (between its fork and the
+// pid file), or one a driver could not attach to (QEMU still taking in a
+// template's migration). Left alone, such a VMM runs on unsupervised, and
+// the session's next start runs a second beside it.
+func KillStrays(dir string) []int {
+	dir = filepath.Clean(dir)
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var killed []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 1 || pid == os.Getpid() {
+			continue
+		}
+		cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
+		if err != nil {
+			continue
+		}
+		// A directory removed under the process reads "DIR (deleted)".
+		if cwd != dir && cwd != dir+" (deleted)" {
+			continue
+		}
+		if pgid, err := syscall.Getpgid(pid); err == nil && pgid == pid {
+			syscall.Kill(-pid, syscall.SIGKILL)
+		}
+		syscall.Kill(pid, syscall.SIGKILL)
+		killed = append(killed, pid)
+	}
+	return killed
+}
+
 // LogTail returns the last n lines of a log file, reading at most its last
 // 8 KiB, for crash reports; "" if it cannot be read.
 func LogTail(path string, n int) string {

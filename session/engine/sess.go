@@ -467,6 +467,14 @@ func (s *sess) recover(ctx context.Context) {
 			vm = nil
 		}
 	}
+	if vm == nil {
+		// Nothing this daemon can supervise runs in the VM's directory;
+		// a VMM that does anyway is a stray, and would be a second VM
+		// beside the next start's.
+		if pids := vmm.KillStrays(s.vmDir()); len(pids) > 0 {
+			s.m.log.Warn("killed a VMM no record or driver could attach to", "session", s.name, "state", st, "pids", pids)
+		}
+	}
 	switch st {
 	case session.StateCreating:
 		// A create that never finished: undo it, as a failed create would.

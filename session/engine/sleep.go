@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/vmm"
 )
@@ -224,7 +225,18 @@ func (s *sess) afterWake(ctx context.Context) error {
 	}
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	return agentErr(s.name, c.ThawAt(ctx, time.Now(), seed))
+	err = c.ThawAt(ctx, time.Now(), seed)
+	if errors.Is(err, guest.ErrDisconnected) && ctx.Err() == nil {
+		// The agent channel of a VM just restored from a snapshot can
+		// drop once under load (the soak saw it fail an ssh command's
+		// wake): thaw through a new connection rather than leave the
+		// workspace frozen under a record that says running.
+		c.Close()
+		if c, err = s.connectedAgent(); err == nil {
+			err = c.ThawAt(ctx, time.Now(), seed)
+		}
+	}
+	return agentErr(s.name, err)
 }
 
 // ensureAwake wakes a sleeping session before an action on it; concurrent
