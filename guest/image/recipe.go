@@ -200,7 +200,13 @@ func (r *Recipe) validate() error {
 }
 
 // imageBase returns NAME for a base of "image:NAME".
-func (r *Recipe) imageBase() (string, bool) { return strings.CutPrefix(r.Base, "image:") }
+func (r *Recipe) imageBase() (string, bool) {
+	name, ok := strings.CutPrefix(r.Base, "image:")
+	if !ok {
+		return "", false
+	}
+	return name, true
+}
 
 // systemBytes is the build VM's system disk size.
 func (r *Recipe) systemBytes() int64 {

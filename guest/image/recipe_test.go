@@ -22,6 +22,20 @@ func writeRecipe(t *testing.T, body string) string {
 	return p
 }
 
+func TestRecipeImageBase(t *testing.T) {
+	tests := []struct {
+		base, name string
+		image      bool
+	}{{"debian", "", false}, {"debian-minimal", "", false}, {"image:app", "app", true}}
+	for _, tt := range tests {
+		r := &Recipe{Name: "x", Base: tt.base}
+		p, err := r.plan()
+		if name, ok := r.imageBase(); name != tt.name || ok != tt.image || err != nil || p.base != tt.name {
+			t.Errorf("base %q: imageBase %q %v, plan base %q (%v); want %q", tt.base, name, ok, p.base, err, tt.name)
+		}
+	}
+}
+
 func TestParseRecipe(t *testing.T) {
 	for _, c := range []struct {
 		name, body, err string
