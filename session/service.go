@@ -242,6 +242,14 @@ type CreateOptions struct {
 	SystemBytes int64 `json:"system_bytes,omitempty"`
 	// Net is the network policy ("": the configured default).
 	Net string `json:"net,omitempty"`
+	// From makes the session from a checkpoint of another: "NAME@ID", or
+	// "NAME" for NAME's newest checkpoint (ParseCheckpointRef). Its
+	// workspace, system disk and image are the checkpoint's, so DiskBytes,
+	// SystemBytes and Image are left out; CPUs, MemoryMiB, VMM, Net and
+	// IdleTimeout left out are the source session's. A memory checkpoint
+	// resumes its processes, on a VM of its size. The new session has an
+	// identity of its own, as a fork has. See CheckCreateFrom.
+	From string `json:"from,omitempty"`
 }
 
 // ExecRequest describes a command to run.

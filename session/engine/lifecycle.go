@@ -45,11 +45,15 @@ func (m *Manager) limits() session.Limits {
 	return lim
 }
 
-// Create makes a session: its workspace volume, then its VM. A failure at
-// any step removes everything the create made.
+// Create makes a session: its workspace volume, then its VM; with
+// opts.From, copies of a checkpoint's disks (from.go). A failure at any
+// step removes everything the create made.
 func (m *Manager) Create(ctx context.Context, opts session.CreateOptions) (session.Session, error) {
 	if err := session.ValidateName(opts.Name); err != nil {
 		return session.Session{}, err
+	}
+	if opts.From != "" {
+		return m.createFrom(ctx, opts)
 	}
 	d := m.cfg.Defaults
 	dc := d.create()

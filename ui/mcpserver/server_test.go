@@ -245,6 +245,15 @@ func TestTools(t *testing.T) {
 		}
 		res, _ = call(t, cs, "create_session", map[string]any{"name": "Bad_Name"})
 		wantToolError(t, "create_session bad name", res, "invalid session name")
+		res, _ = call(t, cs, "create_session", map[string]any{"name": "copy", "from": "fresh"})
+		wantToolError(t, "create_session from a session without checkpoints", res, `argument from: fresh: session "fresh" has no checkpoints`)
+		if _, err := f.Checkpoint(ctx, "fresh", session.CheckpointOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		res, out = call(t, cs, "create_session", map[string]any{"name": "copy", "from": "fresh@c1"})
+		if res.IsError || out["name"] != "copy" || out["memory_mib"] != 1024.0 {
+			t.Errorf("create_session from a checkpoint = %s %v", text(res), out)
+		}
 		res, out = call(t, cs, "flush", map[string]any{"session": "demo"})
 		if res.IsError {
 			t.Errorf("flush: %s", text(res))

@@ -59,6 +59,7 @@ type createSessionIn struct {
 	CPUs   int    `json:"cpus,omitempty" jsonschema:"virtual CPUs"`
 	Memory string `json:"memory,omitempty" jsonschema:"memory, such as 512M or 2G"`
 	Disk   string `json:"disk,omitempty" jsonschema:"size of the /workspace volume, such as 4G"`
+	From   string `json:"from,omitempty" jsonschema:"make it from a checkpoint of another session: NAME@ID, or NAME for its newest (its image and disks are the checkpoint's; leave image and disk out)"`
 }
 
 type execIn struct {
@@ -231,7 +232,7 @@ func (s *Server) createSession(ctx context.Context, in createSessionIn) (session
 	if err := session.ValidateName(in.Name); err != nil {
 		return sessionSummary{}, err
 	}
-	opts := session.CreateOptions{Name: in.Name, Image: in.Image, CPUs: in.CPUs}
+	opts := session.CreateOptions{Name: in.Name, Image: in.Image, CPUs: in.CPUs, From: in.From}
 	var err error
 	if in.Memory != "" {
 		if opts.MemoryMiB, err = session.ParseMemory(in.Memory); err != nil {
