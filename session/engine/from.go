@@ -147,7 +147,16 @@ func (m *Manager) createFrom(ctx context.Context, opts session.CreateOptions) (s
 		if err := os.MkdirAll(s.snapshotDir(), 0o755); err != nil {
 			return fail(err)
 		}
-		pairs = append(pairs[:len(pairs):len(pairs)], [2]string{filepath.Join(dir, ckptMemory), s.snapshotPath()})
+		// The restore only reads the memory snapshot (QEMU takes it as
+		// its incoming migration) and a checkpoint never changes, so a
+		// hard link stands in for a copy; it is removed before the
+		// session runs, so nothing of the session's ever writes through
+		// it. Where it cannot be linked (a snapshot directory), it is
+		// copied.
+		mem := filepath.Join(dir, ckptMemory)
+		if err := os.Link(mem, s.snapshotPath()); err != nil {
+			pairs = append(pairs[:len(pairs):len(pairs)], [2]string{mem, s.snapshotPath()})
+		}
 	}
 	dc := m.copier()
 	dc.NoSync = true
