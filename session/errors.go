@@ -35,6 +35,7 @@ const (
 	FieldRef         = "ref"    // the image picked from an import's source
 	FieldFrom        = "from"   // a create's checkpoint (CreateOptions.From)
 	FieldVMM         = "vmm"
+	FieldUser        = "user" // who a command runs as (ExecRequest.User)
 )
 
 // Codes say more than a class where a client acts on it: an errno's name

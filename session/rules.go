@@ -325,3 +325,30 @@ func (o CreateOptions) FromSource(src CreateSource, lim Limits) (CreateOptions, 
 	o.Net = net
 	return o, nil
 }
+
+// MaxUser bounds a command's user (ExecRequest.User).
+const MaxUser = 256
+
+// ValidateUser checks the form of a command's user: NAME or UID, with an
+// optional :GROUP or :GID, at most MaxUser bytes, no spaces or control
+// characters. Whether the guest has that user is the guest's to say.
+func ValidateUser(spec string) error {
+	const want = "want NAME or UID, with an optional :GROUP or :GID"
+	if spec == "" || len(spec) > MaxUser {
+		return Invalid(FieldUser, fmt.Sprintf("must be 1 to %d characters: %s", MaxUser, want), "")
+	}
+	shown := spec
+	if len(shown) > 64 {
+		shown = shown[:64] + "…"
+	}
+	for _, c := range spec {
+		if c <= ' ' || c == 0x7f {
+			return Invalid(FieldUser, fmt.Sprintf("%q has a space or a control character: %s", shown, want), "")
+		}
+	}
+	user, group, hasGroup := strings.Cut(spec, ":")
+	if user == "" || hasGroup && (group == "" || strings.Contains(group, ":")) {
+		return Invalid(FieldUser, fmt.Sprintf("%q: %s", shown, want), "")
+	}
+	return nil
+}

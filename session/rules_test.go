@@ -343,3 +343,16 @@ func TestFromSource(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateUser(t *testing.T) {
+	for spec, ok := range map[string]bool{
+		"root": true, "app": true, "1000": true, "app:staff": true, "1000:1000": true, "www-data": true,
+		"": false, "app:": false, ":staff": false, "a:b:c": false, "a b": false, "a\tb": false, "a\x00": false, "a\n": false,
+		strings.Repeat("a", MaxUser): true, strings.Repeat("a", MaxUser+1): false,
+	} {
+		err := ValidateUser(spec)
+		if ok != (err == nil) || err != nil && (!errors.Is(err, ErrInvalid) || FieldOf(err) != FieldUser) {
+			t.Errorf("ValidateUser(%q) = %v, want ok %v (else ErrInvalid of field user)", spec, err, ok)
+		}
+	}
+}

@@ -268,6 +268,8 @@ func flagOf(field string) string {
 		return "--from"
 	case session.FieldVMM:
 		return "--vmm"
+	case session.FieldUser:
+		return "--user"
 	case session.FieldCPUs, session.FieldMemory, session.FieldDisk, session.FieldNet, session.FieldImage, session.FieldLabel:
 		return "--" + field
 	}

@@ -68,6 +68,7 @@ type execIn struct {
 	Argv           []string          `json:"argv,omitempty" jsonschema:"the program and its arguments, run without a shell (give this or command)"`
 	Cwd            string            `json:"cwd,omitempty" jsonschema:"working directory (default /workspace)"`
 	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables to set"`
+	User           string            `json:"user,omitempty" jsonschema:"run as this user: NAME or UID, with an optional :GROUP or :GID (default: the image's user, else root)"`
 	TimeoutSeconds int               `json:"timeout_seconds,omitempty" jsonschema:"kill the command after this many seconds (default 600)"`
 }
 
@@ -312,7 +313,7 @@ func (s *Server) exec(ctx context.Context, in execIn) (execOut, error) {
 	// leaves it running and recorded. Only following its output stops.
 	follow, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
-	p, err := s.svc.Exec(follow, name, session.ExecRequest{Argv: argv, Env: env, Cwd: in.Cwd, Timeout: timeout})
+	p, err := s.svc.Exec(follow, name, session.ExecRequest{Argv: argv, Env: env, Cwd: in.Cwd, Timeout: timeout, User: in.User})
 	if err != nil {
 		return execOut{}, err
 	}
