@@ -78,6 +78,7 @@ FUZZ_TARGETS := \
 	guest:FuzzFrames guest:FuzzHostHandshake guest:FuzzGuestHandshake \
 	ui/sshd/sftp:FuzzSFTP ui/sshd:FuzzSCPSink \
 	session/engine/egress:FuzzDNSQuery session/engine/egress:FuzzEgressRequest session:FuzzParsePolicy session/schedule:FuzzParseSpec \
+	session:FuzzParseCheckpointRef session:FuzzValidateUser guest/users:FuzzLookup \
 	session/api:FuzzAPIBody guest/image:FuzzRecipe \
 	guest/image/oci:FuzzParseJSON guest/image/oci:FuzzParseEntry guest/image/oci:FuzzApplyLayer \
 	ui/common:FuzzSanitizeLine ui/components/output:FuzzOutputWindow \

@@ -364,6 +364,10 @@ type ExecRequest struct {
 	// Stdin reports whether the host will send stdin; without it the
 	// command's stdin is /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
+	// User is who the command runs as: NAME or UID, with an optional
+	// :GROUP or :GID (guest/users), resolved in the guest against its own
+	// /etc/passwd and /etc/group; "" is root.
+	User string `json:"user,omitempty"`
 }
 
 // ExecInfo describes an execution in the agent.

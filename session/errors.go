@@ -33,6 +33,9 @@ const (
 	FieldRun         = "run"
 	FieldSource      = "source" // an image import's source
 	FieldRef         = "ref"    // the image picked from an import's source
+	FieldFrom        = "from"   // a create's checkpoint (CreateOptions.From)
+	FieldVMM         = "vmm"
+	FieldUser        = "user" // who a command runs as (ExecRequest.User)
 )
 
 // Codes say more than a class where a client acts on it: an errno's name

@@ -38,8 +38,9 @@ type ImageInfo struct {
 
 // ImageConfig is the part of an imported image's config berth applies:
 // Env for managed commands and shells (a command's own env wins),
-// WorkingDir as their default directory when it is under /workspace.
-// User is shown, not applied: commands run as root.
+// WorkingDir as their default directory when it is under /workspace,
+// User as whom they run (ExecRequest.User overrides; a new session's
+// workspace is that user's).
 type ImageConfig struct {
 	Env        []string `json:"env,omitempty"`
 	User       string   `json:"user,omitempty"`

@@ -214,3 +214,145 @@ func TestFormatAgo(t *testing.T) {
 		}
 	}
 }
+
+func TestParseCheckpointRef(t *testing.T) {
+	for _, c := range []struct {
+		in      string
+		want    CheckpointRef
+		wantErr bool
+	}{
+		{"src@c1", CheckpointRef{"src", "c1"}, false},
+		{"src", CheckpointRef{"src", ""}, false},
+		{"a-0@c12345", CheckpointRef{"a-0", "c12345"}, false},
+		{"", CheckpointRef{}, true},
+		{"@c1", CheckpointRef{}, true},
+		{"src@", CheckpointRef{}, true},
+		{"Src@c1", CheckpointRef{}, true},
+		{"src@C1", CheckpointRef{}, true},
+		{"src@c1@c2", CheckpointRef{}, true},
+		{"src@../x", CheckpointRef{}, true},
+		{"src@" + strings.Repeat("c", maxCheckpointID+1), CheckpointRef{}, true},
+		{"berth@c1", CheckpointRef{}, true},
+	} {
+		got, err := ParseCheckpointRef(c.in)
+		if c.wantErr {
+			if !errors.Is(err, ErrInvalid) || FieldOf(err) != FieldFrom {
+				t.Errorf("ParseCheckpointRef(%q) = %+v, %v; want ErrInvalid of field from", c.in, got, err)
+			}
+			continue
+		}
+		if err != nil || got != c.want || got.String() != c.in {
+			t.Errorf("ParseCheckpointRef(%q) = %+v (%s), %v; want %+v", c.in, got, got, err, c.want)
+		}
+	}
+}
+
+func TestCheckCreateFrom(t *testing.T) {
+	for _, c := range []struct {
+		what  string
+		opts  CreateOptions
+		class error
+		field string
+	}{
+		{"plain", CreateOptions{Name: "new", From: "src@c1"}, nil, ""},
+		{"with resources", CreateOptions{Name: "new", From: "src", CPUs: 2, MemoryMiB: 1024, Net: "open"}, nil, ""},
+		{"bad new name", CreateOptions{Name: "New", From: "src"}, ErrInvalid, ""},
+		{"bad reference", CreateOptions{Name: "new", From: "src@"}, ErrInvalid, FieldFrom},
+		{"image", CreateOptions{Name: "new", From: "src", Image: "debian"}, ErrInvalid, FieldImage},
+		{"disk", CreateOptions{Name: "new", From: "src", DiskBytes: 1 << 30}, ErrInvalid, FieldDisk},
+		{"system disk", CreateOptions{Name: "new", From: "src", SystemBytes: 1 << 30}, ErrInvalid, FieldSystemDisk},
+	} {
+		_, err := CheckCreateFrom(c.opts)
+		if c.class == nil {
+			if err != nil {
+				t.Errorf("CheckCreateFrom %s: %v", c.what, err)
+			}
+			continue
+		}
+		if !errors.Is(err, c.class) || FieldOf(err) != c.field {
+			t.Errorf("CheckCreateFrom %s = %v; want %v of field %q", c.what, err, c.class, c.field)
+		}
+	}
+}
+
+func TestPickCheckpoint(t *testing.T) {
+	list := []Checkpoint{{ID: "c1"}, {ID: "c2"}, {ID: "c5"}}
+	for _, c := range []struct {
+		ref    CheckpointRef
+		list   []Checkpoint
+		want   string
+		reason string // in the refusal
+	}{
+		{CheckpointRef{"s", "c2"}, list, "c2", ""},
+		{CheckpointRef{"s", ""}, list, "c5", ""},
+		{CheckpointRef{"s", "c3"}, list, "", `no checkpoint "c3"`},
+		{CheckpointRef{"s", ""}, nil, "", "has no checkpoints"},
+	} {
+		got, err := PickCheckpoint(c.ref, c.list)
+		if c.want != "" {
+			if err != nil || got.ID != c.want {
+				t.Errorf("PickCheckpoint(%s) = %s, %v; want %s", c.ref, got.ID, err, c.want)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrNotFound) || FieldOf(err) != FieldFrom || !strings.Contains(err.Error(), c.reason) {
+			t.Errorf("PickCheckpoint(%s) = %v; want ErrNotFound of field from saying %q", c.ref, err, c.reason)
+		}
+	}
+}
+
+func TestFromSource(t *testing.T) {
+	hour := time.Hour
+	disk := CreateSource{Checkpoint: Checkpoint{ID: "c1"}, CPUs: 2, MemoryMiB: 512, VMM: "qemu", Net: "open", IdleTimeout: &hour}
+	mem := disk
+	mem.Checkpoint.Memory = true
+	for _, c := range []struct {
+		what  string
+		opts  CreateOptions
+		src   CreateSource
+		want  CreateOptions // when no refusal
+		class error
+		field string
+	}{
+		{"the source's settings", CreateOptions{Name: "n"}, disk,
+			CreateOptions{Name: "n", CPUs: 2, MemoryMiB: 512, VMM: "qemu", Net: "open", IdleTimeout: &hour}, nil, ""},
+		{"a disk checkpoint on a bigger VM", CreateOptions{Name: "n", CPUs: 4, MemoryMiB: 1024, Net: "none"}, disk,
+			CreateOptions{Name: "n", CPUs: 4, MemoryMiB: 1024, VMM: "qemu", Net: "none", IdleTimeout: &hour}, nil, ""},
+		{"a memory checkpoint on its own size", CreateOptions{Name: "n", CPUs: 2, MemoryMiB: 512, VMM: "qemu"}, mem,
+			CreateOptions{Name: "n", CPUs: 2, MemoryMiB: 512, VMM: "qemu", Net: "open", IdleTimeout: &hour}, nil, ""},
+		{"a memory checkpoint on more CPUs", CreateOptions{Name: "n", CPUs: 4}, mem, CreateOptions{}, ErrInvalid, FieldCPUs},
+		{"a memory checkpoint in more memory", CreateOptions{Name: "n", MemoryMiB: 1024}, mem, CreateOptions{}, ErrInvalid, FieldMemory},
+		{"a memory checkpoint on another VMM", CreateOptions{Name: "n", VMM: "cloud-hypervisor"}, mem, CreateOptions{}, ErrInvalid, FieldVMM},
+		{"memory below the minimum", CreateOptions{Name: "n", MemoryMiB: 64}, disk, CreateOptions{}, ErrInvalid, FieldMemory},
+		{"a bad policy", CreateOptions{Name: "n", Net: "sometimes"}, disk, CreateOptions{}, ErrInvalid, FieldNet},
+	} {
+		got, err := c.opts.FromSource(c.src, Limits{DiskFree: 1 << 20})
+		if c.class != nil {
+			if !errors.Is(err, c.class) || FieldOf(err) != c.field {
+				t.Errorf("FromSource %s = %v; want %v of field %q", c.what, err, c.class, c.field)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("FromSource %s: %v", c.what, err)
+			continue
+		}
+		if got.CPUs != c.want.CPUs || got.MemoryMiB != c.want.MemoryMiB || got.VMM != c.want.VMM || got.Net != c.want.Net ||
+			got.IdleTimeout == nil || *got.IdleTimeout != *c.want.IdleTimeout || got.DiskBytes != 0 {
+			t.Errorf("FromSource %s = %+v, want %+v", c.what, got, c.want)
+		}
+	}
+}
+
+func TestValidateUser(t *testing.T) {
+	for spec, ok := range map[string]bool{
+		"root": true, "app": true, "1000": true, "app:staff": true, "1000:1000": true, "www-data": true,
+		"": false, "app:": false, ":staff": false, "a:b:c": false, "a b": false, "a\tb": false, "a\x00": false, "a\n": false,
+		strings.Repeat("a", MaxUser): true, strings.Repeat("a", MaxUser+1): false,
+	} {
+		err := ValidateUser(spec)
+		if ok != (err == nil) || err != nil && (!errors.Is(err, ErrInvalid) || FieldOf(err) != FieldUser) {
+			t.Errorf("ValidateUser(%q) = %v, want ok %v (else ErrInvalid of field user)", spec, err, ok)
+		}
+	}
+}

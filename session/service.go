@@ -150,6 +150,9 @@ type Execution struct {
 	By       string   `json:"by"` // who started it: "cli", "tui", "ssh:<key comment>"
 	// Outside marks a process outside berth's coordination (an SSH shell).
 	Outside bool `json:"outside,omitempty"`
+	// User is who it ran as, as asked or as its image's config says (""
+	// is root).
+	User string `json:"user,omitempty"`
 
 	State     ExecState `json:"state"`
 	ExitCode  *int      `json:"exit_code,omitempty"`
@@ -242,6 +245,14 @@ type CreateOptions struct {
 	SystemBytes int64 `json:"system_bytes,omitempty"`
 	// Net is the network policy ("": the configured default).
 	Net string `json:"net,omitempty"`
+	// From makes the session from a checkpoint of another: "NAME@ID", or
+	// "NAME" for NAME's newest checkpoint (ParseCheckpointRef). Its
+	// workspace, system disk and image are the checkpoint's, so DiskBytes,
+	// SystemBytes and Image are left out; CPUs, MemoryMiB, VMM, Net and
+	// IdleTimeout left out are the source session's. A memory checkpoint
+	// resumes its processes, on a VM of its size. The new session has an
+	// identity of its own, as a fork has. See CheckCreateFrom.
+	From string `json:"from,omitempty"`
 }
 
 // ExecRequest describes a command to run.
@@ -257,6 +268,11 @@ type ExecRequest struct {
 	// Outside marks an interactive process outside berth's coordination
 	// (a shell over SSH): recorded, but shown as such.
 	Outside bool `json:"outside,omitempty"`
+	// User is who the command runs as in the guest: NAME or UID, with an
+	// optional :GROUP or :GID (ValidateUser), resolved against the
+	// guest's own /etc/passwd and /etc/group. "" is the image's user (an
+	// imported image's config User), else root.
+	User string `json:"user,omitempty"`
 }
 
 // Process is a running execution the caller started or attached to.

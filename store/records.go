@@ -79,6 +79,7 @@ type Exec struct {
 	TTY      bool     `json:"tty,omitempty"`
 	Outside  bool     `json:"outside,omitempty"`
 	By       string   `json:"by,omitempty"`
+	User     string   `json:"user,omitempty"` // who it ran as in the guest ("": root)
 	State    string   `json:"state"`
 	ExitCode *int     `json:"exit_code,omitempty"`
 	Signal   string   `json:"signal,omitempty"`

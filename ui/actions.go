@@ -189,7 +189,7 @@ func actionTable() []action {
 		{key: bind("F", "fork into a new session"), verbs: []string{"fork"}, args: "NEW", act: session.ActionFork, target: onSession, run: (*Model).fork},
 		{key: bind("d", "delete session"), verbs: []string{"delete"}, target: onSession,
 			confirm: confirmName, prompt: deletePrompt, act: session.ActionDelete, run: (*Model).delete},
-		{key: bind("n", "new session"), verbs: []string{"create", "new"}, args: "NAME [cpus=N] [mem=SIZE] [disk=SIZE] [image=NAME]",
+		{key: bind("n", "new session"), verbs: []string{"create", "new"}, args: "NAME [cpus=N] [mem=SIZE] [disk=SIZE] [image=NAME] [from=SESSION@ID]",
 			act: session.ActionCreate, run: (*Model).create},
 		{key: bind("x", "run command"), verbs: []string{"exec", "x"}, args: "COMMAND", act: session.ActionExec, target: onSession, run: (*Model).execAction},
 		{key: bind("N", "network policy"), verbs: []string{"net"}, args: "[POLICY]", act: session.ActionNet, target: onSession, run: (*Model).netAction},
@@ -636,9 +636,9 @@ func (m *Model) create(c call) tea.Cmd {
 		}
 		kv[k] = v
 	}
-	opts, err := createOptions(c.arg, kv["cpus"], kv["mem"], kv["disk"], kv["image"])
+	opts, err := createOptions(c.arg, kv["cpus"], kv["mem"], kv["disk"], kv["image"], kv["from"])
 	if err != nil {
-		return m.setFlash(common.FlashError, err.Error())
+		return m.setFlash(common.FlashError, common.ErrorText(err))
 	}
 	return m.createSession(opts)
 }
@@ -650,9 +650,10 @@ func (m *Model) newSessionDialog(name string) tea.Cmd {
 		{Label: "memory", Placeholder: "default", Hint: "e.g. 1G or 512M (a bare number is bytes)"},
 		{Label: "disk", Placeholder: "default", Hint: "/workspace volume size, e.g. 10G (a bare number is bytes)"},
 		{Label: "image", Placeholder: "default (" + session.DefaultImage + ")"},
+		{Label: "from", Placeholder: "none", Hint: "SESSION@ID: a copy of a checkpoint of another session (SESSION: its newest)"},
 	}
 	d, cmd := dialog.NewForm(m.c, "New session", "", fields, func(v []string) (tea.Cmd, error) {
-		opts, err := createOptions(v[0], v[1], v[2], v[3], v[4])
+		opts, err := createOptions(v[0], v[1], v[2], v[3], v[4], v[5])
 		if err != nil {
 			return nil, err
 		}
@@ -662,11 +663,17 @@ func (m *Model) newSessionDialog(name string) tea.Cmd {
 }
 
 // createOptions reads the new-session form (or :create's settings) with
-// session's rules; empty fields take the daemon's defaults.
-func createOptions(name, cpus, mem, disk, image string) (session.CreateOptions, error) {
-	o := session.CreateOptions{Name: strings.TrimSpace(name), Image: strings.TrimSpace(image)}
+// session's rules; empty fields take the daemon's defaults (or, with
+// from, the source's).
+func createOptions(name, cpus, mem, disk, image, from string) (session.CreateOptions, error) {
+	o := session.CreateOptions{Name: strings.TrimSpace(name), Image: strings.TrimSpace(image), From: strings.TrimSpace(from)}
 	if err := session.ValidateName(o.Name); err != nil {
 		return o, err
+	}
+	if o.From != "" {
+		if _, err := session.ParseCheckpointRef(o.From); err != nil {
+			return o, err
+		}
 	}
 	if s := strings.TrimSpace(cpus); s != "" {
 		n, err := strconv.Atoi(s)

@@ -383,6 +383,10 @@ func TestCommandLine(t *testing.T) {
 	}
 	run("create web cpus=3 mem=1G")
 	h.waitFor("created", func() bool { s, ok := h.m.sessions.Get("web"); return ok && s.CPUs == 3 })
+	run("checkpoint web")
+	h.waitFor("checkpoint", func() bool { return f.Calls("Checkpoint") == 1 })
+	run("create web2 from=web@c1")
+	h.waitFor("created from a checkpoint", func() bool { s, ok := h.m.sessions.Get("web2"); return ok && s.CPUs == 3 && s.MemoryMiB == 1024 })
 	run("flush alpha")
 	h.waitFor("flush", func() bool { return f.Calls("Flush") == 1 })
 	run("exec alpha ls -la")

@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,6 +27,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/users"
 )
 
 // Config configures an Agent. The zero value serves a test agent with no
@@ -59,6 +61,9 @@ type Config struct {
 	SystemInfo guest.Workspace
 	// Hostname is the VM's hostname, for Hello.
 	Hostname string
+	// Etc is where the passwd and group files that name the users
+	// commands run as are read ("": /etc, the root's).
+	Etc string
 	// Proxy and DNS are the guest addresses ServeNet listens on for the
 	// egress proxy and the DNS server ("": not served). With Proxy set,
 	// commands get http_proxy, https_proxy and no_proxy.
@@ -392,13 +397,21 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 	return nil, &guest.Error{Code: guest.CodeBadRequest, Op: req.Op, Message: "unknown operation; host and agent versions differ?"}
 }
 
-// env builds a command's environment.
-func (a *Agent) env(req *guest.ExecRequest) []string {
+// env builds a command's environment; u is the user it runs as (nil:
+// root, with the agent's HOME).
+func (a *Agent) env(req *guest.ExecRequest, u *users.User) []string {
 	env := map[string]string{
 		"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
 		"HOME": a.cfg.Home,
 		"USER": "root",
 		"LANG": "C.UTF-8",
+	}
+	if u != nil && u.UID != 0 {
+		env["HOME"], env["USER"] = u.Home, u.Name
+		if u.Name == "" {
+			env["USER"] = strconv.Itoa(u.UID)
+		}
+		env["LOGNAME"] = env["USER"]
 	}
 	if req.TTY {
 		env["TERM"] = "xterm-256color"

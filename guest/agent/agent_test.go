@@ -462,3 +462,54 @@ func TestHandshakeDiscardsStaleBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A command's user is resolved against the passwd and group files the
+// agent reads (the guest's /etc): it runs with that uid, gid and
+// supplementary groups and that HOME and USER; root and bare uids need no
+// entry; an unknown name is refused with its cause, never run as root.
+func TestExecAsUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("running a command as another user needs root")
+	}
+	etc := t.TempDir()
+	os.WriteFile(filepath.Join(etc, "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001:App:/home/app:/bin/sh\n"), 0o644)
+	os.WriteFile(filepath.Join(etc, "group"), []byte("root:x:0:\napp:x:1001:\nstaff:x:50:app\n"), 0o644)
+	ws := t.TempDir()
+	os.Chmod(ws, 0o777)
+	os.Chmod(filepath.Dir(ws), 0o755) // t.TempDir makes its parent 0700
+	a, err := New(Config{Workspace: ws, Home: "/root", Etc: etc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, a)
+	script := `echo "$(id -u) $(id -g) $(id -G) $HOME $USER"`
+	for _, tc := range []struct {
+		user, want string
+	}{
+		{"", "0 0 0 /root root"},
+		{"app", "1000 1001 1001 50 /home/app app"},
+		{"app:staff", "1000 50 50 /home/app app"},
+		{"root", "0 0 0 /root root"},
+		{"4242", "4242 0 0 / 4242"},
+	} {
+		r := run(t, c, guest.ExecRequest{Argv: []string{"sh", "-c", script}, User: tc.user}, "")
+		if r.err != nil || strings.TrimSpace(string(r.stdout)) != tc.want {
+			t.Errorf("as %q: %q %q, %v; want %q", tc.user, r.stdout, r.stderr, r.err, tc.want)
+		}
+	}
+	// What the user writes in the workspace is the user's.
+	if r := run(t, c, guest.ExecRequest{Argv: []string{"sh", "-c", "echo x > mine"}, User: "app"}, ""); r.err != nil || r.exit.ExitCode != 0 {
+		t.Fatalf("write as app: %v %s", r.err, r.stderr)
+	}
+	if fi, err := os.Stat(filepath.Join(ws, "mine")); err != nil || fi.Sys().(*syscall.Stat_t).Uid != 1000 {
+		t.Errorf("a file app wrote: %v, %+v", err, fi)
+	}
+	r := run(t, c, guest.ExecRequest{Argv: []string{"true"}, User: "ghost"}, "")
+	var ge *guest.Error
+	if !errors.As(r.err, &ge) || !errors.Is(r.err, fs.ErrNotExist) || !strings.Contains(r.err.Error(), `cannot run as user "ghost": the VM's `+etc+"/passwd does not have it") {
+		t.Errorf("as an unknown user: %v", r.err)
+	}
+	if r := run(t, c, guest.ExecRequest{Argv: []string{"true"}, User: "app:"}, ""); r.err == nil || !strings.Contains(r.err.Error(), "want NAME or UID") {
+		t.Errorf("as a malformed user: %v", r.err)
+	}
+}

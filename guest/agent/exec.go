@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/users"
 )
 
 const (
@@ -199,8 +200,16 @@ func (t *execTable) start(req *guest.ExecRequest) (*execution, bool, error) {
 	e := &execution{id: req.ID, argv: req.Argv, started: time.Now(), stdout: newOutBuf(outBufSize)}
 	e.cond = sync.NewCond(&e.mu)
 
+	var user *users.User
+	if req.User != "" {
+		u, err := t.a.lookupUser(req.User)
+		if err != nil {
+			return nil, false, err
+		}
+		user = &u
+	}
 	cmd := exec.Command(req.Argv[0], req.Argv[1:]...)
-	cmd.Env = t.a.env(req)
+	cmd.Env = t.a.env(req, user)
 	if p, ok := lookPathIn(req.Argv[0], cmd.Env); ok {
 		cmd.Path, cmd.Err = p, nil
 	}
@@ -257,6 +266,15 @@ func (t *execTable) start(req *guest.ExecRequest) (*execution, bool, error) {
 			closeAfter = append(closeAfter, ir)
 			e.stdin = iw
 		}
+	}
+	if user != nil {
+		groups := make([]uint32, len(user.Groups))
+		for i, g := range user.Groups {
+			groups[i] = uint32(g)
+		}
+		// Groups is set (empty or not), so the agent's own supplementary
+		// groups are never inherited.
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(user.UID), Gid: uint32(user.GID), Groups: groups}
 	}
 	if cg := t.a.newCgroup(req.ID); cg != nil {
 		cmd.SysProcAttr.UseCgroupFD = true
@@ -485,4 +503,32 @@ func (t *execTable) reap(sigchld <-chan os.Signal, stop <-chan struct{}) {
 			return
 		}
 	}
+}
+
+// lookupUser resolves a command's user against the root's passwd and
+// group files, read up to users.MaxFile bytes each (a missing file is
+// an empty one: root and bare uids still resolve).
+func (a *Agent) lookupUser(spec string) (users.User, error) {
+	etc := a.cfg.Etc
+	if etc == "" {
+		etc = "/etc"
+	}
+	read := func(name string) []byte {
+		f, err := os.Open(filepath.Join(etc, name))
+		if err != nil {
+			return nil
+		}
+		defer f.Close()
+		b, _ := io.ReadAll(io.LimitReader(f, users.MaxFile))
+		return b
+	}
+	u, err := users.Lookup(spec, read("passwd"), read("group"))
+	var unknown *users.UnknownError
+	switch {
+	case errors.As(err, &unknown):
+		return u, &guest.Error{Code: "ENOENT", Op: "exec", Message: fmt.Sprintf("cannot run as %s %q: the VM's %s does not have it", unknown.Kind, unknown.Name, filepath.Join(etc, unknown.File()))}
+	case err != nil:
+		return u, &guest.Error{Code: guest.CodeBadRequest, Op: "exec", Message: err.Error()}
+	}
+	return u, nil
 }

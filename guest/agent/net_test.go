@@ -240,7 +240,7 @@ func TestProxyEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := strings.Join(a.env(&guest.ExecRequest{Env: map[string]string{"no_proxy": "mine"}}), "\n")
+	env := strings.Join(a.env(&guest.ExecRequest{Env: map[string]string{"no_proxy": "mine"}}, nil), "\n")
 	for _, want := range []string{"http_proxy=http://127.0.0.1:3128", "https_proxy=http://127.0.0.1:3128", "HTTPS_PROXY=http://127.0.0.1:3128", "no_proxy=mine", "NO_PROXY=" + guest.NoProxy} {
 		if !strings.Contains(env, want) {
 			t.Errorf("env lacks %s:\n%s", want, env)

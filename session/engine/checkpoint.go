@@ -46,6 +46,12 @@ type ckptMeta struct {
 	// left out (a run's starting point without System); a restore keeps
 	// the system disk the session has then.
 	WorkspaceOnly bool `json:"workspace_only,omitempty"`
+	// The VM the checkpoint was taken of, which a create from a memory
+	// checkpoint resumes (0 and "": taken before they were kept; the
+	// session's own then, as sessions are never resized).
+	CPUs      int    `json:"cpus,omitempty"`
+	MemoryMiB int    `json:"memory_mib,omitempty"`
+	VMM       string `json:"vmm,omitempty"`
 }
 
 // ckptFor says what a checkpoint is taken for beyond its options.
@@ -261,6 +267,7 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts session.Checkpoin
 		Image: rec.Image, ImageDigest: rec.ImageDigest, WorkspaceUUID: rec.WorkspaceUUID,
 		SystemUUID: rec.SystemUUID, SystemBytes: rec.SystemBytes, DiskBytes: rec.DiskBytes,
 		MachineID: rec.MachineID, Accel: rec.Accel, WorkspaceOnly: rec.SystemUUID != "" && !withSystem,
+		CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB, VMM: rec.VMM,
 	}
 	for _, p := range pairs {
 		cm.Bytes += diskcopy.Allocated(p[1])
@@ -765,6 +772,16 @@ func (s *sess) afterFork(ctx context.Context, step func(string)) (forkIdentity, 
 		return forkIdentity{}, fmt.Errorf("resume the forked VM: %w", err)
 	}
 	step("resumed")
+	return s.newIdentity(ctx, step)
+}
+
+// newIdentity has the agent of a running VM whose disks (and memory) are
+// a copy of another session's — a fork's, or a checkpoint's — make it
+// this session's machine: its hostname and machine id, a new boot id, a
+// reseeded RNG and new filesystem UUIDs, which the record then names.
+// The executions the agent knew are forgotten (they are the source's
+// records) and counted.
+func (s *sess) newIdentity(ctx context.Context, step func(string)) (forkIdentity, error) {
 	c, err := s.connectedAgent()
 	if err != nil {
 		return forkIdentity{}, err

@@ -282,9 +282,9 @@ func itoa(n int) string {
 }
 
 // TestCheckpointCrashPoints kills the daemon at every step of checkpoint,
-// restore and fork. Afterwards the source is running or cleanly stopped
-// with its files intact, no half-made checkpoint is listed, and no
-// half-made fork exists.
+// restore, fork and create --from. Afterwards the source is running or
+// cleanly stopped with its files intact, no half-made checkpoint is
+// listed, and no half-made fork or new session exists.
 func TestCheckpointCrashPoints(t *testing.T) {
 	e := newEnv(t)
 	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte(ckptConfig), 0o644)
@@ -344,6 +344,8 @@ func TestCheckpointCrashPoints(t *testing.T) {
 			[]string{"restore", "crashy", base, "--yes"}},
 		{[]string{"fork:frozen", "fork:saved", "fork:copied-frozen", "fork:copied", "fork:restored", "fork:noted"},
 			[]string{"fork", "crashy", "crashy-fork"}},
+		// A create from a checkpoint makes the same kind of new session.
+		{[]string{"from:copied", "from:identity"}, []string{"create", "crashy-fork", "--from", "crashy@" + base}},
 	}
 	for _, c := range cases {
 		for _, point := range c.points {

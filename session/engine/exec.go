@@ -72,7 +72,7 @@ func (r *run) snapshot() (store.Exec, <-chan struct{}) {
 func toExecution(e store.Exec) session.Execution {
 	return session.Execution{
 		ID: e.ID, Session: e.Session, Argv: e.Argv, EnvNames: e.EnvNames, Cwd: e.Cwd, TTY: e.TTY, By: e.By,
-		Outside: e.Outside, State: session.ExecState(e.State), ExitCode: e.ExitCode, Signal: e.Signal, Error: e.Error,
+		Outside: e.Outside, User: e.User, State: session.ExecState(e.State), ExitCode: e.ExitCode, Signal: e.Signal, Error: e.Error,
 		StartedAt: e.StartedAt, EndedAt: e.EndedAt, StdoutBytes: e.StdoutBytes, StderrBytes: e.StderrBytes,
 	}
 }
@@ -119,9 +119,12 @@ func (m *Manager) runsOf(name string) []*run {
 }
 
 // withImageDefaults gives a command what its image's config asks for:
-// the image's Env under the command's own, and its working directory
-// when the command names none.
+// the image's Env under the command's own, its working directory when the
+// command names none, and its user when the command names none.
 func withImageDefaults(req session.ExecRequest, d execDefaults) session.ExecRequest {
+	if req.User == "" {
+		req.User = d.User
+	}
 	if len(d.Env) > 0 {
 		env := maps.Clone(d.Env)
 		maps.Copy(env, req.Env)
@@ -139,6 +142,11 @@ func withImageDefaults(req session.ExecRequest, d execDefaults) session.ExecRequ
 func (m *Manager) Exec(ctx context.Context, name string, req session.ExecRequest) (session.Process, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return nil, fmt.Errorf("no command given: %w", session.ErrInvalid)
+	}
+	if req.User != "" {
+		if err := session.ValidateUser(req.User); err != nil {
+			return nil, err
+		}
 	}
 	s, err := m.get(name)
 	if err != nil {
@@ -179,7 +187,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req session.ExecRequest
 	}
 	rec := store.Exec{
 		ID: newExecID(), Session: name, Argv: req.Argv, EnvNames: envNames, Cwd: cwd, TTY: req.TTY,
-		Outside: req.Outside, By: by, State: string(session.ExecStarting), StartedAt: time.Now(),
+		Outside: req.Outside, User: req.User, By: by, State: string(session.ExecStarting), StartedAt: time.Now(),
 	}
 	if err := m.st.PutExec(rec); err != nil {
 		return nil, fmt.Errorf("record execution: %w", err)
@@ -190,6 +198,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req session.ExecRequest
 
 	gx, err := c.Exec(m.ctx, guest.ExecRequest{
 		ID: rec.ID, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, Stdin: req.Stdin,
+		User: req.User,
 	}, guest.ManualAck())
 	if err != nil {
 		var ge *guest.Error

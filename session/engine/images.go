@@ -39,13 +39,19 @@ type Image struct {
 }
 
 // execDefaults are an image's defaults for the commands run in it: the
-// environment its config gives and the directory they start in.
+// environment its config gives, the directory they start in and the user
+// they run as.
 type execDefaults struct {
 	Env map[string]string
 	Cwd string // "" for /workspace
+	// User is the config's User as it says it ("": root), which the
+	// agent resolves in the guest; UID and GID are what the import
+	// resolved it to, whom a new workspace is given to.
+	User     string
+	UID, GID int
 }
 
-// imageExecDefaults reads an image config's Env and WorkingDir as
+// imageExecDefaults reads an image config's Env, WorkingDir and User as
 // defaults for managed commands and shells. A WorkingDir outside
 // /workspace is not used: commands start in the session's project.
 func imageExecDefaults(c *image.Config) execDefaults {
@@ -64,6 +70,7 @@ func imageExecDefaults(c *image.Config) execDefaults {
 		d.Env[k] = v
 	}
 	d.Cwd = workspaceDir(c.WorkingDir)
+	d.User, d.UID, d.GID = c.User, c.UID, c.GID
 	return d
 }
 

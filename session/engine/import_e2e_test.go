@@ -246,11 +246,12 @@ func busyboxImage(t *testing.T, busybox []byte) (v1.Image, []byte) {
 }
 
 type tarEnt struct {
-	name string
-	typ  byte
-	mode int64
-	body []byte
-	link string
+	name     string
+	typ      byte
+	mode     int64
+	body     []byte
+	link     string
+	uid, gid int
 }
 
 func tarOf(t *testing.T, ents []tarEnt) []byte {
@@ -259,7 +260,7 @@ func tarOf(t *testing.T, ents []tarEnt) []byte {
 	tw := tar.NewWriter(&b)
 	for _, e := range ents {
 		h := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Linkname: e.link, Size: int64(len(e.body)),
-			ModTime: time.Unix(1700000000, 0), Format: tar.FormatPAX}
+			Uid: e.uid, Gid: e.gid, ModTime: time.Unix(1700000000, 0), Format: tar.FormatPAX}
 		if err := tw.WriteHeader(h); err != nil {
 			t.Fatal(err)
 		}

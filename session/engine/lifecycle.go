@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"runtime"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/store"
 	"github.com/berthvm/berth/vmm"
@@ -45,11 +47,15 @@ func (m *Manager) limits() session.Limits {
 	return lim
 }
 
-// Create makes a session: its workspace volume, then its VM. A failure at
-// any step removes everything the create made.
+// Create makes a session: its workspace volume, then its VM; with
+// opts.From, copies of a checkpoint's disks (from.go). A failure at any
+// step removes everything the create made.
 func (m *Manager) Create(ctx context.Context, opts session.CreateOptions) (session.Session, error) {
 	if err := session.ValidateName(opts.Name); err != nil {
 		return session.Session{}, err
+	}
+	if opts.From != "" {
+		return m.createFrom(ctx, opts)
 	}
 	d := m.cfg.Defaults
 	dc := d.create()
@@ -118,19 +124,41 @@ func (m *Manager) Create(ctx context.Context, opts session.CreateOptions) (sessi
 	return s.snapshot(), nil
 }
 
-// makeWorkDir makes the working directory the session's image names, when
-// it is under /workspace, in the new workspace: its commands start there.
+// makeWorkDir readies a new workspace for the commands of the session's
+// image: the working directory its config names, when under /workspace,
+// is made (they start there), and with a user other than root the
+// workspace and that directory are the user's, so its commands can write
+// where they run.
 func (s *sess) makeWorkDir(ctx context.Context) error {
 	d := s.execDefaults()
-	if d.Cwd == "" || d.Cwd == "/workspace" {
+	mkdir := d.Cwd != "" && d.Cwd != "/workspace"
+	chown := d.User != "" && d.UID != 0
+	if !mkdir && !chown {
 		return nil
 	}
 	c, err := s.connectedAgent()
 	if err != nil {
 		return err
 	}
-	if err := c.Mkdir(ctx, d.Cwd, true); err != nil {
-		return fmt.Errorf("make the image's working directory %s: %w", d.Cwd, agentErr(s.name, err))
+	if mkdir {
+		if err := c.Mkdir(ctx, d.Cwd, true); err != nil {
+			return fmt.Errorf("make the image's working directory %s: %w", d.Cwd, agentErr(s.name, err))
+		}
+	}
+	if chown {
+		uid, gid := d.UID, d.GID
+		dirs := []string{"/workspace"}
+		if mkdir {
+			// Mkdir made every missing parent; each becomes the user's.
+			for p := d.Cwd; p != "/workspace"; p = path.Dir(p) {
+				dirs = append(dirs, p)
+			}
+		}
+		for _, p := range dirs {
+			if err := c.Setstat(ctx, p, guest.Attrs{UID: &uid, GID: &gid}); err != nil {
+				return fmt.Errorf("give %s to the image's user %s (%d:%d): %w", p, d.User, uid, gid, agentErr(s.name, err))
+			}
+		}
 	}
 	return nil
 }

@@ -12,8 +12,9 @@
 // may be taken while holding only locks above it:
 //
 //  1. sess.op: one session's lifecycle, held for a whole boot, sleep or
-//     checkpoint. A fork takes its source's before its new session's (the
-//     new one is not listed yet, so nobody else can hold it).
+//     checkpoint. A fork, and a create from a checkpoint, take their
+//     source's before their new session's (the new one is not listed yet,
+//     so nobody else can hold it).
 //  2. Manager.tmplMu, then imageBuilds.mu: template and image builds.
 //  3. sess.agentMu: (re)connecting a session's agent.
 //  4. harness.putMu, then harness.mu: runs and schedules.

@@ -16,6 +16,10 @@ import (
 type fakeCkpt struct {
 	info session.Checkpoint
 	root *node
+	// The VM it was taken of, for a create from it.
+	image     string
+	cpus, mem int
+	vmm       string
 }
 
 func cloneTree(n *node) *node {
@@ -56,7 +60,7 @@ func (f *Fake) Checkpoint(ctx context.Context, name string, opts session.Checkpo
 }
 
 func (f *Fake) checkpointLocked(ctx context.Context, s *fakeSession, opts session.CheckpointOptions, auto bool) (session.Checkpoint, error) {
-	c := fakeCkpt{root: cloneTree(s.root)}
+	c := fakeCkpt{root: cloneTree(s.root), image: s.info.Image, cpus: s.info.CPUs, mem: s.info.MemoryMiB, vmm: s.info.VMM}
 	limN, limB := f.opts.CheckpointLimit, f.opts.CheckpointBytes
 	if limN == 0 {
 		limN = session.DefaultCheckpointLimit
@@ -206,4 +210,56 @@ func (f *Fake) Fork(ctx context.Context, name, newName string) (session.ForkResu
 		h.scheds[newName] = append(h.scheds[newName], sc)
 	}
 	return session.ForkResult{Session: s.info, Source: name, Copy: "sparse copy", Frozen: time.Millisecond, Took: time.Millisecond}, nil
+}
+
+// createFrom is Create with opts.From: a new session on a copy of the
+// checkpoint's workspace, by the contract's rules, as the Manager does.
+func (f *Fake) createFrom(ctx context.Context, opts session.CreateOptions) (session.Session, error) {
+	ref, err := session.CheckCreateFrom(opts)
+	if err != nil {
+		return session.Session{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	src, err := f.getLocked(ref.Session)
+	if err != nil {
+		return session.Session{}, session.NoSourceSession(ref)
+	}
+	list := make([]session.Checkpoint, len(src.ckpts))
+	for i, c := range src.ckpts {
+		list[i] = c.info
+	}
+	picked, err := session.PickCheckpoint(ref, list)
+	if err != nil {
+		return session.Session{}, err
+	}
+	i, _ := src.findCkpt(picked.ID)
+	ck := src.ckpts[i]
+	ref.ID = ck.info.ID
+	if !slices.Contains(f.opts.Images, ck.image) {
+		return session.Session{}, session.SourceImageGone(ref, ck.info, ck.image, "", nil)
+	}
+	opts, err = opts.FromSource(session.CreateSource{Checkpoint: ck.info, CPUs: ck.cpus, MemoryMiB: ck.mem, VMM: ck.vmm,
+		Net: src.info.Net, IdleTimeout: &src.info.IdleTimeout}, f.opts.Limits)
+	if err != nil {
+		return session.Session{}, err
+	}
+	if _, ok := f.sessions[opts.Name]; ok {
+		return session.Session{}, fmt.Errorf("session %q: %w", opts.Name, session.ErrExists)
+	}
+	now := f.now()
+	info := src.info
+	info.Name, info.State, info.Cause, info.CreatedAt, info.LastActivity = opts.Name, session.StateCreating, "", now, now
+	info.CPUs, info.MemoryMiB, info.VMM, info.Image, info.Net = opts.CPUs, opts.MemoryMiB, opts.VMM, ck.image, opts.Net
+	if opts.IdleTimeout != nil {
+		info.IdleTimeout = *opts.IdleTimeout
+	}
+	info.Running, info.Checkpoints, info.CheckpointBytes, info.DirtyBytes = 0, 0, 0, 0
+	s := &fakeSession{info: info, root: cloneTree(ck.root)}
+	f.sessions[opts.Name] = s
+	f.publishLocked(ctx, s, session.Event{Kind: session.EventState})
+	f.publishLocked(ctx, s, session.Event{Kind: session.EventNote, Message: "created from checkpoint " + ref.String()})
+	f.bootLocked(ctx, s, causeBy(ctx, "created from checkpoint "+ref.String()))
+	f.publishLocked(ctx, src, session.Event{Kind: session.EventNote, Message: "checkpoint " + ck.info.ID + " copied into new session " + opts.Name})
+	return s.info, nil
 }

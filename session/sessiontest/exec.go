@@ -7,6 +7,7 @@ import (
 	"path"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -68,6 +69,11 @@ func (f *Fake) Exec(ctx context.Context, name string, req session.ExecRequest) (
 			return nil, fmt.Errorf("exec in session %q: bad environment variable name %q: %w", name, k, session.ErrInvalid)
 		}
 	}
+	if req.User != "" {
+		if err := session.ValidateUser(req.User); err != nil {
+			return nil, err
+		}
+	}
 
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -116,6 +122,7 @@ func (f *Fake) Exec(ctx context.Context, name string, req session.ExecRequest) (
 		Cwd:       cwd,
 		TTY:       req.TTY,
 		Outside:   req.Outside,
+		User:      req.User,
 		By:        session.Actor(ctx),
 		State:     session.ExecRunning,
 		StartedAt: f.now(),
@@ -134,6 +141,8 @@ func (f *Fake) Exec(ctx context.Context, name string, req session.ExecRequest) (
 
 	cmd := f.commands[path.Base(req.Argv[0])]
 	if msg := s.cwdProblem(cwd); msg != "" {
+		f.finishLocked(e, session.ExecFailed, nil, "", msg)
+	} else if msg := unknownUser(req.User); msg != "" {
 		f.finishLocked(e, session.ExecFailed, nil, "", msg)
 	} else if cmd == nil {
 		f.finishLocked(e, session.ExecFailed, nil, "", fmt.Sprintf("exec %q: executable file not found in $PATH", req.Argv[0]))
@@ -464,4 +473,28 @@ func (f *Fake) Cancel(ctx context.Context, execID string) error {
 	}
 	e.cancel(errCancelled)
 	return nil
+}
+
+// unknownUser says why a command cannot run as user, as the agent says
+// it; "" when it can. The fake's guests are the mini image's: root is
+// their only user and group, and a bare id needs no entry.
+func unknownUser(user string) string {
+	if user == "" {
+		return ""
+	}
+	name, group, _ := strings.Cut(user, ":")
+	known := func(s string) bool {
+		if s == "" || s == "root" {
+			return true
+		}
+		_, err := strconv.ParseUint(s, 10, 32)
+		return err == nil
+	}
+	switch {
+	case !known(name):
+		return fmt.Sprintf("exec: cannot run as user %q: the VM's /etc/passwd does not have it", name)
+	case !known(group):
+		return fmt.Sprintf("exec: cannot run as group %q: the VM's /etc/group does not have it", group)
+	}
+	return ""
 }

@@ -13,6 +13,9 @@ func (f *Fake) Create(ctx context.Context, opts session.CreateOptions) (session.
 	if err := f.enter(ctx, "Create"); err != nil {
 		return session.Session{}, err
 	}
+	if opts.From != "" {
+		return f.createFrom(ctx, opts)
+	}
 	if err := f.validateCreate(&opts); err != nil {
 		return session.Session{}, err
 	}

@@ -236,6 +236,24 @@ func suiteExec(t *testing.T, ctx context.Context, svc session.Service, name stri
 			t.Errorf("pwd in a missing directory: %s %q, want failed %q", r.Exec.State, r.Exec.Error, want)
 		}
 	})
+	t.Run("User", func(t *testing.T) {
+		// Root is every guest's; the record says who a command ran as.
+		r := Run(t, ctx, svc, name, session.ExecRequest{Argv: []string{"pwd"}, User: "root"}, "")
+		if exitCode(r.Exec) != 0 || r.Exec.User != "root" {
+			t.Errorf("pwd as root: %s exit %v, user %q", r.Exec.State, r.Exec.ExitCode, r.Exec.User)
+		}
+		_, err := svc.Exec(ctx, name, session.ExecRequest{Argv: []string{"pwd"}, User: "root:"})
+		wantClass(t, "Exec as a malformed user", err, session.ErrInvalid)
+		if got := session.FieldOf(err); got != session.FieldUser {
+			t.Errorf("Exec as a malformed user: %v points at field %q, want %q", err, got, session.FieldUser)
+		}
+		// A user the guest does not have: the command never runs, and
+		// its record says why.
+		r = Run(t, ctx, svc, name, session.ExecRequest{Argv: []string{"pwd"}, User: "conf-nobody"}, "")
+		if r.Exec.State != session.ExecFailed || !strings.Contains(r.Exec.Error, `user "conf-nobody"`) || r.Stdout != "" {
+			t.Errorf("pwd as a user the guest does not have: %s %q, stdout %q", r.Exec.State, r.Exec.Error, r.Stdout)
+		}
+	})
 	t.Run("Signal", func(t *testing.T) {
 		r := Run(t, ctx, svc, name, session.ExecRequest{Argv: []string{"sh", "-c", "kill -TERM $$"}}, "")
 		if r.Exec.Signal != "SIGTERM" || r.Exec.ExitCode != nil {

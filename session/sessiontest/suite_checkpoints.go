@@ -2,6 +2,7 @@ package sessiontest
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -52,6 +53,7 @@ func suiteCheckpoints(t *testing.T, ctx context.Context, svc session.Service, na
 			t.Errorf("Checkpoint %s: %v points at field %q, want %q", c.what, err, got, c.field)
 		}
 	}
+	suiteCreateFrom(t, ctx, svc, name, ck)
 	_, err = svc.Restore(ctx, name, "c999")
 	wantClass(t, "Restore unknown", err, session.ErrNotFound)
 	if got := session.FieldOf(err); got != session.FieldCheckpoint {
@@ -94,5 +96,76 @@ func suiteCheckpoints(t *testing.T, ctx context.Context, svc session.Service, na
 	}
 	if list, err := svc.Checkpoints(ctx, name); err != nil || len(list) != 0 {
 		t.Errorf("after removing them all: %+v, %v", list, err)
+	}
+}
+
+// suiteCreateFrom: a session made from a checkpoint of another holds the
+// checkpoint's files and not those written after it; NAME alone is the
+// newest checkpoint; the refusals name the from field (or the one the
+// checkpoint decides) with their classes, and leave no session behind.
+func suiteCreateFrom(t *testing.T, ctx context.Context, svc session.Service, name string, ck session.Checkpoint) {
+	const from = "conf-from"
+	s, err := svc.Create(ctx, session.CreateOptions{Name: from, From: name + "@" + ck.ID})
+	if err != nil {
+		t.Fatalf("Create from %s@%s: %v", name, ck.ID, err)
+	}
+	defer svc.Delete(context.WithoutCancel(ctx), from)
+	src, _ := svc.Get(ctx, name)
+	if s.Name != from || s.State != session.StateRunning || s.Image != src.Image || s.DiskBytes != src.DiskBytes || s.CPUs != src.CPUs || s.MemoryMiB != src.MemoryMiB {
+		t.Errorf("Create from a checkpoint = %+v; want it running on the source's image, disk and size (%+v)", s, src)
+	}
+	if got := readAll(t, ctx, svc, from, "ckpt.txt"); got != "before" {
+		t.Errorf("made from the checkpoint, ckpt.txt = %q, want %q", got, "before")
+	}
+	if _, err := svc.Stat(ctx, from, "ckpt-new.txt"); err == nil {
+		t.Error("made from the checkpoint, it has a file written after it")
+	}
+	if got := readAll(t, ctx, svc, name, "ckpt.txt"); got != "after" {
+		t.Errorf("the source's ckpt.txt = %q after a create from its checkpoint, want %q", got, "after")
+	}
+	if _, err := svc.WriteFile(ctx, from, "only-from.txt", strings.NewReader("x")); err != nil {
+		t.Errorf("WriteFile in the new session: %v", err)
+	}
+	if _, err := svc.Stat(ctx, name, "only-from.txt"); err == nil {
+		t.Error("a file written in the new session is in the source")
+	}
+	if err := svc.Delete(ctx, from); err != nil {
+		t.Fatalf("Delete %s: %v", from, err)
+	}
+	// NAME alone: the newest checkpoint, here the one taken above.
+	if s, err := svc.Create(ctx, session.CreateOptions{Name: from, From: name}); err != nil || s.State != session.StateRunning {
+		t.Fatalf("Create from %s (its newest checkpoint) = %+v, %v", name, s, err)
+	}
+	if got := readAll(t, ctx, svc, from, "ckpt.txt"); got != "before" {
+		t.Errorf("made from the newest checkpoint, ckpt.txt = %q, want %q", got, "before")
+	}
+	for _, c := range []struct {
+		what  string
+		opts  session.CreateOptions
+		class error
+		field string
+	}{
+		{"of a missing session", session.CreateOptions{From: "conf-missing@" + ck.ID}, session.ErrNotFound, session.FieldFrom},
+		{"of a missing checkpoint", session.CreateOptions{From: name + "@c999"}, session.ErrNotFound, session.FieldFrom},
+		{"of a session without checkpoints", session.CreateOptions{From: from}, session.ErrNotFound, session.FieldFrom},
+		{"with an empty id", session.CreateOptions{From: name + "@"}, session.ErrInvalid, session.FieldFrom},
+		{"of a bad name", session.CreateOptions{From: "Bad_Name@c1"}, session.ErrInvalid, session.FieldFrom},
+		{"with an image", session.CreateOptions{From: name, Image: src.Image}, session.ErrInvalid, session.FieldImage},
+		{"with a disk size", session.CreateOptions{From: name, DiskBytes: 64 << 20}, session.ErrInvalid, session.FieldDisk},
+		{"with a system disk size", session.CreateOptions{From: name, SystemBytes: 1 << 30}, session.ErrInvalid, session.FieldSystemDisk},
+		{"with too little memory", session.CreateOptions{From: name, MemoryMiB: 64}, session.ErrInvalid, session.FieldMemory},
+		{"onto an existing name", session.CreateOptions{Name: name, From: name}, session.ErrExists, ""},
+	} {
+		if c.opts.Name == "" {
+			c.opts.Name = "conf-bad"
+		}
+		_, err := svc.Create(ctx, c.opts)
+		wantClass(t, "Create from a checkpoint "+c.what, err, c.class)
+		if got := session.FieldOf(err); got != c.field {
+			t.Errorf("Create from a checkpoint %s: %v points at field %q, want %q", c.what, err, got, c.field)
+		}
+	}
+	if _, err := svc.Get(ctx, "conf-bad"); !errors.Is(err, session.ErrNotFound) {
+		t.Errorf("a refused create from a checkpoint left session conf-bad: %v", err)
 	}
 }

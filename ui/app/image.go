@@ -183,7 +183,8 @@ without mounting anything; each is cached by what it holds, so images that share
 share them here. The daemon adds berth's kernel and agent; the agent stays PID 1.
 The image's config is applied where berth has a place for it: its Env to commands and
 shells (a command's own env wins), its WorkingDir as their directory when it is under
-/workspace. Its User is shown, not applied: commands run as root.
+/workspace, its User as whom they run (exec and shell --user override it; a new session's
+/workspace is that user's). A User the image's /etc/passwd lacks is refused here.
 Importing needs the daemon to run as root on its host (layers keep owners and device
 nodes). A failed import leaves nothing behind; importing a name again replaces an
 earlier import of it, while sessions keep the build they were made with.`,
@@ -254,7 +255,7 @@ func configNotes(c *session.ImageConfig) []string {
 		out = append(out, fmt.Sprintf("  the image's working directory %s is outside /workspace: commands start in /workspace", c.WorkingDir))
 	}
 	if c.User != "" && c.User != "root" && c.User != "0" && !strings.HasPrefix(c.User, "0:") && !strings.HasPrefix(c.User, "root:") {
-		out = append(out, fmt.Sprintf("  the image's user %q is not applied: commands run as root", c.User))
+		out = append(out, fmt.Sprintf("  commands and shells run as %s (--user overrides); /workspace is theirs", c.User))
 	}
 	return out
 }

@@ -51,7 +51,7 @@ func TestImageSourceAndConfigNotes(t *testing.T) {
 		}
 	}
 	notes := strings.Join(configNotes(&session.ImageConfig{Env: []string{"A=1", "B=2"}, User: "app", WorkingDir: "/srv"}), "\n")
-	for _, want := range []string{"2 variable(s)", "/srv is outside /workspace", `user "app" is not applied`} {
+	for _, want := range []string{"2 variable(s)", "/srv is outside /workspace", "commands and shells run as app (--user overrides)"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("configNotes do not say %q:\n%s", want, notes)
 		}

@@ -35,3 +35,25 @@ func TestCheckpointCommands(t *testing.T) {
 			stderr: "~and its 2 checkpoint(s)"},
 	})
 }
+
+func TestCreateFrom(t *testing.T) {
+	w := newWorld(t, sessiontest.Options{})
+	w.sh(t, "create", "src")
+	w.sh(t, "checkpoint", "src", "--memory")
+	runAll(t, w, []tc{
+		{name: "from a checkpoint", args: []string{"create", "new", "--from", "src@c1"},
+			stdout: "created new: running, 1 CPU, 512 MiB memory, 4.0 GiB disk, image mini on qemu\ncreated from checkpoint src@c1 by cli\n"},
+		{name: "from the newest", args: []string{"create", "newer", "--from", "src"}, stdout: "~created from checkpoint src@c1 by cli\n"},
+		{name: "unknown checkpoint", args: []string{"create", "x", "--from", "src@c9"}, code: 1,
+			stderr: "berth: --from src@c9: session \"src\" has no checkpoint \"c9\" (list its checkpoints to see their ids)\n"},
+		{name: "no checkpoints", args: []string{"create", "x", "--from", "new"}, code: 1,
+			stderr: "berth: --from new: session \"new\" has no checkpoints (take one of it first)\n"},
+		{name: "unknown session", args: []string{"create", "x", "--from", "ghost@c1"}, code: 1,
+			stderr: "berth: --from ghost@c1: there is no session \"ghost\" to take a checkpoint of (list the sessions to see their names)\n"},
+		{name: "malformed", args: []string{"create", "x", "--from", "src@"}, code: 2, stderr: "~--from \"src@\": the checkpoint id after @ is empty or malformed"},
+		{name: "with an image", args: []string{"create", "x", "--from", "src", "--image", "mini"}, code: 2,
+			stderr: "~--image \"mini\" cannot be chosen for a session made from a checkpoint"},
+		{name: "a memory checkpoint on more CPUs", args: []string{"create", "x", "--from", "src", "--cpus", "2"}, code: 1,
+			stderr: "berth: --cpus 2 differs from the 1 of the VM in the checkpoint (leave it out: memory checkpoint c1 resumes its VM as it was)\n"},
+	})
+}

@@ -264,6 +264,12 @@ func flagOf(field string) string {
 		return "--idle-timeout"
 	case session.FieldRef:
 		return "--ref"
+	case session.FieldFrom:
+		return "--from"
+	case session.FieldVMM:
+		return "--vmm"
+	case session.FieldUser:
+		return "--user"
 	case session.FieldCPUs, session.FieldMemory, session.FieldDisk, session.FieldNet, session.FieldImage, session.FieldLabel:
 		return "--" + field
 	}

@@ -622,3 +622,19 @@ func TestWorkspaceUse(t *testing.T) {
 		{name: "ls", args: []string{"ls"}, stdout: "~asleep  sleeping  mini   1     512 MiB  4.0 GiB  12 MiB  -       0 B    0        1h ago\nfresh   stopped   mini   1     512 MiB  4.0 GiB  ?       -"},
 	})
 }
+
+func TestExecUser(t *testing.T) {
+	w := newWorld(t, sessiontest.Options{})
+	w.sh(t, "create", "demo")
+	runAll(t, w, []tc{
+		{name: "as root", args: []string{"exec", "demo", "--user", "root", "--", "pwd"}, stdout: "/workspace\n"},
+		{name: "as a user the guest lacks", args: []string{"exec", "demo", "--user", "ghost", "--", "pwd"}, code: 127,
+			stderr: "berth: e0002 could not start: exec: cannot run as user \"ghost\": the VM's /etc/passwd does not have it\n"},
+		{name: "malformed", args: []string{"exec", "demo", "--user", "app:", "--", "pwd"}, code: 2,
+			stderr: "~--user \"app:\": want NAME or UID, with an optional :GROUP or :GID"},
+		{name: "shell, malformed", args: []string{"shell", "demo", "--user", "a b"}, code: 2, stderr: "~--user \"a b\" has a space"},
+	})
+	if x := waitDone(t, w, "e0001"); x.User != "root" {
+		t.Errorf("the record of a command run as root says user %q", x.User)
+	}
+}

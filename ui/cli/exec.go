@@ -17,14 +17,15 @@ import (
 func execCmd() *Command {
 	return &Command{
 		Name: "exec", Action: session.ActionExec, Group: "Commands",
-		Usage:   "NAME [--detach] [--timeout D] [--env K=V]... [--cwd DIR] [-t] [--run ID] [--] CMD [ARGS...]",
+		Usage:   "NAME [--detach] [--timeout D] [--env K=V]... [--cwd DIR] [--user USER] [-t] [--run ID] [--] CMD [ARGS...]",
 		Args:    []string{"NAME", "CMD..."},
 		Summary: "run a recorded command in a session",
 		Help: `Runs CMD in /workspace (or --cwd) and streams its stdout and stderr here; stdin is
 forwarded. berth exits with the command's exit code, 128+N when a signal N killed it,
 124 when --timeout expired, 127 when it could not start, and 130 when it was cancelled
 (Ctrl-C cancels it in the guest). A cancelled or failed command can leave partial changes.
-Output is recorded: 'berth logs' replays it, also after --detach.`,
+Output is recorded: 'berth logs' replays it, also after --detach.
+` + userHelp,
 		Example: "berth exec demo -- make test\nberth exec demo --timeout 10m --env GOFLAGS=-race -- go test ./...\nberth exec demo --detach -- ./long-job.sh",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			detach := fs.Bool("detach", false, "start the command, print its id and return")
@@ -33,6 +34,7 @@ Output is recorded: 'berth logs' replays it, also after --detach.`,
 			fs.Var(env, "env", "set environment variable `K=V` (repeatable)")
 			cwd := fs.String("cwd", "", "working `DIR` (default /workspace)")
 			tty := fs.Bool("t", false, "run the command on a terminal (needs one here)")
+			user := userFlag(fs)
 			run := runFlag(fs)
 			return func(ctx context.Context, c *Call, args []string) error {
 				ctx, err := inRun(ctx, *run)
@@ -48,9 +50,12 @@ Output is recorded: 'berth logs' replays it, also after --detach.`,
 				if *tty && *detach {
 					return usageErrorf("-t and --detach do not go together")
 				}
+				if err := checkUser(*user); err != nil {
+					return err
+				}
 				req := session.ExecRequest{
 					Argv: args[1:], Env: env, Cwd: *cwd, Timeout: *timeout,
-					TTY: *tty, Stdin: !*detach,
+					TTY: *tty, Stdin: !*detach, User: *user,
 				}
 				if len(req.Env) == 0 {
 					req.Env = nil
@@ -66,17 +71,21 @@ Output is recorded: 'berth logs' replays it, also after --detach.`,
 
 func shellCmd() *Command {
 	return &Command{
-		Name: "shell", Action: session.ActionExec, Group: "Commands", Usage: "NAME", Args: []string{"NAME"},
+		Name: "shell", Action: session.ActionExec, Group: "Commands", Usage: "NAME [--user USER]", Args: []string{"NAME"},
 		Summary: "open an interactive shell in a session's /workspace",
-		Help:    "Runs sh on a terminal, as a recorded command. It needs a terminal here; for scripts use\n'berth exec NAME -- sh -c SCRIPT'.",
-		Example: "berth shell demo",
+		Help:    "Runs sh on a terminal, as a recorded command. It needs a terminal here; for scripts use\n'berth exec NAME -- sh -c SCRIPT'.\n" + userHelp,
+		Example: "berth shell demo\nberth shell demo --user root",
 		Setup: func(fs *flag.FlagSet) RunFunc {
+			user := userFlag(fs)
 			return func(ctx context.Context, c *Call, args []string) error {
+				if err := checkUser(*user); err != nil {
+					return err
+				}
 				if !c.env.StdinTTY {
 					return usageErrorf("needs a terminal on stdin; use 'berth exec %s -- sh -c SCRIPT' instead", args[0])
 				}
 				return c.execute(ctx, args[0], session.ExecRequest{
-					Argv: []string{"sh"}, Cwd: "/workspace", TTY: true, Stdin: true,
+					Argv: []string{"sh"}, Cwd: "/workspace", TTY: true, Stdin: true, User: *user,
 				})
 			}
 		},
@@ -318,4 +327,26 @@ func signalNumber(sig string) int {
 		return n
 	}
 	return 0
+}
+
+// userHelp says whom commands run as, for exec and shell.
+const userHelp = `It runs as the image's user (the User of an imported image's config), else root;
+--user USER runs it as another: NAME or UID, with an optional :GROUP or :GID, as the VM's
+own /etc/passwd and /etc/group name them.`
+
+// userFlag is --user of exec and shell.
+func userFlag(fs *flag.FlagSet) *string {
+	return fs.String("user", "", "run as `USER`: NAME or UID[:GROUP] (default: the image's user, else root)")
+}
+
+// checkUser refuses, before connecting, a --user the service would
+// refuse: the same rule.
+func checkUser(user string) error {
+	if user == "" {
+		return nil
+	}
+	if err := session.ValidateUser(user); err != nil {
+		return &exitError{code: ExitUsage, msg: session.Render(err, flagOf)}
+	}
+	return nil
 }

@@ -14,15 +14,21 @@ import (
 func createCmd() *Command {
 	return &Command{
 		Name: "create", Action: session.ActionCreate, Group: "Sessions",
-		Usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--system-disk SIZE] [--vmm qemu|cloud-hypervisor] [--idle-timeout D] [--net POLICY]",
+		Usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--system-disk SIZE] [--vmm qemu|cloud-hypervisor] [--idle-timeout D] [--net POLICY] [--from SESSION[@ID]]",
 		Args:    []string{"NAME"},
 		Summary: "create a session and boot it",
 		Help: "Creates the session's workspace volume and boots its VM. Unset flags take the daemon's defaults.\n" +
 			"Images with a root filesystem (debian, recipes) also get a system disk of their own, the\n" +
 			"writable layer over the image (packages, /etc, /root); it is allocated as it is written.\n" +
 			"A SIZE is a number with an optional K, M, G or T suffix, in binary units (1G is 1024M);\n" +
-			"a bare number is bytes, so --memory 512 is refused: write 512M.\n\n" + netHelp,
-		Example: "berth create demo --cpus 2 --memory 1G --disk 8G",
+			"a bare number is bytes, so --memory 512 is refused: write 512M.\n\n" +
+			"--from SESSION@ID makes the session from checkpoint ID of session SESSION (--from SESSION:\n" +
+			"its newest): copies of the checkpoint's workspace and system disk (copy-on-write where the\n" +
+			"filesystem can), on its image, with an identity of its own as a fork has (hostname,\n" +
+			"machine-id, boot id, RNG state, filesystem UUIDs). A checkpoint taken with --memory resumes\n" +
+			"its processes, on a VM of its size. --image, --disk and --system-disk are the checkpoint's;\n" +
+			"unset --cpus, --memory, --vmm, --idle-timeout and --net are SESSION's.\n\n" + netHelp,
+		Example: "berth create demo --cpus 2 --memory 1G --disk 8G\nberth create try --from demo@c3",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			cpus := fs.Int("cpus", 0, "`N` virtual CPUs, 1 to 64 (default: the daemon's)")
 			var memory memoryFlag
@@ -36,6 +42,7 @@ func createCmd() *Command {
 			fs.Var(vmm, "vmm", "hypervisor: `qemu` or cloud-hypervisor")
 			idle := fs.String("idle-timeout", "", "sleep after this long idle, e.g. `15m`; 0 never (default: the daemon's)")
 			netPolicy := fs.String("net", "", "network `POLICY`: none, open or allow:ENTRY,… (default: the daemon's, none)")
+			from := fs.String("from", "", "make it from checkpoint `SESSION@ID` of another session (SESSION: its newest)")
 			return func(ctx context.Context, c *Call, args []string) error {
 				// Unset, 0 means the daemon's default; given, it is refused
 				// by the same rule the daemon applies.
@@ -46,7 +53,13 @@ func createCmd() *Command {
 				}
 				opts := session.CreateOptions{
 					Name: args[0], CPUs: *cpus, MemoryMiB: memory.mib, DiskBytes: disk.n,
-					Image: *image, VMM: vmm.value, SystemBytes: system.n, Net: *netPolicy,
+					Image: *image, VMM: vmm.value, SystemBytes: system.n, Net: *netPolicy, From: *from,
+				}
+				if opts.From != "" {
+					// The same rule the daemon applies, before connecting.
+					if _, err := session.CheckCreateFrom(opts); err != nil {
+						return &exitError{code: ExitUsage, msg: session.Render(err, flagOf)}
+					}
 				}
 				if *idle != "" {
 					d, err := time.ParseDuration(*idle)
@@ -69,6 +82,9 @@ func createCmd() *Command {
 				}
 				fmt.Fprintf(c.env.Stdout, "created %s: %s, %s, %s memory, %s disk%s, image %s on %s\n",
 					s.Name, s.State, plural(s.CPUs, "CPU"), session.FormatBytes(int64(s.MemoryMiB)<<20), session.FormatBytes(s.DiskBytes), sys, s.Image, s.VMM)
+				if opts.From != "" {
+					fmt.Fprintf(c.env.Stdout, "%s\n", s.Cause)
+				}
 				if s.Net != "" && s.Net != session.DefaultNet {
 					fmt.Fprintf(c.env.Stdout, "network: %s\n", s.Net)
 				}

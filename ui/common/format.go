@@ -74,6 +74,10 @@ func FieldLabel(field string) string {
 		return "Memory snapshot"
 	case session.FieldCheckpoint:
 		return "Checkpoint"
+	case session.FieldFrom:
+		return "From"
+	case session.FieldVMM:
+		return "VMM"
 	case session.FieldName:
 		return "Name"
 	case session.FieldPath:

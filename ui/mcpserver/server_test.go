@@ -148,6 +148,12 @@ func TestTools(t *testing.T) {
 		wantToolError(t, "exec in a missing session", res, "not found")
 		res, _ = call(t, cs, "exec", map[string]any{"session": "demo", "command": 42})
 		wantToolError(t, "exec with a number for command", res, "command")
+		_, out = call(t, cs, "exec", map[string]any{"session": "demo", "command": "echo hello", "user": "root"})
+		if out["exit_code"] != 0.0 || out["stdout"] != "hello\n" {
+			t.Errorf("exec as root = %v", out)
+		}
+		res, _ = call(t, cs, "exec", map[string]any{"session": "demo", "command": "true", "user": "a b"})
+		wantToolError(t, "exec as a malformed user", res, "argument user:")
 	})
 
 	t.Run("ExecBoundsOutput", func(t *testing.T) {
@@ -245,6 +251,15 @@ func TestTools(t *testing.T) {
 		}
 		res, _ = call(t, cs, "create_session", map[string]any{"name": "Bad_Name"})
 		wantToolError(t, "create_session bad name", res, "invalid session name")
+		res, _ = call(t, cs, "create_session", map[string]any{"name": "copy", "from": "fresh"})
+		wantToolError(t, "create_session from a session without checkpoints", res, `argument from: fresh: session "fresh" has no checkpoints`)
+		if _, err := f.Checkpoint(ctx, "fresh", session.CheckpointOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		res, out = call(t, cs, "create_session", map[string]any{"name": "copy", "from": "fresh@c1"})
+		if res.IsError || out["name"] != "copy" || out["memory_mib"] != 1024.0 {
+			t.Errorf("create_session from a checkpoint = %s %v", text(res), out)
+		}
 		res, out = call(t, cs, "flush", map[string]any{"session": "demo"})
 		if res.IsError {
 			t.Errorf("flush: %s", text(res))
@@ -262,7 +277,7 @@ func TestTools(t *testing.T) {
 			t.Fatalf("runs of demo = %+v, %v; want the connection's one", runs, err)
 		}
 		r := runs[0]
-		if r.Title != "MCP: test-agent" || r.Status != session.RunOpen || r.Executions != 3 || r.BytesWritten == 0 {
+		if r.Title != "MCP: test-agent" || r.Status != session.RunOpen || r.Executions != 4 || r.BytesWritten == 0 {
 			t.Errorf("the connection's run = %+v, want it titled for the client, open, with its executions and writes", r)
 		}
 	})

@@ -59,6 +59,7 @@ type createSessionIn struct {
 	CPUs   int    `json:"cpus,omitempty" jsonschema:"virtual CPUs"`
 	Memory string `json:"memory,omitempty" jsonschema:"memory, such as 512M or 2G"`
 	Disk   string `json:"disk,omitempty" jsonschema:"size of the /workspace volume, such as 4G"`
+	From   string `json:"from,omitempty" jsonschema:"make it from a checkpoint of another session: NAME@ID, or NAME for its newest (its image and disks are the checkpoint's; leave image and disk out)"`
 }
 
 type execIn struct {
@@ -67,6 +68,7 @@ type execIn struct {
 	Argv           []string          `json:"argv,omitempty" jsonschema:"the program and its arguments, run without a shell (give this or command)"`
 	Cwd            string            `json:"cwd,omitempty" jsonschema:"working directory (default /workspace)"`
 	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables to set"`
+	User           string            `json:"user,omitempty" jsonschema:"run as this user: NAME or UID, with an optional :GROUP or :GID (default: the image's user, else root)"`
 	TimeoutSeconds int               `json:"timeout_seconds,omitempty" jsonschema:"kill the command after this many seconds (default 600)"`
 }
 
@@ -232,7 +234,7 @@ func (s *Server) createSession(ctx context.Context, in createSessionIn) (session
 	if err := session.ValidateName(in.Name); err != nil {
 		return sessionSummary{}, err
 	}
-	opts := session.CreateOptions{Name: in.Name, Image: in.Image, CPUs: in.CPUs}
+	opts := session.CreateOptions{Name: in.Name, Image: in.Image, CPUs: in.CPUs, From: in.From}
 	var err error
 	if in.Memory != "" {
 		if opts.MemoryMiB, err = session.ParseMemory(in.Memory); err != nil {
@@ -312,7 +314,7 @@ func (s *Server) exec(ctx context.Context, in execIn) (execOut, error) {
 	// leaves it running and recorded. Only following its output stops.
 	follow, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
-	p, err := s.svc.Exec(follow, name, session.ExecRequest{Argv: argv, Env: env, Cwd: in.Cwd, Timeout: timeout})
+	p, err := s.svc.Exec(follow, name, session.ExecRequest{Argv: argv, Env: env, Cwd: in.Cwd, Timeout: timeout, User: in.User})
 	if err != nil {
 		return execOut{}, err
 	}

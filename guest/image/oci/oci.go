@@ -25,11 +25,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/guest/users"
 	"golang.org/x/sys/unix"
 )
 
@@ -694,68 +694,31 @@ func (r *reader) make(ctx context.Context, groups []*group, gi int, v *view) (se
 }
 
 // resolveUser checks the config's User against the image's own
-// /etc/passwd and /etc/group and records its ids and home.
+// /etc/passwd and /etc/group, by the rules the agent runs commands as it
+// with (guest/users), and records its ids and home.
 func (r *reader) resolveUser(ctx context.Context, c *image.Config, v *view, groups []*group) error {
 	if c.User == "" {
 		return nil
 	}
-	user, grp, hasGroup := strings.Cut(c.User, ":")
 	passwd, err := r.imageFile(ctx, v, groups, "etc/passwd")
 	if err != nil {
 		return err
 	}
-	c.UID, c.GID, c.Home = -1, 0, "/"
-	if n, err := parseID(user); err == nil {
-		c.UID = n
+	grp, err := r.imageFile(ctx, v, groups, "etc/group")
+	if err != nil {
+		return err
 	}
-	for _, line := range strings.Split(string(passwd), "\n") {
-		f := strings.Split(line, ":")
-		if len(f) < 7 {
-			continue
-		}
-		uid, err1 := parseID(f[2])
-		gid, err2 := parseID(f[3])
-		if err1 != nil || err2 != nil {
-			continue
-		}
-		if f[0] == user || c.UID >= 0 && uid == c.UID {
-			c.UID, c.GID, c.Home = uid, gid, f[5]
-			break
-		}
+	u, err := users.Lookup(c.User, passwd, grp)
+	var unknown *users.UnknownError
+	switch {
+	case errors.As(err, &unknown):
+		return fmt.Errorf("the image's config runs as %s %q, which the image's /etc/%s does not have: the image cannot run as it says",
+			unknown.Kind, unknown.Name, unknown.File())
+	case err != nil:
+		return fmt.Errorf("the image's config names its user badly: %w", err)
 	}
-	if c.UID < 0 {
-		return fmt.Errorf("the image's config runs as user %q, which the image's /etc/passwd does not have: the image cannot run as it says", clip(user))
-	}
-	if hasGroup {
-		if n, err := parseID(grp); err == nil {
-			c.GID = n
-			return nil
-		}
-		group, err := r.imageFile(ctx, v, groups, "etc/group")
-		if err != nil {
-			return err
-		}
-		for _, line := range strings.Split(string(group), "\n") {
-			f := strings.Split(line, ":")
-			if len(f) >= 3 && f[0] == grp {
-				if gid, err := parseID(f[2]); err == nil {
-					c.GID = gid
-					return nil
-				}
-			}
-		}
-		return fmt.Errorf("the image's config runs as group %q, which the image's /etc/group does not have: the image cannot run as it says", clip(grp))
-	}
+	c.UID, c.GID, c.Home = u.UID, u.GID, u.Home
 	return nil
-}
-
-// parseID reads a uid or gid.
-func parseID(s string) (int, error) {
-	n, err := strconv.ParseUint(s, 10, 32)
-	if err != nil || n == 1<<32-1 {
-		return 0, fmt.Errorf("bad id %q", clip(s))
-	}
-	return int(n), nil
 }
 
 // imageFile reads a small file of the image, through its symlinks, out
