@@ -46,6 +46,8 @@ const (
 	ActionNet Action = "net"
 	// Images (the daemon's host).
 	ActionImage Action = "image"
+	// ActionCommitImage makes a session's system disk an image.
+	ActionCommitImage Action = "commit-image"
 )
 
 // Role is what a caller may do; roles are ordered, each allowed all the
@@ -144,6 +146,9 @@ var verbs = []Verb{
 	{Action: ActionFork, States: live, Role: Operator, Mutates: true, What: "fork sessions"},
 	{Action: ActionNet, Role: Operator, Mutates: true, What: "change networks or forward ports"},
 	{Action: ActionImage, Role: Admin, Mutates: true, What: "build, import or remove images"},
+	// As a checkpoint: a paused VM cannot flush and freeze its disks.
+	{Action: ActionCommitImage, States: []State{StateRunning, StateStopped, StateCrashed, StateSleeping}, Role: Admin, Mutates: true,
+		What: "commit sessions as images", Refusal: "commit"},
 }
 
 // Lookup returns the row of action.

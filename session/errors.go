@@ -31,8 +31,10 @@ const (
 	FieldSpec        = "spec"
 	FieldCommand     = "command"
 	FieldRun         = "run"
-	FieldSource      = "source" // an image import's source
-	FieldRef         = "ref"    // the image picked from an import's source
+	FieldSource      = "source"    // an image import's source
+	FieldRef         = "ref"       // the image picked from an import's source
+	FieldSession     = "session"   // the session an image call names (a commit's)
+	FieldNewImage    = "new_image" // the image a commit makes
 )
 
 // Codes say more than a class where a client acts on it: an errno's name
@@ -40,6 +42,15 @@ const (
 const (
 	// CodeEscape is a path that leads out of /workspace.
 	CodeEscape = "escape"
+	// CodeInUse is an image that sessions or images committed on it
+	// still use; the message names them.
+	CodeInUse = "in-use"
+	// CodeNoSystemDisk is a session whose image has no root filesystem
+	// (its root is its initramfs), so there is no system disk to commit.
+	CodeNoSystemDisk = "no-system-disk"
+	// CodeLayers is an image with as many layers as a VM stacks, on
+	// which a commit cannot put another.
+	CodeLayers = "layers"
 )
 
 // Error is a refusal or a failure with its structure kept: the class, the

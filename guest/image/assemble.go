@@ -140,8 +140,9 @@ func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 		return Image{}, false, errors.New("an image with no layers has nothing to boot")
 	}
 	// An import replaces an import (a new version of the image, from
-	// wherever); a name built otherwise is not taken over.
-	if cur, err := Load(o.ImagesDir, im.Name); err == nil && cur.Source != im.Source && (cur.SourceDigest == "" || im.SourceDigest == "") {
+	// wherever), a commit a commit; a name built otherwise is not taken
+	// over.
+	if cur, err := Load(o.ImagesDir, im.Name); err == nil && !replaces(im, cur) {
 		return Image{}, false, fmt.Errorf("image %q already exists, built from %s: remove it first (berth image rm %s) or choose another name: %w",
 			im.Name, cur.Source, im.Name, fs.ErrExist)
 	}
@@ -165,6 +166,9 @@ func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "builder %s\nassembled %s\nkernel %s\nmodules %s\nsource %s %s\n", builderVersion, im.Name, k.Package, strings.Join(mods, " "), im.Source, im.SourceDigest)
+	if im.Parent != "" {
+		fmt.Fprintf(h, "parent %s\nlabel %q\n", im.Parent, im.Label)
+	}
 	for _, l := range im.Layers {
 		fmt.Fprintf(h, "layer %s\n", l.Hash)
 	}
@@ -185,6 +189,19 @@ func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 		return Image{}, false, err
 	}
 	return im, true, nil
+}
+
+// replaces reports whether im may become the current build of a name
+// whose current build is cur: a build from the same source, an import
+// over an import, a commit over a commit.
+func replaces(im, cur Image) bool {
+	switch {
+	case cur.Source == im.Source:
+		return true
+	case cur.Parent != "" || im.Parent != "":
+		return cur.Parent != "" && im.Parent != ""
+	}
+	return cur.SourceDigest != "" && im.SourceDigest != ""
 }
 
 // DropLayer removes the cached layer hash unless an image links it: what

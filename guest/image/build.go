@@ -62,8 +62,13 @@ type Image struct {
 	// config's digest); empty for built images.
 	SourceDigest string `json:"source_digest,omitempty"`
 	// Config is what an imported image's config asks of the commands run
-	// in it; nil for built images.
+	// in it; nil for built images. A committed image keeps its parent's.
 	Config *Config `json:"config,omitempty"`
+	// Parent is, for an image committed from a session's system disk,
+	// the build below its top layer ("debian@1a2b3c4d"); Label is the
+	// commit's.
+	Parent string `json:"parent,omitempty"`
+	Label  string `json:"label,omitempty"`
 }
 
 // Config is the part of an OCI image config berth has a place for.

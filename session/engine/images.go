@@ -148,7 +148,8 @@ func (m *Manager) Images(ctx context.Context) ([]session.ImageInfo, error) {
 		info := session.ImageInfo{
 			Name: b.Name, Digest: b.Digest, Current: !seen[b.Name], RootFS: b.RootFS(), Layers: len(b.Layers),
 			Packages: b.PackageCount(), DiskBytes: b.DiskBytes(), Built: b.Built, BuildTook: b.BuildTook,
-			Source: b.Source, SourceDigest: b.SourceDigest, Config: imageConfig(b.Config), Kernel: b.KernelVersion, Sessions: []string{},
+			Source: b.Source, SourceDigest: b.SourceDigest, Config: imageConfig(b.Config), Parent: b.Parent, Label: b.Label,
+			Kernel: b.KernelVersion, Sessions: []string{},
 		}
 		seen[b.Name] = true
 		for _, u := range users[b.Name] {
@@ -331,13 +332,18 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	}
 	m.builds.mu.Lock()
 	defer m.builds.mu.Unlock()
-	if users := m.imageUsers()[name]; len(users) > 0 {
-		names := make([]string, len(users))
-		for i, u := range users {
-			names[i] = u.session
+	var sessions []string
+	for _, u := range m.imageUsers()[name] {
+		if !slices.Contains(sessions, u.session) {
+			sessions = append(sessions, u.session)
 		}
-		return fmt.Errorf("image %q is used by %s: delete or replace them first (berth replace NAME --image OTHER): %w",
-			name, strings.Join(names, ", "), session.ErrConflict)
+	}
+	children, err := m.committedOn(name)
+	if err != nil {
+		return err
+	}
+	if len(sessions) > 0 || len(children) > 0 {
+		return session.ImageInUse(name, sessions, children)
 	}
 	if err := m.cfg.Images.Remove(name); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -346,6 +352,24 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 		return err
 	}
 	return nil
+}
+
+// committedOn lists the images committed on a build of name (other than
+// name's own later builds), by name.
+func (m *Manager) committedOn(name string) ([]string, error) {
+	builds, err := m.cfg.Images.Builds()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, b := range builds {
+		parent, _, _ := strings.Cut(b.Parent, "@")
+		if parent == name && b.Name != name && !slices.Contains(out, b.Name) {
+			out = append(out, b.Name)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }
 
 // stepRunner runs a recipe's setup commands in a VM of the image being
