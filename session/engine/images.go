@@ -187,15 +187,31 @@ func (m *Manager) imageUsers() map[string][]imageUser {
 	return users
 }
 
-// pruneImage removes builds of name no session uses any more.
+// pruneImage removes builds of name no session uses any more, and their
+// templates.
 func (m *Manager) pruneImage(name string) {
 	if m.cfg.Images == nil {
 		return
 	}
+	before := m.buildDigests(name)
 	users := m.imageUsers()[name]
 	m.cfg.Images.Prune(name, func(digest string) bool {
 		return slices.ContainsFunc(users, func(u imageUser) bool { return u.digest == digest })
 	})
+	after := m.buildDigests(name)
+	m.dropTemplates(name, slices.DeleteFunc(before, func(d string) bool { return slices.Contains(after, d) }))
+}
+
+// buildDigests lists the digests of name's builds on disk.
+func (m *Manager) buildDigests(name string) []string {
+	builds, _ := m.cfg.Images.Builds()
+	var out []string
+	for _, b := range builds {
+		if b.Name == name {
+			out = append(out, b.Digest)
+		}
+	}
+	return out
 }
 
 // BuildImage builds a shipped image or a recipe.
@@ -345,12 +361,16 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	if len(sessions) > 0 || len(children) > 0 {
 		return session.ImageInUse(name, sessions, children)
 	}
+	digests := m.buildDigests(name)
 	if err := m.cfg.Images.Remove(name); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("image %q: %w", name, session.ErrNotFound)
 		}
 		return err
 	}
+	// The templates go after builds.mu is let go: tmplMu is taken before
+	// it, never after.
+	defer m.dropTemplates(name, digests)
 	return nil
 }
 
