@@ -179,16 +179,76 @@ func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 	if cur, ok := b.upToDate(im.Name, im.Digest, k); ok {
 		return cur, false, nil
 	}
-	raw, order, err := initramfs(k, mods, agent, gzip.DefaultCompression, nil)
-	if err != nil {
+	if b.shared, err = sharedInitramfs(o.ImagesDir, k, mods, agent); err != nil {
 		return Image{}, false, err
 	}
-	im.KernelVersion, im.Modules = k.Version, order
-	im, err = b.commit(im, k, raw, paths)
+	im.KernelVersion, im.Modules = k.Version, moduleOrder(mods)
+	im, err = b.commit(im, k, nil, paths)
 	if err != nil {
 		return Image{}, false, err
 	}
 	return im, true, nil
+}
+
+// initrdSuffix ends the names of shared initramfs files in the layer
+// cache; initrdKeep is how long one no image links is kept.
+const (
+	initrdSuffix = ".initrd"
+	initrdKeep   = time.Hour
+)
+
+// sharedInitramfs returns the initramfs of an assembled image: a file in
+// the layer cache keyed by what goes into it (kernel, modules, agent),
+// made the first time, so that imports and commits on the same agent and
+// kernel share one instead of each compressing and storing its own. The
+// images link it; pruning drops it when none does.
+func sharedInitramfs(imagesDir string, k Kernel, mods []string, agent []byte) (*sharedBoot, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "initramfs %s\nkernel %s\nmodules %s\n", builderVersion, k.Package, strings.Join(mods, " "))
+	h.Write(agent)
+	cache := LayerCacheDir(imagesDir)
+	sb := &sharedBoot{
+		initrd: filepath.Join(cache, hex.EncodeToString(h.Sum(nil))[:16]+initrdSuffix),
+		make: func() ([]byte, error) {
+			raw, _, err := initramfs(k, mods, agent, gzip.DefaultCompression, nil)
+			return raw, err
+		},
+	}
+	if _, err := os.Stat(sb.initrd); err == nil {
+		return sb, nil
+	}
+	raw, err := sb.make()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return nil, err
+	}
+	tmp, err := writeTemp(cache, raw)
+	if err != nil {
+		return nil, err
+	}
+	if err := syncFile(tmp); err != nil {
+		os.Remove(tmp)
+		return nil, err
+	}
+	// Made whole aside, then renamed: another maker's identical file may
+	// win, which is as good.
+	if err := os.Rename(tmp, sb.initrd); err != nil {
+		os.Remove(tmp)
+		return nil, err
+	}
+	return sb, nil
+}
+
+// moduleOrder is the load order an initramfs of mods lists: their file
+// names, in order (as initramfs writes them).
+func moduleOrder(mods []string) []string {
+	out := make([]string, len(mods))
+	for i, m := range mods {
+		out[i] = filepath.Base(m)
+	}
+	return out
 }
 
 // replaces reports whether im may become the current build of a name

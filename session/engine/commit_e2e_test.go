@@ -128,6 +128,12 @@ hostname; cat /etc/machine-id`)
 		if got := e.ok("exec", "fromapp", "--", "sh", "-c", "test -e /etc/after-commit || echo first build"); got != "first build\n" {
 			t.Errorf("fromapp after the second commit: %q", got)
 		}
+		// Builds on one agent and kernel share their initramfs.
+		if m, _ := filepath.Glob(filepath.Join(e.data, "images", "app", "*", "initramfs.cpio.gz")); len(m) != 2 {
+			t.Errorf("app's builds: %v, want two", m)
+		} else if a, b := statOf(t, m[0]), statOf(t, m[1]); !os.SameFile(a, b) {
+			t.Error("two commits on one agent and kernel do not share their initramfs")
+		}
 		e.ok("delete", "second", "--yes")
 	})
 
@@ -141,4 +147,13 @@ hostname; cat /etc/machine-id`)
 	if _, err := os.Stat(filepath.Join(e.data, "images", "app")); err == nil {
 		t.Error("image rm left app's directory")
 	}
+}
+
+func statOf(t *testing.T, p string) os.FileInfo {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi
 }
