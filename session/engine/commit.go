@@ -131,6 +131,7 @@ func (m *Manager) CommitImage(ctx context.Context, req session.CommitRequest) (s
 		return session.CommitResult{}, err
 	}
 	res.Parent = parent.Name + "@" + parent.Digest
+	copied := time.Now()
 
 	uuid := image.NewUUID()
 	rep, err := image.SealCommit(ctx, layerFile, uuid)
@@ -164,6 +165,7 @@ func (m *Manager) CommitImage(ctx context.Context, req session.CommitRequest) (s
 		return session.CommitResult{}, err
 	}
 	layers = append(layers, image.Layer{Hash: hash})
+	sealed := time.Now()
 	b, _, err := image.Assemble(ctx, image.Options{ImagesDir: st.Dir, CacheDir: st.CacheDir, Agent: st.Agent}, image.Image{
 		Name: req.Image, Source: "session:" + req.Session, Config: parent.Config, Parent: res.Parent, Label: req.Label, Layers: layers,
 	})
@@ -185,7 +187,8 @@ func (m *Manager) CommitImage(ctx context.Context, req session.CommitRequest) (s
 	res.Top, res.LeftOut = pathBytes(rep.Top), pathBytes(rep.LeftOut)
 	res.Took = time.Since(start)
 	m.log.Info("session committed as an image", "session", req.Session, "image", b.Name, "digest", b.Digest, "parent", res.Parent,
-		"bytes", res.Bytes, "files", res.Files, "copy", res.Copy, "frozen", res.Frozen, "took", res.Took)
+		"bytes", res.Bytes, "files", res.Files, "copy", res.Copy, "frozen", res.Frozen, "took", res.Took,
+		"copying", copied.Sub(start), "sealing", sealed.Sub(copied), "assembling", time.Since(sealed))
 	msg := fmt.Sprintf("system disk committed as image %s@%s on %s: %s, %d files", b.Name, b.Digest, res.Parent, session.FormatBytes(res.Bytes), res.Files)
 	if len(res.Top) > 0 {
 		msg += fmt.Sprintf(", most under %s (%s)", res.Top[0].Path, session.FormatBytes(res.Top[0].Bytes))
