@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/berthvm/berth/guest/image"
@@ -61,7 +62,7 @@ func (m *Manager) CommitImage(ctx context.Context, req session.CommitRequest) (s
 		return session.CommitResult{}, &session.Error{Class: session.ErrExists, Field: session.FieldNewImage,
 			Msg: fmt.Sprintf("%q exists already, from %s", req.Image, cur.Source), Hint: "remove that image first or choose another name"}
 	}
-	if err := m.checkFloor("commit an image"); err != nil {
+	if err := m.roomFor("commit an image", 0); err != nil {
 		return session.CommitResult{}, err
 	}
 	// The new name's lock first: nothing takes it under a session's
@@ -72,11 +73,7 @@ func (m *Manager) CommitImage(ctx context.Context, req session.CommitRequest) (s
 		return session.CommitResult{}, err
 	}
 	defer unlock()
-	cache := image.LayerCacheDir(st.Dir)
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return session.CommitResult{}, err
-	}
-	work, err := os.MkdirTemp(cache, ".commit-")
+	work, err := m.commitWorkDir(st)
 	if err != nil {
 		return session.CommitResult{}, err
 	}
@@ -138,6 +135,7 @@ func (m *Manager) CommitImage(ctx context.Context, req session.CommitRequest) (s
 	if err != nil {
 		return session.CommitResult{}, fmt.Errorf("commit session %q: %w", req.Session, err)
 	}
+	m.crash("commit:sealed")
 	// The layers below are held until the image links them, bottom
 	// first as every maker takes them, then the new one on top.
 	var releases []func()
@@ -164,6 +162,7 @@ func (m *Manager) CommitImage(ctx context.Context, req session.CommitRequest) (s
 	if _, err := image.StoreLayer(st.Dir, layerFile, hash, uuid); err != nil {
 		return session.CommitResult{}, err
 	}
+	m.crash("commit:stored") // a layer no image links: pruned later
 	layers = append(layers, image.Layer{Hash: hash})
 	sealed := time.Now()
 	b, _, err := image.Assemble(ctx, image.Options{ImagesDir: st.Dir, CacheDir: st.CacheDir, Agent: st.Agent}, image.Image{
@@ -200,6 +199,36 @@ func (m *Manager) CommitImage(ctx context.Context, req session.CommitRequest) (s
 	return res, nil
 }
 
+// commitWorkPrefix starts the names of commits' work directories.
+const commitWorkPrefix = ".commit-"
+
+// commitWorkDir makes a commit's work directory: in the data directory,
+// which is this daemon's alone, so that one a crash left is removed at
+// the next start (removeStaleWork); in the layer cache only when that is
+// on another filesystem (the layer is renamed into it).
+func (m *Manager) commitWorkDir(st *image.Store) (string, error) {
+	cache := image.LayerCacheDir(st.Dir)
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return "", err
+	}
+	dir := m.cfg.DataDir
+	var a, b syscall.Stat_t
+	if syscall.Stat(dir, &a) != nil || syscall.Stat(cache, &b) != nil || a.Dev != b.Dev {
+		dir = cache
+	}
+	return os.MkdirTemp(dir, commitWorkPrefix)
+}
+
+// removeStaleWork removes what commits a crash interrupted left in the
+// data directory.
+func (m *Manager) removeStaleWork() {
+	dirs, _ := filepath.Glob(filepath.Join(m.cfg.DataDir, commitWorkPrefix+"*"))
+	for _, d := range dirs {
+		m.log.Info("removing an interrupted commit's work directory", "dir", d)
+		os.RemoveAll(d)
+	}
+}
+
 // commitHash names a committed layer in the layer cache. It is not a
 // hash of what the layer holds (that would read it all again): each
 // commit is a layer of its own.
@@ -229,16 +258,19 @@ func unknownSession(name string, err error) error {
 }
 
 // roomFor refuses to write need more bytes for what while that would take
-// the data directory below its floor, with the figures.
+// the data directory below its floor (need 0: while it is below), with
+// the figures.
 func (m *Manager) roomFor(what string, need int64) error {
-	err := m.checkRoom(what, need)
-	if err == nil {
+	free := m.freeSpace()
+	if need <= free && free-need >= m.cfg.Floor {
 		return nil
 	}
-	free := m.freeSpace()
-	msg := fmt.Sprintf("cannot %s: it needs %s and the data directory %s has %s free", what, session.FormatBytes(need), m.cfg.DataDir, session.FormatBytes(free))
-	if m.cfg.Floor > 0 {
-		msg += fmt.Sprintf(", to stay above its %s floor (free_space_floor)", session.FormatBytes(m.cfg.Floor))
+	msg := fmt.Sprintf("cannot %s: the data directory %s has %s free", what, m.cfg.DataDir, session.FormatBytes(free))
+	if need > 0 {
+		msg = fmt.Sprintf("cannot %s: it needs %s and the data directory %s has %s free", what, session.FormatBytes(need), m.cfg.DataDir, session.FormatBytes(free))
 	}
-	return &session.Error{Class: session.ErrNoSpace, Msg: msg, Hint: "free some space first", Err: err}
+	if m.cfg.Floor > 0 {
+		msg += fmt.Sprintf(", and keeps %s free (free_space_floor)", session.FormatBytes(m.cfg.Floor))
+	}
+	return &session.Error{Class: session.ErrNoSpace, Msg: msg, Hint: "free some space first", Err: syscall.ENOSPC}
 }

@@ -141,7 +141,7 @@ hostname; cat /etc/machine-id`)
 		e.ok("delete", s, "--yes")
 	}
 	e.ok("image", "rm", "app")
-	if m, _ := filepath.Glob(filepath.Join(e.data, "images", ".layers", ".commit-*")); len(m) > 0 {
+	if m, _ := filepath.Glob(filepath.Join(e.data, ".commit-*")); len(m) > 0 {
 		t.Errorf("commits left work directories: %v", m)
 	}
 	if _, err := os.Stat(filepath.Join(e.data, "images", "app")); err == nil {
@@ -156,4 +156,44 @@ func statOf(t *testing.T, p string) os.FileInfo {
 		t.Fatal(err)
 	}
 	return fi
+}
+
+// TestCommitCrash kills the daemon at each step of a commit of a running
+// session: after a restart the session runs with its filesystems thawed
+// and its files as they were, no image is listed under the name, no work
+// directory is left, and the commit can be made again.
+func TestCommitCrash(t *testing.T) {
+	e := newDebianEnv(t)
+	e.startDaemon()
+	e.ok("create", "crashy", "--image", "debian", "--disk", "64M")
+	e.ok("exec", "crashy", "--", "sh", "-c", "head -c 1000000 /dev/urandom > /opt/data.bin && sha256sum /opt/data.bin > /opt/data.sum")
+	for _, point := range []string{"commit:frozen", "commit:copied-frozen", "commit:sealed", "commit:stored"} {
+		e.subtest(t, point, func(t *testing.T) {
+			e.killDaemon()
+			os.Setenv("BERTH_CRASH_AT", point)
+			e.startDaemon()
+			os.Unsetenv("BERTH_CRASH_AT")
+			if r := e.run("image", "commit", "crashy", "crashed"); r.code == 0 {
+				t.Fatalf("the commit went through a crash at %s", point)
+			}
+			e.daemon.Wait() // the daemon died here
+			e.daemon = nil
+			e.startDaemon()
+			if s := e.info("crashy"); s.State != session.StateRunning {
+				t.Fatalf("after a crash at %s: %s (%s)", point, s.State, s.Cause)
+			}
+			if r := e.run("exec", "crashy", "--", "sh", "-c", "sha256sum -c --quiet /opt/data.sum && echo writable > /etc/w"); r.code != 0 {
+				t.Fatalf("after a crash at %s: %s %s", point, r.stdout, r.stderr)
+			}
+			if strings.Contains(e.ok("image", "ls"), "crashed") {
+				t.Errorf("after a crash at %s: a half-made image is listed", point)
+			}
+			if m, _ := filepath.Glob(filepath.Join(e.data, ".commit-*")); len(m) > 0 {
+				t.Errorf("after a crash at %s: %v left", point, m)
+			}
+		})
+	}
+	e.ok("image", "commit", "crashy", "crashed")
+	e.ok("delete", "crashy", "--yes")
+	e.ok("image", "rm", "crashed")
 }
