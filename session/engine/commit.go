@@ -98,6 +98,13 @@ func (m *Manager) CommitImage(ctx context.Context, req session.CommitRequest) (s
 				Msg:  fmt.Sprintf("%q runs image %s, whose root is its initramfs: it has no system disk to commit", req.Session, imName),
 				Hint: "commit a session of an image with a root filesystem, such as debian"}
 		}
+		if digest == "" {
+			// Without the build its disk was made on, which layers are
+			// below it is a guess.
+			return &session.Error{Class: session.ErrInvalid, Field: session.FieldSession,
+				Msg:  fmt.Sprintf("%q does not record the build of image %s its system disk was made on", req.Session, imName),
+				Hint: "replacing its VM gives it a system disk on a recorded build"}
+		}
 		if n := len(parent.Layers); n >= vmm.MaxLayers {
 			return &session.Error{Class: session.ErrInvalid, Field: session.FieldSession, Code: session.CodeLayers,
 				Msg:  fmt.Sprintf("%q is on image %s, which has %d layers, the most a VM stacks: a commit adds one", req.Session, imName, n),

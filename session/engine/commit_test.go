@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/berthvm/berth/guest/image"
@@ -62,27 +63,17 @@ func TestCommitImageRefusals(t *testing.T) {
 		{name: "no system disk", req: session.CommitRequest{Session: "tiny", Image: "app"}, class: session.ErrInvalid, code: session.CodeNoSystemDisk, want: "whose root is its initramfs"},
 		{name: "no layer left", req: session.CommitRequest{Session: "deep", Image: "app"}, class: session.ErrInvalid, code: session.CodeLayers, want: fmt.Sprintf("has %d layers, the most a VM stacks", vmm.MaxLayers)},
 		{name: "paused", req: session.CommitRequest{Session: "paused", Image: "app"}, class: session.ErrInvalidState, want: `cannot commit session "paused": it is paused`},
-		// A floor 32 MiB under what is free: the copy's megabyte and the
-		// image's own files (64 MiB) do not fit.
-		{name: "no room", req: session.CommitRequest{Session: "full", Image: "app"}, floor: -1, class: session.ErrNoSpace, want: "free"},
+		// A floor above any disk's free space.
+		{name: "no room", req: session.CommitRequest{Session: "full", Image: "app"}, floor: 1 << 60, class: session.ErrNoSpace, want: "keeps 1.0 EiB free"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			m.cfg.Floor = 1
-			if tt.floor < 0 {
-				m.cfg.Floor = m.freeSpace() - 32<<20
-			}
+			m.cfg.Floor = max(tt.floor, 1)
 			_, err := m.CommitImage(ctx, tt.req)
 			if !errors.Is(err, tt.class) || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("CommitImage = %v, want %v saying %q on one line", err, tt.class, tt.want)
 			}
 			if tt.field != "" && session.FieldOf(err) != tt.field || tt.code != "" && session.CodeOf(err) != tt.code {
 				t.Errorf("CommitImage = %v: field %q code %q, want %q %q", err, session.FieldOf(err), session.CodeOf(err), tt.field, tt.code)
-			}
-			if tt.name == "no room" {
-				var se *session.Error
-				if !errors.As(err, &se) || !strings.Contains(se.Msg, "it needs") || !strings.Contains(se.Msg, "keeps") {
-					t.Errorf("no room: %v, want the figures: what it needs, what is free, the floor", err)
-				}
 			}
 		})
 	}
@@ -95,6 +86,22 @@ func TestCommitImageRefusals(t *testing.T) {
 				t.Errorf("a refused commit left %s", e.Name())
 			}
 		}
+	}
+}
+
+// The room a copy needs, refused with the figures: what it needs, what
+// is free, and the floor kept.
+func TestRoomFor(t *testing.T) {
+	m := newImageManager(t)
+	m.cfg.Floor = 1 << 20
+	if err := m.roomFor("copy", 1<<10); err != nil {
+		t.Fatalf("roomFor 1 KiB = %v", err)
+	}
+	err := m.roomFor("copy", 1<<60)
+	var se *session.Error
+	if !errors.As(err, &se) || se.Class != session.ErrNoSpace || !errors.Is(err, syscall.ENOSPC) ||
+		!strings.HasPrefix(se.Msg, "cannot copy: it needs 1.0 EiB and the data directory "+m.cfg.DataDir+" has ") || !strings.HasSuffix(se.Msg, "free, and keeps 1.0 MiB free (free_space_floor)") {
+		t.Errorf("roomFor 1 EiB = %v", err)
 	}
 }
 
