@@ -346,6 +346,20 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	if err := image.ValidateName(name); err != nil {
 		return fmt.Errorf("%w: %w", err, session.ErrInvalid)
 	}
+	digests, err := m.removeImageBuilds(name)
+	if err != nil {
+		return err
+	}
+	// The templates go once builds.mu is let go: tmplMu is taken before
+	// it, never after.
+	m.dropTemplates(name, digests)
+	return nil
+}
+
+// removeImageBuilds removes name unless a session or a committed image
+// uses it, holding builds.mu, and returns the digests of the builds it
+// removed.
+func (m *Manager) removeImageBuilds(name string) ([]string, error) {
 	m.builds.mu.Lock()
 	defer m.builds.mu.Unlock()
 	var sessions []string
@@ -356,22 +370,19 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	}
 	children, err := m.committedOn(name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(sessions) > 0 || len(children) > 0 {
-		return session.ImageInUse(name, sessions, children)
+		return nil, session.ImageInUse(name, sessions, children)
 	}
 	digests := m.buildDigests(name)
 	if err := m.cfg.Images.Remove(name); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("image %q: %w", name, session.ErrNotFound)
+			return nil, fmt.Errorf("image %q: %w", name, session.ErrNotFound)
 		}
-		return err
+		return nil, err
 	}
-	// The templates go after builds.mu is let go: tmplMu is taken before
-	// it, never after.
-	defer m.dropTemplates(name, digests)
-	return nil
+	return digests, nil
 }
 
 // committedOn lists the images committed on a build of name (other than
