@@ -49,6 +49,8 @@ const (
 	ActionNet Action = "net"
 	// Images (the daemon's host).
 	ActionImage Action = "image"
+	// ActionCommitImage makes a session's system disk an image.
+	ActionCommitImage Action = "commit-image"
 )
 
 // Role is what a caller may do; roles are ordered, each allowed all the
@@ -153,6 +155,9 @@ var verbs = []Verb{
 	{Action: ActionUndo, States: []State{StateRunning, StateStopped, StateCrashed, StateSleeping}, Role: Admin, Mutates: true, What: "undo runs"},
 	{Action: ActionNet, Role: Operator, Mutates: true, What: "change networks or forward ports"},
 	{Action: ActionImage, Role: Admin, Mutates: true, What: "build, import or remove images"},
+	// As a checkpoint: a paused VM cannot flush and freeze its disks.
+	{Action: ActionCommitImage, States: []State{StateRunning, StateStopped, StateCrashed, StateSleeping}, Role: Admin, Mutates: true,
+		What: "commit sessions as images", Refusal: "commit"},
 }
 
 // Lookup returns the row of action.

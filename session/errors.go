@@ -35,7 +35,9 @@ const (
 	FieldRef         = "ref"    // the image picked from an import's source
 	FieldFrom        = "from"   // a create's checkpoint (CreateOptions.From)
 	FieldVMM         = "vmm"
-	FieldUser        = "user" // who a command runs as (ExecRequest.User)
+	FieldUser        = "user"      // who a command runs as (ExecRequest.User)
+	FieldSession     = "session"   // the session an image call names (a commit's)
+	FieldNewImage    = "new_image" // the image a commit makes
 )
 
 // Codes say more than a class where a client acts on it: an errno's name
@@ -46,6 +48,15 @@ const (
 	// CodeNoStart is a run that kept no starting point to diff or undo:
 	// a front end says how it starts runs that keep one.
 	CodeNoStart = "no-start"
+	// CodeInUse is an image that sessions or images committed on it
+	// still use; the message names them.
+	CodeInUse = "in-use"
+	// CodeNoSystemDisk is a session whose image has no root filesystem
+	// (its root is its initramfs), so there is no system disk to commit.
+	CodeNoSystemDisk = "no-system-disk"
+	// CodeLayers is an image with as many layers as a VM stacks, on
+	// which a commit cannot put another.
+	CodeLayers = "layers"
 )
 
 // Error is a refusal or a failure with its structure kept: the class, the

@@ -30,10 +30,15 @@ type ImageInfo struct {
 	// images berth built.
 	SourceDigest string `json:"source_digest,omitempty"`
 	// Config is what an imported image's config asks of commands run in
-	// it; nil for images berth built.
-	Config   *ImageConfig `json:"config,omitempty"`
-	Kernel   string       `json:"kernel_version"`
-	Sessions []string     `json:"sessions"` // sessions using this build
+	// it; nil for images berth built. A committed image has its parent's.
+	Config *ImageConfig `json:"config,omitempty"`
+	// Parent is, for an image committed from a session, the build its
+	// layers below the committed one are ("debian@1a2b3c4d"); Label is
+	// the commit's.
+	Parent   string   `json:"parent,omitempty"`
+	Label    string   `json:"label,omitempty"`
+	Kernel   string   `json:"kernel_version"`
+	Sessions []string `json:"sessions"` // sessions using this build
 }
 
 // ImageConfig is the part of an imported image's config berth applies:
@@ -111,7 +116,14 @@ type Imager interface {
 	// replaces an earlier import of it (sessions keep the build they
 	// were made with), while a name berth builds is refused.
 	ImportImage(ctx context.Context, req ImportRequest, src io.Reader, progress func(BuildProgress)) (ImageInfo, error)
-	// RemoveImage deletes every build of an image; refused while a session
-	// uses it.
+	// CommitImage makes a session's system disk (its changes over its
+	// image) a new read-only layer on that image's build: a new image
+	// others can create from. The session keeps running on its own disk;
+	// a running one is frozen for the copy. What a fresh identity
+	// regenerates (machine id, hostname, SSH host keys), /tmp, /var/tmp
+	// and apt's caches are left out.
+	CommitImage(ctx context.Context, req CommitRequest) (CommitResult, error)
+	// RemoveImage deletes every build of an image; refused (ErrConflict,
+	// CodeInUse) while a session or an image committed on it uses it.
 	RemoveImage(ctx context.Context, name string) error
 }

@@ -138,8 +138,9 @@ func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 		return Image{}, false, errors.New("an image with no layers has nothing to boot")
 	}
 	// An import replaces an import (a new version of the image, from
-	// wherever); a name built otherwise is not taken over.
-	if cur, err := Load(o.ImagesDir, im.Name); err == nil && cur.Source != im.Source && (cur.SourceDigest == "" || im.SourceDigest == "") {
+	// wherever), a commit a commit; a name built otherwise is not taken
+	// over.
+	if cur, err := Load(o.ImagesDir, im.Name); err == nil && !replaces(im, cur) {
 		return Image{}, false, fmt.Errorf("image %q already exists, built from %s: remove it first (berth image rm %s) or choose another name: %w",
 			im.Name, cur.Source, im.Name, fs.ErrExist)
 	}
@@ -159,6 +160,9 @@ func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "builder %s\nassembled %s\nkernel %s\nmodules %s\nsource %s %s\n", builderVersion, im.Name, k.Package, strings.Join(mods, " "), im.Source, im.SourceDigest)
+	if im.Parent != "" {
+		fmt.Fprintf(h, "parent %s\nlabel %q\n", im.Parent, im.Label)
+	}
 	for _, l := range im.Layers {
 		fmt.Fprintf(h, "layer %s\n", l.Hash)
 	}
@@ -169,16 +173,89 @@ func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 	if cur, ok := b.upToDate(im.Name, im.Digest, k); ok {
 		return cur, false, nil
 	}
-	raw, order, err := initramfs(k, mods, agent, gzip.DefaultCompression, nil)
-	if err != nil {
+	if b.shared, err = sharedInitramfs(o.ImagesDir, k, mods, agent); err != nil {
 		return Image{}, false, err
 	}
-	im.KernelVersion, im.Modules = k.Version, order
-	im, err = b.commit(im, k, raw, paths)
+	im.KernelVersion, im.Modules = k.Version, moduleOrder(mods)
+	im, err = b.commit(im, k, nil, paths)
 	if err != nil {
 		return Image{}, false, err
 	}
 	return im, true, nil
+}
+
+// initrdSuffix ends the names of shared initramfs files in the layer
+// cache; initrdKeep is how long one no image links is kept.
+const (
+	initrdSuffix = ".initrd"
+	initrdKeep   = time.Hour
+)
+
+// sharedInitramfs returns the initramfs of an assembled image: a file in
+// the layer cache keyed by what goes into it (kernel, modules, agent),
+// made the first time, so that imports and commits on the same agent and
+// kernel share one instead of each compressing and storing its own. The
+// images link it; pruning drops it when none does.
+func sharedInitramfs(imagesDir string, k Kernel, mods []string, agent []byte) (*sharedBoot, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "initramfs %s\nkernel %s\nmodules %s\n", builderVersion, k.Package, strings.Join(mods, " "))
+	h.Write(agent)
+	cache := LayerCacheDir(imagesDir)
+	sb := &sharedBoot{
+		initrd: filepath.Join(cache, hex.EncodeToString(h.Sum(nil))[:16]+initrdSuffix),
+		make: func() ([]byte, error) {
+			raw, _, err := initramfs(k, mods, agent, gzip.DefaultCompression, nil)
+			return raw, err
+		},
+	}
+	if _, err := os.Stat(sb.initrd); err == nil {
+		return sb, nil
+	}
+	raw, err := sb.make()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return nil, err
+	}
+	tmp, err := writeTemp(cache, raw)
+	if err != nil {
+		return nil, err
+	}
+	if err := syncFile(tmp); err != nil {
+		os.Remove(tmp)
+		return nil, err
+	}
+	// Made whole aside, then renamed: another maker's identical file may
+	// win, which is as good.
+	if err := os.Rename(tmp, sb.initrd); err != nil {
+		os.Remove(tmp)
+		return nil, err
+	}
+	return sb, nil
+}
+
+// moduleOrder is the load order an initramfs of mods lists: their file
+// names, in order (as initramfs writes them).
+func moduleOrder(mods []string) []string {
+	out := make([]string, len(mods))
+	for i, m := range mods {
+		out[i] = filepath.Base(m)
+	}
+	return out
+}
+
+// replaces reports whether im may become the current build of a name
+// whose current build is cur: a build from the same source, an import
+// over an import, a commit over a commit.
+func replaces(im, cur Image) bool {
+	switch {
+	case cur.Source == im.Source:
+		return true
+	case cur.Parent != "" || im.Parent != "":
+		return cur.Parent != "" && im.Parent != ""
+	}
+	return cur.SourceDigest != "" && im.SourceDigest != ""
 }
 
 // DropLayer removes the cached layer hash unless an image links it: what

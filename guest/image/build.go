@@ -62,8 +62,13 @@ type Image struct {
 	// config's digest); empty for built images.
 	SourceDigest string `json:"source_digest,omitempty"`
 	// Config is what an imported image's config asks of the commands run
-	// in it; nil for built images.
+	// in it; nil for built images. A committed image keeps its parent's.
 	Config *Config `json:"config,omitempty"`
+	// Parent is, for an image committed from a session's system disk,
+	// the build below its top layer ("debian@1a2b3c4d"); Label is the
+	// commit's.
+	Parent string `json:"parent,omitempty"`
+	Label  string `json:"label,omitempty"`
 }
 
 // Config is the part of an OCI image config berth has a place for.
@@ -318,8 +323,18 @@ func Prune(imagesDir, name string, keep func(digest string) bool) {
 
 // pruneLayerCache drops cached layers no image links to any more, but not
 // one a build holds: it has just stored it and links it into its image
-// only when it commits.
+// only when it commits. A shared initramfs goes once no image has linked
+// it for initrdKeep (its ctime is its last link or unlink), so one image
+// removed and another made soon after share it still; an image about to
+// link one that is gone makes its own.
 func pruneLayerCache(imagesDir string) {
+	initrds, _ := filepath.Glob(filepath.Join(imagesDir, layerCache, "*"+initrdSuffix))
+	for _, f := range initrds {
+		var st syscall.Stat_t
+		if syscall.Stat(f, &st) == nil && st.Nlink == 1 && time.Since(time.Unix(st.Ctim.Unix())) > initrdKeep {
+			os.Remove(f)
+		}
+	}
 	files, _ := filepath.Glob(filepath.Join(imagesDir, layerCache, "*.img"))
 	for _, f := range files {
 		var st syscall.Stat_t
@@ -392,6 +407,18 @@ type builder struct {
 	// held releases the layer locks the build holds until its image is
 	// committed (pruning leaves a held layer alone).
 	held []func()
+	// shared, when set, makes commit link the kernel and an initramfs
+	// many images share (sharedInitramfs) instead of writing copies.
+	shared *sharedBoot
+}
+
+// sharedBoot is what an assembled image links rather than copies: the
+// kernel from the kernel cache and an initramfs from the layer cache,
+// with a way to make the initramfs's bytes should the cached file be
+// pruned before it is linked.
+type sharedBoot struct {
+	initrd string
+	make   func() ([]byte, error)
 }
 
 func (b *builder) release() {
@@ -566,18 +593,34 @@ func (b *builder) commit(im Image, k Kernel, initrd []byte, layers []string) (Im
 		return Image{}, err
 	}
 	defer os.RemoveAll(tmp)
-	if err := copyFile(k.Vmlinuz, filepath.Join(tmp, "vmlinuz")); err != nil {
-		return Image{}, err
+	vmlinuz, initramfs := filepath.Join(tmp, "vmlinuz"), filepath.Join(tmp, "initramfs.cpio.gz")
+	if b.shared == nil || os.Link(k.Vmlinuz, vmlinuz) != nil { // another filesystem: a copy
+		if err := copyFile(k.Vmlinuz, vmlinuz); err != nil {
+			return Image{}, err
+		}
 	}
-	if err := os.WriteFile(filepath.Join(tmp, "initramfs.cpio.gz"), initrd, 0o644); err != nil {
-		return Image{}, err
+	if b.shared != nil && os.Link(b.shared.initrd, initramfs) == nil {
+		fi, err := os.Stat(initramfs)
+		if err != nil {
+			return Image{}, err
+		}
+		im.InitramfsSize = fi.Size()
+	} else {
+		if initrd == nil && b.shared != nil {
+			if initrd, err = b.shared.make(); err != nil {
+				return Image{}, err
+			}
+		}
+		if err := os.WriteFile(initramfs, initrd, 0o644); err != nil {
+			return Image{}, err
+		}
+		im.InitramfsSize = int64(len(initrd))
 	}
 	for i, src := range layers {
 		if err := os.Link(src, filepath.Join(tmp, im.Layers[i].File)); err != nil {
 			return Image{}, fmt.Errorf("link layer: %w", err)
 		}
 	}
-	im.InitramfsSize = int64(len(initrd))
 	im.Built = time.Now().UTC()
 	im.BuildTook = time.Since(b.start).Round(time.Millisecond)
 	man, _ := json.MarshalIndent(im, "", "  ")

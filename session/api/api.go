@@ -66,6 +66,7 @@
 //	GET    /v1/images                                 []ImageInfo
 //	POST   /v1/images                                 BuildRequest → NDJSON build stream (see buildFrame)
 //	POST   /v1/images/{name}/import                   ?source=PATH|-&ref=R, body: the image for - → NDJSON build stream
+//	POST   /v1/images/{name}/commit                   {"session","label"} → 201 CommitResult
 //	DELETE /v1/images/{name}                          204
 //	POST   /v1/sessions/{name}/runs                   RunOptions → 201 Run
 //	GET    /v1/sessions/{name}/runs                   []Run

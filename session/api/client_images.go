@@ -28,6 +28,24 @@ func (c *Client) RemoveImage(ctx context.Context, name string) error {
 	return c.call(ctx, http.MethodDelete, "/v1/images/"+n, nil, nil, nil)
 }
 
+// CommitImage has the daemon make a session's system disk an image. The
+// request is checked here first, as the daemon checks it.
+func (c *Client) CommitImage(ctx context.Context, req session.CommitRequest) (session.CommitResult, error) {
+	var out session.CommitResult
+	if err := req.Validate(); err != nil {
+		return out, err
+	}
+	n, err := seg("image name", req.Image)
+	if err != nil {
+		return out, err
+	}
+	body := struct {
+		Session string `json:"session"`
+		Label   string `json:"label,omitempty"`
+	}{req.Session, req.Label}
+	return out, c.call(ctx, http.MethodPost, "/v1/images/"+n+"/commit", nil, body, &out)
+}
+
 // BuildImage has the daemon build an image, calling progress (if not nil)
 // for each step as the daemon reports it, from the calling goroutine. A
 // relative recipe path is made absolute here: the daemon runs on this

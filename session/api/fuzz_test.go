@@ -33,6 +33,7 @@ var fuzzRoutes = []struct {
 	{"POST", "/v1/sessions/demo/restore", false},
 	{"POST", "/v1/sessions/demo/fork", false},
 	{"POST", "/v1/images", false},
+	{"POST", "/v1/images/app/commit", false},
 }
 
 // noImages is the fake with an image store that has nothing and builds

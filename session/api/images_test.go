@@ -214,6 +214,9 @@ func TestNewRoutesBadRequests(t *testing.T) {
 		{"POST", "/v1/images", `{"name":"debian","colour":"red"}`, 400, `"class":"invalid"`},
 		{"POST", "/v1/images/app/import?source=rel.tar", "", 400, `"class":"invalid"`},
 		{"POST", "/v1/images/app/import?source=/x.tar&colour=red", "", 400, `"class":"invalid"`},
+		{"POST", "/v1/images/app/commit", `{"session":"a","image":"other"}`, 400, `"class":"invalid"`},
+		{"POST", "/v1/images/app/commit", `{"session":"nope"}`, 404, `"field":"session"`},
+		{"POST", "/v1/images/Bad/commit", `{"session":"a"}`, 400, `"field":"new_image"`},
 		{"POST", "/v1/sessions/a/replace", `{"image":"mini","force":true}`, 400, `"class":"invalid"`},
 		{"POST", "/v1/sessions/a/replace", ``, 200, `"session":{"name":"a","state":"running"`},
 		{"POST", "/v1/sessions/a/replace", `{"image":"other"}`, 404, `"class":"not_found"`},
@@ -415,4 +418,33 @@ func TestImportImageCancelledByClient(t *testing.T) {
 	pw.Close()
 	h.client.Close()
 	check()
+}
+
+// A commit over the socket: the result whole, and each refusal with its
+// class, field and code, as the service gave them.
+func TestCommitImageOverTheSocket(t *testing.T) {
+	h := start(t, nil)
+	ctx := t.Context()
+	h.create(t, "a")
+	res, err := h.client.CommitImage(ctx, session.CommitRequest{Session: "a", Image: "app", Label: "set up"})
+	if err != nil || res.Image.Name != "app" || res.Image.Parent != "mini@fake" || res.Image.Label != "set up" || res.Parent != "mini@fake" || res.Copy == "" {
+		t.Fatalf("CommitImage = %+v, %v", res, err)
+	}
+	_, err = h.client.CommitImage(ctx, session.CommitRequest{Session: "missing", Image: "app"})
+	if !errors.Is(err, &session.Error{Class: session.ErrNotFound, Field: session.FieldSession}) || strings.Contains(err.Error(), "\n") {
+		t.Errorf("CommitImage of an unknown session: %v, want ErrNotFound in field session, one line", err)
+	}
+	h.create(t, "b")
+	if _, err := h.client.Create(ctx, session.CreateOptions{Name: "c", Image: "app"}); err != nil {
+		t.Fatal(err)
+	}
+	err = h.client.RemoveImage(ctx, "app")
+	if !errors.Is(err, &session.Error{Class: session.ErrConflict, Code: session.CodeInUse}) || !strings.Contains(err.Error(), "used by c (a session)") {
+		t.Errorf("RemoveImage in use: %v, want ErrConflict, code in-use, naming c", err)
+	}
+	// Checked on the client's side too, before anything is sent.
+	_, err = h.client.CommitImage(ctx, session.CommitRequest{Session: "a", Image: "../x"})
+	if session.FieldOf(err) != session.FieldNewImage {
+		t.Errorf("CommitImage of ../x: %v, want a refusal of the new image's name", err)
+	}
 }

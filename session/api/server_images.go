@@ -31,6 +31,32 @@ func (s *server) removeImage(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// commitBody is a commit's request body: the image is the path's.
+type commitBody struct {
+	Session string `json:"session"`
+	Label   string `json:"label,omitempty"`
+}
+
+// commitImage makes a session's system disk the image named in the path.
+func (s *server) commitImage(w http.ResponseWriter, r *http.Request) {
+	var body commitBody
+	if err := readJSON(w, r, &body); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	req := session.CommitRequest{Session: body.Session, Image: r.PathValue("name"), Label: body.Label}
+	if err := req.Validate(); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	res, err := s.svc.CommitImage(r.Context(), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, http.StatusCreated, res)
+}
+
 // buildImage builds an image and streams its progress as it happens, then
 // the image or the error (buildFrame). The build runs on the request's
 // context: a client that goes away cancels it.

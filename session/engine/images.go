@@ -155,7 +155,8 @@ func (m *Manager) Images(ctx context.Context) ([]session.ImageInfo, error) {
 		info := session.ImageInfo{
 			Name: b.Name, Digest: b.Digest, Current: !seen[b.Name], RootFS: b.RootFS(), Layers: len(b.Layers),
 			Packages: b.PackageCount(), DiskBytes: b.DiskBytes(), Built: b.Built, BuildTook: b.BuildTook,
-			Source: b.Source, SourceDigest: b.SourceDigest, Config: imageConfig(b.Config), Kernel: b.KernelVersion, Sessions: []string{},
+			Source: b.Source, SourceDigest: b.SourceDigest, Config: imageConfig(b.Config), Parent: b.Parent, Label: b.Label,
+			Kernel: b.KernelVersion, Sessions: []string{},
 		}
 		seen[b.Name] = true
 		for _, u := range users[b.Name] {
@@ -193,15 +194,31 @@ func (m *Manager) imageUsers() map[string][]imageUser {
 	return users
 }
 
-// pruneImage removes builds of name no session uses any more.
+// pruneImage removes builds of name no session uses any more, and their
+// templates.
 func (m *Manager) pruneImage(name string) {
 	if m.cfg.Images == nil {
 		return
 	}
+	before := m.buildDigests(name)
 	users := m.imageUsers()[name]
 	m.cfg.Images.Prune(name, func(digest string) bool {
 		return slices.ContainsFunc(users, func(u imageUser) bool { return u.digest == digest })
 	})
+	after := m.buildDigests(name)
+	m.dropTemplates(name, slices.DeleteFunc(before, func(d string) bool { return slices.Contains(after, d) }))
+}
+
+// buildDigests lists the digests of name's builds on disk.
+func (m *Manager) buildDigests(name string) []string {
+	builds, _ := m.cfg.Images.Builds()
+	var out []string
+	for _, b := range builds {
+		if b.Name == name {
+			out = append(out, b.Digest)
+		}
+	}
+	return out
 }
 
 // BuildImage builds a shipped image or a recipe.
@@ -336,23 +353,61 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	if err := image.ValidateName(name); err != nil {
 		return fmt.Errorf("%w: %w", err, session.ErrInvalid)
 	}
-	m.builds.mu.Lock()
-	defer m.builds.mu.Unlock()
-	if users := m.imageUsers()[name]; len(users) > 0 {
-		names := make([]string, len(users))
-		for i, u := range users {
-			names[i] = u.session
-		}
-		return fmt.Errorf("image %q is used by %s: delete or replace them first (berth replace NAME --image OTHER): %w",
-			name, strings.Join(names, ", "), session.ErrConflict)
-	}
-	if err := m.cfg.Images.Remove(name); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("image %q: %w", name, session.ErrNotFound)
-		}
+	digests, err := m.removeImageBuilds(name)
+	if err != nil {
 		return err
 	}
+	// The templates go once builds.mu is let go: tmplMu is taken before
+	// it, never after.
+	m.dropTemplates(name, digests)
 	return nil
+}
+
+// removeImageBuilds removes name unless a session or a committed image
+// uses it, holding builds.mu, and returns the digests of the builds it
+// removed.
+func (m *Manager) removeImageBuilds(name string) ([]string, error) {
+	m.builds.mu.Lock()
+	defer m.builds.mu.Unlock()
+	var sessions []string
+	for _, u := range m.imageUsers()[name] {
+		if !slices.Contains(sessions, u.session) {
+			sessions = append(sessions, u.session)
+		}
+	}
+	children, err := m.committedOn(name)
+	if err != nil {
+		return nil, err
+	}
+	if len(sessions) > 0 || len(children) > 0 {
+		return nil, session.ImageInUse(name, sessions, children)
+	}
+	digests := m.buildDigests(name)
+	if err := m.cfg.Images.Remove(name); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("image %q: %w", name, session.ErrNotFound)
+		}
+		return nil, err
+	}
+	return digests, nil
+}
+
+// committedOn lists the images committed on a build of name (other than
+// name's own later builds), by name.
+func (m *Manager) committedOn(name string) ([]string, error) {
+	builds, err := m.cfg.Images.Builds()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, b := range builds {
+		parent, _, _ := strings.Cut(b.Parent, "@")
+		if parent == name && b.Name != name && !slices.Contains(out, b.Name) {
+			out = append(out, b.Name)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }
 
 // stepRunner runs a recipe's setup commands in a VM of the image being

@@ -219,6 +219,7 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 	if err := m.loadHarness(); err != nil {
 		return nil, fmt.Errorf("load runs and schedules: %w", err)
 	}
+	m.removeStaleWork()
 	var wg sync.WaitGroup
 	for _, s := range m.sessions {
 		wg.Go(func() { s.recover(ctx) })

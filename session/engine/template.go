@@ -5,10 +5,12 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -151,6 +153,9 @@ func (m *Manager) template(ctx context.Context, s *sess) (string, error) {
 	if _, err := syncFile(filepath.Join(tmp, "memory.snap")); err != nil {
 		return "", err
 	}
+	if err := writeSynced(filepath.Join(tmp, templateImageFile), templateImage(im)); err != nil {
+		return "", err
+	}
 	os.RemoveAll(filepath.Join(tmp, "vm"))
 	if err := os.Rename(tmp, dir); err != nil {
 		if _, serr := os.Stat(snap); serr == nil {
@@ -259,4 +264,53 @@ func (s *sess) bootNew(ctx context.Context, by string) (string, error) {
 	s.m.log.Warn("template unusable; cold boot", "session", s.name, "err", err)
 	s.m.event(session.Event{Kind: session.EventNote, Name: s.name, By: by, Message: "template unusable (" + err.Error() + "); booting cold"})
 	return "booted cold (template unusable)", s.boot(ctx)
+}
+
+// templateImageFile names the image build a template was made of, so
+// that the template goes with the build: a template is a memory snapshot
+// of the VM's size, and an image's builds come and go (rebuilds, imports,
+// commits, image rm).
+const templateImageFile = "image.json"
+
+type templateOf struct {
+	Image  string `json:"image"`
+	Digest string `json:"digest"`
+}
+
+func templateImage(im Image) []byte {
+	b, _ := json.Marshal(templateOf{Image: im.Name, Digest: im.Digest})
+	return b
+}
+
+// dropTemplates removes the templates of the builds of image name with
+// the given digests (gone from the store). Templates made before they
+// named their build are left to the fallback that drops a template that
+// does not restore.
+func (m *Manager) dropTemplates(name string, digests []string) {
+	if len(digests) == 0 {
+		return
+	}
+	m.tmplMu.Lock()
+	defer m.tmplMu.Unlock()
+	files, _ := filepath.Glob(filepath.Join(m.cfg.DataDir, "templates", "*", templateImageFile))
+	for _, f := range files {
+		if strings.HasPrefix(filepath.Base(filepath.Dir(f)), ".") {
+			continue // being built (by another daemon sharing the directory) or removed
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var t templateOf
+		if json.Unmarshal(b, &t) != nil || t.Image != name || !slices.Contains(digests, t.Digest) {
+			continue
+		}
+		dir := filepath.Dir(f)
+		// Renamed away first, so a create never finds half of one.
+		gone := filepath.Join(filepath.Dir(dir), "."+filepath.Base(dir)+"-rm")
+		if os.Rename(dir, gone) == nil {
+			os.RemoveAll(gone)
+			m.log.Info("template removed with its image build", "image", name, "digest", t.Digest, "key", filepath.Base(dir))
+		}
+	}
 }

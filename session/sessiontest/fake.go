@@ -85,6 +85,9 @@ type Fake struct {
 	calls map[string]int
 
 	hx *fakeHarness // runs and schedules (harness.go), made on first use
+
+	committed map[string]session.ImageInfo // images made by CommitImage (images.go)
+	commitSeq int
 }
 
 type fakeSession struct {

@@ -2,14 +2,20 @@ package sessiontest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/berthvm/berth/session"
 )
 
-// The fake has images only by name (Options.Images): it lists them and
-// builds, imports or removes none, saying so.
+// The fake has images by name (Options.Images): it lists them, and builds,
+// imports or removes none of them, saying so. Commits it does keep: an
+// image committed from a session (which has no system disk here, so the
+// image holds nothing of it) is listed with its parent, sessions can be
+// created from it, and it can be removed while nothing uses it.
 
 func errNoBuilds(op string) error {
 	return &session.Error{Class: session.ErrUnsupported, Msg: op + ": the fake builds and removes no images", Hint: "give the images it has in Options.Images"}
@@ -25,15 +31,24 @@ func (f *Fake) Images(ctx context.Context) ([]session.ImageInfo, error) {
 	var out []session.ImageInfo
 	for _, name := range f.opts.Images {
 		im := session.ImageInfo{Name: name, Digest: "fake", Current: true, Source: "berth"}
-		for n, s := range f.sessions {
-			if s.info.Image == name {
-				im.Sessions = append(im.Sessions, n)
-			}
+		if c, ok := f.committed[name]; ok {
+			im = c
 		}
-		slices.Sort(im.Sessions)
+		im.Sessions = f.imageSessionsLocked(name)
 		out = append(out, im)
 	}
 	return out, nil
+}
+
+func (f *Fake) imageSessionsLocked(name string) []string {
+	var out []string
+	for n, s := range f.sessions {
+		if s.info.Image == name {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // BuildImage builds nothing: it fails with ErrUnsupported.
@@ -53,10 +68,77 @@ func (f *Fake) ImportImage(ctx context.Context, req session.ImportRequest, src i
 	return session.ImageInfo{}, &session.Error{Class: session.ErrUnsupported, Msg: "import image " + req.Name + ": the fake imports no images", Hint: "give the images it has in Options.Images"}
 }
 
-// RemoveImage removes nothing: it fails with ErrUnsupported.
+// CommitImage makes an image of a session as the daemon does, with the
+// same refusals: an unknown session, a state the action table does not
+// allow, a name an image not committed has. The image captures nothing
+// (the fake's sessions have no system disk).
+func (f *Fake) CommitImage(ctx context.Context, req session.CommitRequest) (session.CommitResult, error) {
+	if err := f.enter(ctx, "CommitImage"); err != nil {
+		return session.CommitResult{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return session.CommitResult{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.sessions[req.Session]
+	if !ok || s.info.State == session.StateDeleting {
+		return session.CommitResult{}, session.UnknownSession(req.Session)
+	}
+	if _, ok := f.committed[req.Image]; !ok && slices.Contains(f.opts.Images, req.Image) {
+		return session.CommitResult{}, &session.Error{Class: session.ErrExists, Field: session.FieldNewImage,
+			Msg: fmt.Sprintf("%q exists already, from berth", req.Image), Hint: "remove that image first or choose another name"}
+	}
+	if err := session.CheckTransition(req.Session, session.ActionCommitImage, s.info.State); err != nil {
+		return session.CommitResult{}, err
+	}
+	digest := "fake"
+	if c, ok := f.committed[s.info.Image]; ok {
+		digest = c.Digest
+	}
+	res := session.CommitResult{Parent: s.info.Image + "@" + digest, Copy: "sparse copy", Took: time.Millisecond, State: s.info.State}
+	if s.info.State == session.StateRunning {
+		res.Frozen = time.Millisecond
+	}
+	if f.committed == nil {
+		f.committed = map[string]session.ImageInfo{}
+	}
+	f.commitSeq++
+	res.Image = session.ImageInfo{Name: req.Image, Digest: fmt.Sprintf("commit%d", f.commitSeq), Current: true, RootFS: true, Layers: 1,
+		Built: f.now(), Source: "session:" + req.Session, Parent: res.Parent, Label: req.Label}
+	f.committed[req.Image] = res.Image
+	if !slices.Contains(f.opts.Images, req.Image) {
+		f.opts.Images = append(f.opts.Images, req.Image)
+	}
+	res.Image.Sessions = f.imageSessionsLocked(req.Image)
+	f.publishLocked(ctx, s, session.Event{Kind: session.EventNote, Message: fmt.Sprintf("system disk committed as image %s@%s on %s", req.Image, res.Image.Digest, res.Parent)})
+	return res, nil
+}
+
+// RemoveImage removes an image the fake committed, refused as the
+// daemon refuses it while sessions or images committed on it use it;
+// any other image it does not remove (ErrUnsupported).
 func (f *Fake) RemoveImage(ctx context.Context, name string) error {
 	if err := f.enter(ctx, "RemoveImage"); err != nil {
 		return err
 	}
-	return errNoBuilds("remove image " + name)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.committed[name]; !ok {
+		return errNoBuilds("remove image " + name)
+	}
+	users := f.imageSessionsLocked(name)
+	var children []string
+	for n, c := range f.committed {
+		if parent, _, _ := strings.Cut(c.Parent, "@"); parent == name && n != name {
+			children = append(children, n)
+		}
+	}
+	slices.Sort(children)
+	if len(users) > 0 || len(children) > 0 {
+		return session.ImageInUse(name, users, children)
+	}
+	delete(f.committed, name)
+	f.opts.Images = slices.DeleteFunc(f.opts.Images, func(n string) bool { return n == name })
+	return nil
 }

@@ -133,6 +133,7 @@ func Suite(t *testing.T, svc session.Service) {
 	t.Run("Replace", func(t *testing.T) { suiteReplace(t, ctx, svc, name) })
 	t.Run("Checkpoints", func(t *testing.T) { suiteCheckpoints(t, ctx, svc, name) })
 	t.Run("Net", func(t *testing.T) { suiteNet(t, ctx, svc, name) })
+	t.Run("CommitRefusals", func(t *testing.T) { suiteCommitRefusals(t, ctx, svc, name) })
 
 	t.Run("FlushStopStart", func(t *testing.T) {
 		if _, err := svc.Flush(ctx, name); err != nil {
@@ -185,6 +186,32 @@ func Suite(t *testing.T, svc session.Service) {
 		wantClass(t, "Delete deleted", svc.Delete(ctx, name), session.ErrNotFound)
 		waitEvent(t, events, func(ev session.Event) bool { return ev.Kind == session.EventDeleted && ev.Name == name })
 	})
+}
+
+// suiteCommitRefusals: a commit's refusals, each with its class and the
+// field at fault, whichever side of the socket checks them. (A commit
+// that succeeds needs a session with a system disk, which the suite's
+// mini sessions have not: the engine's end-to-end tests make them.)
+func suiteCommitRefusals(t *testing.T, ctx context.Context, svc session.Service, name string) {
+	for _, c := range []struct {
+		what  string
+		req   session.CommitRequest
+		class error
+		field string
+	}{
+		{"an unknown session", session.CommitRequest{Session: "conf-missing", Image: "conf-img"}, session.ErrNotFound, session.FieldSession},
+		{"no session", session.CommitRequest{Image: "conf-img"}, session.ErrInvalid, session.FieldSession},
+		{"a bad session name", session.CommitRequest{Session: "Bad_Name", Image: "conf-img"}, session.ErrInvalid, session.FieldSession},
+		{"no image name", session.CommitRequest{Session: name}, session.ErrInvalid, session.FieldNewImage},
+		{"a bad image name", session.CommitRequest{Session: name, Image: "Bad_Name"}, session.ErrInvalid, session.FieldNewImage},
+		{"a label of two lines", session.CommitRequest{Session: name, Image: "conf-img", Label: "a\nb"}, session.ErrInvalid, session.FieldLabel},
+	} {
+		_, err := svc.CommitImage(ctx, c.req)
+		wantClass(t, "CommitImage of "+c.what, err, c.class)
+		if got := session.FieldOf(err); got != c.field {
+			t.Errorf("CommitImage of %s: %v points at field %q, want %q", c.what, err, got, c.field)
+		}
+	}
 }
 
 func suiteExec(t *testing.T, ctx context.Context, svc session.Service, name string) {

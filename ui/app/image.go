@@ -260,13 +260,107 @@ func configNotes(c *session.ImageConfig) []string {
 	return out
 }
 
+func imageCommitCmd() *cli.Command {
+	return &cli.Command{
+		Name: "image commit", Action: session.ActionCommitImage, Group: local, Usage: "NAME IMAGE [--label L] [--json]", Args: []string{"NAME", "IMAGE"},
+		Summary: "make session NAME's system disk a new image IMAGE, on the image it runs",
+		Help: `The session's system disk (what it changed over its image: packages, /etc, /root) becomes
+a read-only layer on top of the image build the session was made with, and IMAGE is that
+image with the layer: create sessions from it with --image IMAGE. The session keeps running
+on its own disk; a running session's filesystems are flushed and frozen while its disk is
+copied (a reflink where the data directory's filesystem has them, else a sparse copy), so
+its commands pause for the copy only. The workspace is not part of an image.
+Left out, as a new machine makes its own: the machine id, the hostname, SSH host keys
+(regenerate them with ssh-keygen -A), /tmp and /var/tmp, and apt's caches (/var/cache/apt;
+apt's lists stay). Everything else is captured, secrets included: the output says what,
+with the paths that changed most. IMAGE records its parent (image ls shows it), and an
+image with sessions or committed images on it cannot be removed. Committing to an IMAGE
+committed before makes a new build of it; sessions keep the build they were made with.`,
+		Example: "berth image commit dev py-dev --label \"python and tools\"\nberth create next --image py-dev",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			label := fs.String("label", "", "describe the image with `L` (one line)")
+			asJSON := fs.Bool("json", false, "print the result as JSON")
+			return func(ctx context.Context, c *cli.Call, args []string) error {
+				req := session.CommitRequest{Session: args[0], Image: args[1], Label: *label}
+				// Checked here too, for an answer before the daemon is involved.
+				if err := req.Validate(); err != nil {
+					return err
+				}
+				im, done, err := imager(ctx, c)
+				if err != nil {
+					return err
+				}
+				defer done()
+				res, err := im.CommitImage(ctx, req)
+				if err != nil {
+					return err
+				}
+				out := c.Env().Stdout
+				if *asJSON {
+					enc := json.NewEncoder(out)
+					enc.SetIndent("", "  ")
+					return enc.Encode(res)
+				}
+				printCommit(out, req.Session, res)
+				return nil
+			}
+		},
+	}
+}
+
+// printCommit says what a commit captured and what it left out.
+func printCommit(w io.Writer, name string, r session.CommitResult) {
+	fmt.Fprintf(w, "image %s (%s) committed from session %s on %s\n", r.Image.Name, r.Image.Digest, name, r.Parent)
+	fmt.Fprintf(w, "captured %s on disk: %s, %s", session.FormatBytes(r.Bytes), count(r.Files, "file"), count(r.Dirs, "directory"))
+	if r.Deleted > 0 {
+		fmt.Fprintf(w, ", %s of the image deleted", count(r.Deleted, "path"))
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if len(r.Top) > 0 {
+		fmt.Fprintln(w, "most change:")
+		for _, p := range r.Top {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", p.Path, session.FormatBytes(p.Bytes), count(p.Files, "file"))
+		}
+		tw.Flush()
+	}
+	if len(r.LeftOut) > 0 {
+		fmt.Fprintln(w, "left out (a new session makes its own):")
+		for _, p := range r.LeftOut {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", p.Path, session.FormatBytes(p.Bytes), count(p.Files, "file"))
+		}
+		tw.Flush()
+	}
+	switch {
+	case r.State == session.StateCrashed:
+		fmt.Fprintf(w, "the session had crashed: its disk is as the crash left it, repaired by e2fsck (%s)", r.Copy)
+	case r.Frozen > 0:
+		fmt.Fprintf(w, "system disk copied (%s) with the session's commands frozen for %s", r.Copy, r.Frozen.Round(time.Millisecond))
+	default:
+		fmt.Fprintf(w, "system disk copied (%s) from the %s session", r.Copy, r.State)
+	}
+	fmt.Fprintf(w, "; took %s\n", r.Took.Round(time.Millisecond))
+}
+
+// count is "1 file", "2 files", "3 directories".
+func count(n int, one string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	if strings.HasSuffix(one, "y") {
+		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(one, "y"))
+	}
+	return fmt.Sprintf("%d %ss", n, one)
+}
+
 func imageLsCmd() *cli.Command {
 	return &cli.Command{
 		Name: "image ls", Action: session.ActionRead, Group: local, Usage: "[--json]",
 		Summary: "list images: size, digest, build time, source, the sessions using each",
 		Help: `Older builds of an image are listed while sessions made with them exist. SOURCE is
-"berth" for images berth ships, the recipe file for recipes, and for an imported image
-where it came from and the digest its source gave it (--json has them whole).`,
+"berth" for images berth ships, the recipe file for recipes, for an imported image
+where it came from and the digest its source gave it, and for a committed image the
+session and the build it was committed on (--json has them whole, with the label).`,
 		Example: "berth image ls",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
 			asJSON := fs.Bool("json", false, "print JSON")
@@ -335,13 +429,16 @@ func imageSource(i session.ImageInfo) string {
 		}
 		src += " " + d
 	}
+	if i.Parent != "" {
+		src += " on " + i.Parent
+	}
 	return src
 }
 
 func imageRmCmd() *cli.Command {
 	return &cli.Command{
 		Name: "image rm", Action: session.ActionImage, Group: local, Usage: "NAME", Args: []string{"NAME"},
-		Summary: "remove an image and all its builds; refused while a session uses it",
+		Summary: "remove an image and all its builds; refused while a session or a committed image uses it",
 		Example: "berth image rm py-tools",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
 			return func(ctx context.Context, c *cli.Call, args []string) error {

@@ -3,6 +3,7 @@ package app
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berthvm/berth/session"
 )
@@ -45,6 +46,7 @@ func TestImageSourceAndConfigNotes(t *testing.T) {
 		{session.ImageInfo{}, "-"},
 		{session.ImageInfo{Source: "docker-archive:-", SourceDigest: "sha256:0123456789abcdef0123"}, "docker-archive:- sha256:0123456789ab"},
 		{session.ImageInfo{Source: "oci-layout:/srv/app", SourceDigest: "sha256:short"}, "oci-layout:/srv/app sha256:short"},
+		{session.ImageInfo{Source: "session:dev", Parent: "debian@0123456789abcdef"}, "session:dev on debian@0123456789abcdef"},
 	} {
 		if got := imageSource(tt.info); got != tt.want {
 			t.Errorf("imageSource(%+v) = %q, want %q", tt.info, got, tt.want)
@@ -61,5 +63,31 @@ func TestImageSourceAndConfigNotes(t *testing.T) {
 	}
 	if configNotes(nil) != nil {
 		t.Error("configNotes(nil) says something")
+	}
+}
+
+// What a commit prints: the image and its parent, what was captured with
+// the paths that changed most, what was left out, how the disk was
+// copied.
+func TestPrintCommit(t *testing.T) {
+	var out strings.Builder
+	printCommit(&out, "dev", session.CommitResult{
+		Image: session.ImageInfo{Name: "py-dev", Digest: "aaaa"}, Parent: "debian@bbbb", Bytes: 212 << 20, Files: 1234, Dirs: 56, Deleted: 1,
+		Top:     []session.PathBytes{{Path: "/usr/lib/python3", Files: 1000, Bytes: 150 << 20}, {Path: "/etc", Files: 1, Bytes: 12}},
+		LeftOut: []session.PathBytes{{Path: "machine id", Files: 1, Bytes: 33}, {Path: "apt's caches", Files: 12, Bytes: 40 << 20}},
+		Copy:    "sparse copy", Frozen: 210 * time.Millisecond, Took: 3200 * time.Millisecond, State: session.StateRunning,
+	})
+	want := `image py-dev (aaaa) committed from session dev on debian@bbbb
+captured 212 MiB on disk: 1234 files, 56 directories, 1 path of the image deleted
+most change:
+  /usr/lib/python3  150 MiB  1000 files
+  /etc              12 B     1 file
+left out (a new session makes its own):
+  machine id    33 B    1 file
+  apt's caches  40 MiB  12 files
+system disk copied (sparse copy) with the session's commands frozen for 210ms; took 3.2s
+`
+	if out.String() != want {
+		t.Errorf("printCommit:\n%s\nwant:\n%s", out.String(), want)
 	}
 }

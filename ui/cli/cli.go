@@ -273,7 +273,7 @@ func flagOf(field string) string {
 	case session.FieldCPUs, session.FieldMemory, session.FieldDisk, session.FieldNet, session.FieldImage, session.FieldLabel:
 		return "--" + field
 	}
-	return field // an argument, not a flag: named as the contract does
+	return strings.ReplaceAll(field, "_", " ") // an argument, not a flag: named in words
 }
 
 // oneLine keeps an error on one line, whatever the service put in it.

@@ -98,6 +98,11 @@ func TestRestrict(t *testing.T) {
 			_, err := s.Replace(ctx, "demo", session.ReplaceOptions{})
 			return err
 		}},
+		{"CommitImage", Admin, func(ctx context.Context, s session.Service) error {
+			_, err := s.CommitImage(ctx, session.CommitRequest{Session: "demo", Image: "demo-image"})
+			return err
+		}},
+		{"RemoveImage", Admin, func(ctx context.Context, s session.Service) error { return s.RemoveImage(ctx, "demo-image") }},
 		{"Delete", Admin, func(ctx context.Context, s session.Service) error { return s.Delete(ctx, "new-one") }},
 	}
 	for _, role := range []Role{Viewer, Operator, Admin} {

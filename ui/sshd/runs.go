@@ -47,7 +47,7 @@ func (g *guard) RemoveSchedule(ctx context.Context, name, id string) error {
 }
 
 // Images are the daemon host's: listing them is a read; building,
-// importing and removing them an admin's.
+// importing, committing and removing them an admin's.
 
 func (g *guard) Images(ctx context.Context) ([]session.ImageInfo, error) {
 	return call(g, ctx, session.ActionRead, func(ctx context.Context) ([]session.ImageInfo, error) { return g.svc.Images(ctx) })
@@ -61,6 +61,10 @@ func (g *guard) ImportImage(ctx context.Context, req session.ImportRequest, src 
 	return call(g, ctx, session.ActionImage, func(ctx context.Context) (session.ImageInfo, error) {
 		return g.svc.ImportImage(ctx, req, src, progress)
 	})
+}
+
+func (g *guard) CommitImage(ctx context.Context, req session.CommitRequest) (session.CommitResult, error) {
+	return call(g, ctx, session.ActionCommitImage, func(ctx context.Context) (session.CommitResult, error) { return g.svc.CommitImage(ctx, req) })
 }
 
 func (g *guard) RemoveImage(ctx context.Context, name string) error {

@@ -382,6 +382,22 @@ func TestImport(t *testing.T) {
 	if err != nil || other.Digest == im.Digest || len(other.Layers) != 1 || other.Layers[0].Hash != im.Layers[0].Hash {
 		t.Fatalf("import of another image as app: %+v, %v", other, err)
 	}
+	// Builds on one agent and kernel share one initramfs, linked from
+	// the layer cache, and the kernel where the caches share a
+	// filesystem; it goes with the last image linking it.
+	a, errA := os.Stat(im.Initramfs)
+	b, errB := os.Stat(other.Initramfs)
+	if errA != nil || errB != nil || !os.SameFile(a, b) {
+		t.Errorf("two builds on one agent and kernel do not share their initramfs: %v %v", errA, errB)
+	}
+	// Kept a while after the last image linking it is removed, for the
+	// next import or commit.
+	if err := image.Remove(o.ImagesDir, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(image.LayerCacheDir(o.ImagesDir), "*.initrd")); len(m) != 1 {
+		t.Errorf("removing the image dropped its shared initramfs at once: %v", m)
+	}
 }
 
 // Within one berth layer, a directory whited out and then named only
