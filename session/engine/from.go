@@ -55,6 +55,12 @@ func (m *Manager) createFrom(ctx context.Context, opts session.CreateOptions) (s
 		return session.Session{}, err
 	}
 	ref.ID = ck.ID
+	if ck.Memory && ck.WorkspaceOnly {
+		// Its memory ran on a system disk it does not hold.
+		return session.Session{}, &session.Error{Class: session.ErrInvalid, Field: session.FieldFrom,
+			Msg:  fmt.Sprintf("checkpoint %s keeps memory but not the system disk it ran on", ref),
+			Hint: "create from a checkpoint taken with the system disk"}
+	}
 	if _, err := m.resolveImage(ctx, ck.Image, ck.ImageDigest); err != nil {
 		if errors.Is(err, session.ErrNotFound) {
 			return session.Session{}, session.SourceImageGone(ref, ck.Checkpoint, ck.Image, ck.ImageDigest, err)
@@ -164,6 +170,15 @@ func (m *Manager) createFrom(ctx context.Context, opts session.CreateOptions) (s
 		return fail(err)
 	}
 	releaseSrc()
+	if ck.WorkspaceOnly {
+		// A run's starting point keeps the workspace only: the new
+		// session gets a fresh system disk on the image, as replace
+		// gives one, sized as the source's.
+		if err := s.newSystem(ctx, ck.Image, srec.SystemBytes); err != nil {
+			return fail(fmt.Errorf("%s: a fresh system disk (the checkpoint holds the workspace only): %w", what, err))
+		}
+		disks = append(disks, [2]string{"", s.sysPath()})
+	}
 	step("copied")
 	m.crash("from:copied")
 	synced = make(chan error, 1)
@@ -171,7 +186,7 @@ func (m *Manager) createFrom(ctx context.Context, opts session.CreateOptions) (s
 		var err error
 		for _, p := range disks {
 			if _, serr := syncFile(p[1]); serr != nil && err == nil {
-				err = fmt.Errorf("sync the copy of %s: %w", filepath.Base(p[0]), serr)
+				err = fmt.Errorf("sync the copy of %s: %w", filepath.Base(p[1]), serr)
 			}
 		}
 		synced <- err

@@ -108,6 +108,33 @@ func TestImportedUserAndCreateFrom(t *testing.T) {
 		e.OK("delete", "u2", "--yes")
 	})
 
+	e.Subtest(t, "create --from a run's starting point (the workspace only)", func(t *testing.T) {
+		e.OK("exec", "u1", "--", "sh", "-c", "echo at-start > /workspace/start.txt")
+		run := strings.TrimSpace(e.OK("run", "start", "u1", "--keep", "--title", "from-start"))
+		e.OK("exec", "u1", "--", "sh", "-c", "echo in-run > /workspace/start.txt")
+		var rs []session.Run
+		if err := json.Unmarshal([]byte(e.OK("runs", "u1", "--json")), &rs); err != nil {
+			t.Fatal(err)
+		}
+		var start string
+		for _, r := range rs {
+			if r.ID == run {
+				start = r.Checkpoint
+			}
+		}
+		if start == "" {
+			t.Fatalf("run %s kept no starting point: %+v", run, rs)
+		}
+		e.OK("create", "u3", "--from", "u1@"+start)
+		// The workspace as the run found it, a fresh system disk (none of
+		// u1's /etc changes), the image's user.
+		if got := e.out("u3", "cat start.txt; test -e /etc/marker && echo marker-carried; id -u"); got != "at-start\n1000" {
+			t.Errorf("u3 from a workspace-only checkpoint sees %q, want the run's start, a fresh system disk, uid 1000", got)
+		}
+		e.OK("run", "end", run)
+		e.OK("delete", "u3", "--yes")
+	})
+
 	e.Subtest(t, "a checkpoint whose image is gone", func(t *testing.T) {
 		e.OK("replace", "u1", "--image", "mini", "--yes")
 		e.OK("image", "rm", "app")
