@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"sort"
 	"syscall"
@@ -35,6 +36,17 @@ type run struct {
 	why     string
 	timer   *time.Timer
 	held    string // why output is not being stored now, or ""
+	trace   execTrace
+}
+
+// execTrace is when an execution this daemon started passed each phase,
+// logged at debug level (berth serve -v) when it ends, so an exec's time
+// can be taken apart without a profiler. Guarded by run.mu.
+type execTrace struct {
+	start        time.Time // Exec called
+	recorded     time.Time // the starting record stored
+	agentStarted time.Time // the agent reported the command started
+	exited       time.Time // the agent's exit frame arrived, all output stored
 }
 
 func (m *Manager) newRun(s *sess, rec store.Exec) *run {
@@ -177,6 +189,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req session.ExecRequest
 	if by == "" {
 		by = "api"
 	}
+	start := time.Now()
 	rec := store.Exec{
 		ID: newExecID(), Session: name, Argv: req.Argv, EnvNames: envNames, Cwd: cwd, TTY: req.TTY,
 		Outside: req.Outside, By: by, State: string(session.ExecStarting), StartedAt: time.Now(),
@@ -185,6 +198,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req session.ExecRequest
 		return nil, fmt.Errorf("record execution: %w", err)
 	}
 	r := m.newRun(s, rec)
+	r.trace = execTrace{start: start, recorded: time.Now()}
 	m.addRun(r)
 	m.addRunExec(name, runID, rec.ID)
 
@@ -202,6 +216,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req session.ExecRequest
 		return nil, agentErr(name, err)
 	}
 	r.mu.Lock()
+	r.trace.agentStarted = time.Now()
 	r.gx = gx
 	r.rec.State = string(session.ExecRunning)
 	if req.Timeout > 0 {
@@ -235,6 +250,7 @@ func (r *run) record(gx *guest.Exec) {
 		if exit != nil {
 			state, why := session.ExecExited, ""
 			r.mu.Lock()
+			r.trace.exited = time.Now()
 			if r.reason != "" {
 				state, why = r.reason, r.why
 			}
@@ -468,6 +484,7 @@ func (r *run) finish(state session.ExecState, code *int, signal, why string) {
 	if err := r.m.st.PutExec(rec); err != nil {
 		r.m.log.Error("record execution end", "exec", r.id, "err", err)
 	}
+	r.logTrace()
 	r.m.dropRun(r)
 	r.m.cfg.Observer.ExecEnded(state)
 	ex := toExecution(rec)
@@ -483,6 +500,23 @@ func (r *run) finish(state session.ExecState, code *int, signal, why string) {
 	}
 	r.m.event(session.Event{Kind: session.EventExec, Name: r.s.name, Exec: &ex, Message: quoteArgv(rec.Argv) + " " + msg})
 	r.m.execEnded(rec)
+}
+
+// logTrace logs the phases of an execution this daemon started, each as
+// the time since the one before, at debug level.
+func (r *run) logTrace() {
+	if !r.m.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	r.mu.Lock()
+	t := r.trace
+	r.mu.Unlock()
+	if t.start.IsZero() || t.exited.IsZero() {
+		return // reattached, or never started: no phases to tell
+	}
+	r.m.log.Debug("exec phases", "exec", r.id, "start", t.start.UnixNano(),
+		"record", t.recorded.Sub(t.start), "agent_start", t.agentStarted.Sub(t.recorded),
+		"run", t.exited.Sub(t.agentStarted), "end_record", time.Since(t.exited))
 }
 
 // cancel kills the command's process group and records why.

@@ -147,6 +147,9 @@ func CLIEnv(g *cli.Globals) cli.Env {
 		Term: os.Getenv("TERM"), Who: "cli", Globals: g,
 	}
 	env.Connect = func(ctx context.Context) (session.Service, error) { return Connect(ctx, *g, "cli", false) }
+	if os.Getenv("BERTH_TRACE") != "" {
+		env.Trace = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	env.ConnectRunning = func(ctx context.Context) (session.Service, error) {
 		c := api.Dial(daemon.SocketPath(g.Data), api.WithActor("cli"))
 		if _, err := c.Ping(ctx); err != nil {
