@@ -36,7 +36,10 @@ type run struct {
 	why     string
 	timer   *time.Timer
 	held    string // why output is not being stored now, or ""
-	trace   execTrace
+	// finishing is set once finish has begun: the end is being stored,
+	// and only then shown in rec.
+	finishing bool
+	trace     execTrace
 }
 
 // execTrace is when an execution this daemon started passed each phase,
@@ -469,21 +472,29 @@ var errPaused = errors.New("session paused")
 // finish makes the execution final, exactly once.
 func (r *run) finish(state session.ExecState, code *int, signal, why string) {
 	r.mu.Lock()
-	if session.ExecState(r.rec.State).Done() {
+	if r.finishing || session.ExecState(r.rec.State).Done() {
 		r.mu.Unlock()
 		return
 	}
+	r.finishing = true
 	if r.timer != nil {
 		r.timer.Stop()
 	}
-	r.rec.State, r.rec.ExitCode, r.rec.Signal, r.rec.Error, r.rec.EndedAt = string(state), code, signal, why, time.Now()
-	r.gx = nil
 	rec := r.rec
-	r.notifyLocked()
+	rec.State, rec.ExitCode, rec.Signal, rec.Error, rec.EndedAt = string(state), code, signal, why, time.Now()
+	r.gx = nil
 	r.mu.Unlock()
+	// The end is stored before anyone sees it (Wait, a stream's final
+	// record, a listing): whoever is told a command ended can find its
+	// record after a daemon crash. The output fields are the store's own.
 	if err := r.m.st.PutExec(rec); err != nil {
 		r.m.log.Error("record execution end", "exec", r.id, "err", err)
 	}
+	r.mu.Lock()
+	r.rec.State, r.rec.ExitCode, r.rec.Signal, r.rec.Error, r.rec.EndedAt = rec.State, rec.ExitCode, rec.Signal, rec.Error, rec.EndedAt
+	rec = r.rec
+	r.notifyLocked()
+	r.mu.Unlock()
 	r.logTrace()
 	r.m.dropRun(r)
 	r.m.cfg.Observer.ExecEnded(state)
