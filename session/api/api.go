@@ -98,6 +98,10 @@ import (
 // HeaderBy carries who makes a call ("cli", "tui").
 const HeaderBy = "X-Berth-By"
 
+// HeaderAPI carries, on every answer, the API version the daemon speaks,
+// so a client learns a mismatch from its first call instead of a ping.
+const HeaderAPI = "X-Berth-API"
+
 // HeaderRun carries the agent run a call counts in.
 const HeaderRun = "X-Berth-Run"
 

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -41,6 +42,85 @@ func TestPing(t *testing.T) {
 	wantClass(t, "Ping without daemon", err, session.ErrUnavailable)
 	if err != nil && !strings.Contains(err.Error(), "berth serve") {
 		t.Errorf("Ping without daemon: %q does not say what to do", err)
+	}
+}
+
+// countingListener counts the connections it accepted.
+type countingListener struct {
+	net.Listener
+	n atomic.Int32
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+// TestReachableKeepsItsConnection: Reachable connects without a request,
+// and the next calls run on that connection: one connect in all.
+func TestReachableKeepsItsConnection(t *testing.T) {
+	dir, err := os.MkdirTemp("", "berth-api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "berth.sock")
+	ln, err := api.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &countingListener{Listener: ln}
+	srv := &http.Server{Handler: api.NewServer(sessiontest.New(sessiontest.Options{}), nil)}
+	go srv.Serve(cl)
+	defer srv.Close()
+	c := api.Dial(sock)
+	defer c.Close()
+	if !c.Reachable(t.Context()) {
+		t.Fatal("Reachable = false with a daemon listening")
+	}
+	for range 2 {
+		if _, err := c.List(t.Context()); err != nil {
+			t.Fatalf("List after Reachable: %v", err)
+		}
+	}
+	if n := cl.n.Load(); n != 1 {
+		t.Errorf("%d connections accepted, want 1", n)
+	}
+	gone := api.Dial(filepath.Join(t.TempDir(), "none.sock"))
+	defer gone.Close()
+	if gone.Reachable(t.Context()) {
+		t.Error("Reachable = true without a daemon")
+	}
+}
+
+// TestOtherAPIVersionRefused: with no ping before the first call, that
+// call is where a daemon speaking another API version is found out.
+func TestOtherAPIVersionRefused(t *testing.T) {
+	dir, err := os.MkdirTemp("", "berth-api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "berth.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(api.HeaderAPI, "v0")
+		w.Write([]byte("[]"))
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	c := api.Dial(sock)
+	defer c.Close()
+	_, err = c.List(t.Context())
+	wantClass(t, "List from a v0 daemon", err, session.ErrUnavailable)
+	if err != nil && !strings.Contains(err.Error(), "restart the daemon") {
+		t.Errorf("List from a v0 daemon: %q does not say what to do", err)
 	}
 }
 

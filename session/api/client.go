@@ -26,6 +26,7 @@ type Client struct {
 	actor  string
 	tr     *http.Transport
 	hc     *http.Client
+	spare  chan net.Conn // a connection Reachable made, for the next call
 }
 
 var (
@@ -45,8 +46,14 @@ func WithActor(who string) ClientOption {
 // Dial returns a client for the daemon listening on socketPath. It does not
 // connect yet; use Ping to check that a daemon answers.
 func Dial(socketPath string, opts ...ClientOption) *Client {
+	spare := make(chan net.Conn, 1)
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			select {
+			case c := <-spare:
+				return c, nil
+			default:
+			}
 			var d net.Dialer
 			c, err := d.DialContext(ctx, "unix", socketPath)
 			if err != nil {
@@ -59,7 +66,7 @@ func Dial(socketPath string, opts ...ClientOption) *Client {
 		IdleConnTimeout:       90 * time.Second,
 		ResponseHeaderTimeout: 0, // calls such as Stop take as long as they take; ctx bounds them
 	}
-	c := &Client{socket: socketPath, tr: tr, hc: &http.Client{Transport: tr}}
+	c := &Client{socket: socketPath, tr: tr, hc: &http.Client{Transport: tr}, spare: spare}
 	for _, o := range opts {
 		o(c)
 	}
@@ -70,7 +77,31 @@ func Dial(socketPath string, opts ...ClientOption) *Client {
 // contexts.
 func (c *Client) Close() error {
 	c.tr.CloseIdleConnections()
+	select {
+	case conn := <-c.spare:
+		conn.Close()
+	default:
+	}
 	return nil
+}
+
+// Reachable reports whether a daemon listens on the socket. It only
+// connects, and keeps the connection for the next call: unlike Ping it
+// costs no round trip, which a one-shot command such as berth exec would
+// otherwise pay before its real call. Whether the daemon speaks this
+// client's API shows on every answer (see HeaderAPI).
+func (c *Client) Reachable(ctx context.Context) bool {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.socket)
+	if err != nil {
+		return false
+	}
+	select {
+	case c.spare <- &watchedConn{Conn: conn, dead: make(chan struct{})}:
+	default:
+		conn.Close() // one is kept already
+	}
+	return true
 }
 
 // Ping asks the daemon for its version; it fails with ErrUnavailable when
@@ -162,6 +193,12 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return nil, c.transportError(req.Context(), err)
+	}
+	// A daemon from before HeaderAPI sends none; the version in every
+	// path still keeps it from serving a call it does not know.
+	if v := resp.Header.Get(HeaderAPI); v != "" && v != Version {
+		resp.Body.Close()
+		return nil, fmt.Errorf("daemon speaks API %q, this client %q: restart the daemon with this berth: %w", v, Version, session.ErrUnavailable)
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()

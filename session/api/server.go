@@ -74,6 +74,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if run := r.Header.Get(HeaderRun); run != "" {
 		r = r.WithContext(session.WithRun(r.Context(), run))
 	}
+	w.Header().Set(HeaderAPI, Version)
 	sw := &statusWriter{ResponseWriter: w}
 	defer func() {
 		s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "by", by, "status", sw.status, "took", time.Since(start))

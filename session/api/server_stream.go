@@ -50,6 +50,7 @@ func (s *server) watch(w http.ResponseWriter, r *http.Request) {
 // exec runs a command and streams it in full duplex: the request body
 // starts with {"request": ExecRequest}.
 func (s *server) exec(w http.ResponseWriter, r *http.Request) {
+	recv := time.Now()
 	rc := http.NewResponseController(w)
 	if err := rc.EnableFullDuplex(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		s.writeError(w, r, err)
@@ -69,7 +70,7 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	s.stream(ctx, cancel, w, rc, p, in, first.Request.TTY)
+	s.stream(ctx, cancel, w, rc, p, in, first.Request.TTY, recv)
 }
 
 // attach follows an execution from ?from= (0 = live only). With POST the
@@ -99,7 +100,7 @@ func (s *server) attach(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	s.stream(ctx, cancel, w, rc, p, newFrameReader(r.Body), x.TTY)
+	s.stream(ctx, cancel, w, rc, p, newFrameReader(r.Body), x.TTY, time.Time{})
 }
 
 // endBody closes a full-duplex request's body before its handler returns.
@@ -130,12 +131,22 @@ func endBody(rc *http.ResponseController, r *http.Request) {
 // A command that does not read stdin holds back the request body, so a
 // client that vanished then is noticed only when output fails to send or
 // the command ends.
-func (s *server) stream(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, rc *http.ResponseController, p session.Process, in *frameReader, tty bool) {
+//
+// With recv set (an exec's arrival) and the log at debug level, it logs
+// when each phase of the stream ended, for taking an exec's time apart.
+func (s *server) stream(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, rc *http.ResponseController, p session.Process, in *frameReader, tty bool, recv time.Time) {
 	out := startStream(w, rc)
 	var wg sync.WaitGroup
 	fed := make(chan struct{})
 	final := false
+	var head, drained, replied time.Time
 	defer func() {
+		if !recv.IsZero() && !replied.IsZero() {
+			defer func() {
+				s.log.Debug("exec stream phases", "exec", p.ID(), "recv", recv.UnixNano(), "head", head.Sub(recv),
+					"output", drained.Sub(head), "reply", replied.Sub(drained), "body_end", time.Since(replied))
+			}()
+		}
 		cancel()
 		if final {
 			t := time.NewTimer(bodyEndGrace)
@@ -156,6 +167,7 @@ func (s *server) stream(ctx context.Context, cancel context.CancelFunc, w http.R
 		close(fed)
 		return
 	}
+	head = time.Now()
 	wg.Go(func() {
 		defer close(fed)
 		s.feed(ctx, p, in)
@@ -169,6 +181,7 @@ func (s *server) stream(ctx context.Context, cancel context.CancelFunc, w http.R
 	if ctx.Err() != nil {
 		return
 	}
+	drained = time.Now()
 	x, err := p.Wait(ctx)
 	if err != nil {
 		_, body := toWire(err)
@@ -176,6 +189,7 @@ func (s *server) stream(ctx context.Context, cancel context.CancelFunc, w http.R
 		return
 	}
 	final = out.send(outFrame{Exit: &x}) == nil
+	replied = time.Now()
 }
 
 // bodyEndGrace is how long a stream waits, after its final record, for the

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"sort"
 	"syscall"
@@ -35,6 +36,20 @@ type run struct {
 	why     string
 	timer   *time.Timer
 	held    string // why output is not being stored now, or ""
+	// finishing is set once finish has begun: the end is being stored,
+	// and only then shown in rec.
+	finishing bool
+	trace     execTrace
+}
+
+// execTrace is when an execution this daemon started passed each phase,
+// logged at debug level (berth serve -v) when it ends, so an exec's time
+// can be taken apart without a profiler. Guarded by run.mu.
+type execTrace struct {
+	start        time.Time // Exec called
+	recorded     time.Time // the starting record stored
+	agentStarted time.Time // the agent reported the command started
+	exited       time.Time // the agent's exit frame arrived, all output stored
 }
 
 func (m *Manager) newRun(s *sess, rec store.Exec) *run {
@@ -185,6 +200,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req session.ExecRequest
 	if by == "" {
 		by = "api"
 	}
+	start := time.Now()
 	rec := store.Exec{
 		ID: newExecID(), Session: name, Argv: req.Argv, EnvNames: envNames, Cwd: cwd, TTY: req.TTY,
 		Outside: req.Outside, User: req.User, By: by, State: string(session.ExecStarting), StartedAt: time.Now(),
@@ -193,6 +209,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req session.ExecRequest
 		return nil, fmt.Errorf("record execution: %w", err)
 	}
 	r := m.newRun(s, rec)
+	r.trace = execTrace{start: start, recorded: time.Now()}
 	m.addRun(r)
 	m.addRunExec(name, runID, rec.ID)
 
@@ -211,6 +228,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req session.ExecRequest
 		return nil, agentErr(name, err)
 	}
 	r.mu.Lock()
+	r.trace.agentStarted = time.Now()
 	r.gx = gx
 	r.rec.State = string(session.ExecRunning)
 	if req.Timeout > 0 {
@@ -244,6 +262,7 @@ func (r *run) record(gx *guest.Exec) {
 		if exit != nil {
 			state, why := session.ExecExited, ""
 			r.mu.Lock()
+			r.trace.exited = time.Now()
 			if r.reason != "" {
 				state, why = r.reason, r.why
 			}
@@ -462,21 +481,30 @@ var errPaused = errors.New("session paused")
 // finish makes the execution final, exactly once.
 func (r *run) finish(state session.ExecState, code *int, signal, why string) {
 	r.mu.Lock()
-	if session.ExecState(r.rec.State).Done() {
+	if r.finishing || session.ExecState(r.rec.State).Done() {
 		r.mu.Unlock()
 		return
 	}
+	r.finishing = true
 	if r.timer != nil {
 		r.timer.Stop()
 	}
-	r.rec.State, r.rec.ExitCode, r.rec.Signal, r.rec.Error, r.rec.EndedAt = string(state), code, signal, why, time.Now()
-	r.gx = nil
 	rec := r.rec
-	r.notifyLocked()
+	rec.State, rec.ExitCode, rec.Signal, rec.Error, rec.EndedAt = string(state), code, signal, why, time.Now()
+	r.gx = nil
 	r.mu.Unlock()
+	// The end is stored before anyone sees it (Wait, a stream's final
+	// record, a listing): whoever is told a command ended can find its
+	// record after a daemon crash. The output fields are the store's own.
 	if err := r.m.st.PutExec(rec); err != nil {
 		r.m.log.Error("record execution end", "exec", r.id, "err", err)
 	}
+	r.mu.Lock()
+	r.rec.State, r.rec.ExitCode, r.rec.Signal, r.rec.Error, r.rec.EndedAt = rec.State, rec.ExitCode, rec.Signal, rec.Error, rec.EndedAt
+	rec = r.rec
+	r.notifyLocked()
+	r.mu.Unlock()
+	r.logTrace()
 	r.m.dropRun(r)
 	r.m.cfg.Observer.ExecEnded(state)
 	ex := toExecution(rec)
@@ -492,6 +520,23 @@ func (r *run) finish(state session.ExecState, code *int, signal, why string) {
 	}
 	r.m.event(session.Event{Kind: session.EventExec, Name: r.s.name, Exec: &ex, Message: quoteArgv(rec.Argv) + " " + msg})
 	r.m.execEnded(rec)
+}
+
+// logTrace logs the phases of an execution this daemon started, each as
+// the time since the one before, at debug level.
+func (r *run) logTrace() {
+	if !r.m.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	r.mu.Lock()
+	t := r.trace
+	r.mu.Unlock()
+	if t.start.IsZero() || t.exited.IsZero() {
+		return // reattached, or never started: no phases to tell
+	}
+	r.m.log.Debug("exec phases", "exec", r.id, "start", t.start.UnixNano(),
+		"record", t.recorded.Sub(t.start), "agent_start", t.agentStarted.Sub(t.recorded),
+		"run", t.exited.Sub(t.agentStarted), "end_record", time.Since(t.exited))
 }
 
 // cancel kills the command's process group and records why.

@@ -85,12 +85,12 @@ func cacheDir() string {
 func Connect(ctx context.Context, g cli.Globals, who string, quiet bool) (*api.Client, error) {
 	sock := daemon.SocketPath(g.Data)
 	c := api.Dial(sock, api.WithActor(who))
-	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	_, err := c.Ping(pctx)
-	cancel()
-	if err == nil {
+	// A connect, not a ping: the first real call is the check, and a
+	// command such as exec saves a round trip.
+	if c.Reachable(ctx) {
 		return c, nil
 	}
+	var err error
 	if err := os.MkdirAll(g.Data, 0o755); err != nil {
 		return nil, err
 	}
@@ -147,6 +147,9 @@ func CLIEnv(g *cli.Globals) cli.Env {
 		Term: os.Getenv("TERM"), Who: "cli", Globals: g,
 	}
 	env.Connect = func(ctx context.Context) (session.Service, error) { return Connect(ctx, *g, "cli", false) }
+	if os.Getenv("BERTH_TRACE") != "" {
+		env.Trace = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	env.ConnectRunning = func(ctx context.Context) (session.Service, error) {
 		c := api.Dial(daemon.SocketPath(g.Data), api.WithActor("cli"))
 		if _, err := c.Ping(ctx); err != nil {

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -63,6 +64,9 @@ type Env struct {
 	// NoLocalFiles makes put and get accept only "-" (stdin, stdout): set
 	// it where the caller's files are not on this machine (SSH).
 	NoLocalFiles bool
+	// Trace, if set, gets a debug line per exec with the time each phase
+	// took on this side (BERTH_TRACE=1 in the berth command); nil: none.
+	Trace *slog.Logger
 	// Globals, if set, takes the global flags (--data, --cache,
 	// --readonly) from the front of the command line, over the defaults it
 	// holds, before anything else runs. Nil (SSH) means there are none.
@@ -86,7 +90,7 @@ func Run(ctx context.Context, env Env, args []string, extra ...*Command) int {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ctx, env = env.defaults(ctx)
-	c := &Call{env: env, table: append(commands(), extra...)}
+	c := &Call{env: env, table: append(commands(), extra...), began: time.Now()}
 
 	if env.Globals != nil {
 		rest, err := parseGlobals(env.Globals, args)
@@ -146,12 +150,13 @@ func Execute(ctx context.Context, env Env, name string, req session.ExecRequest)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ctx, env = env.defaults(ctx)
-	c := &Call{env: env}
+	c := &Call{env: env, began: time.Now()}
 	return c.finish(ctx, nil, c.execute(ctx, name, req))
 }
 
 // A Call is one Run of a command: what its RunFunc may use.
 type Call struct {
+	began time.Time // when Run started, for Env.Trace
 	env   Env
 	table cmdTable
 	svc   session.Service

@@ -171,6 +171,7 @@ func (c *Call) execute(ctx context.Context, name string, req session.ExecRequest
 	if err != nil {
 		return err
 	}
+	connected := time.Now()
 	if req.TTY {
 		req.Rows, req.Cols = c.env.Size.Rows, c.env.Size.Cols
 		if req.Env == nil {
@@ -188,6 +189,7 @@ func (c *Call) execute(ctx context.Context, name string, req session.ExecRequest
 		stopStream()
 		return err
 	}
+	started := time.Now()
 	var wg sync.WaitGroup
 	finished := make(chan struct{})
 	defer func() {
@@ -240,6 +242,7 @@ func (c *Call) execute(ctx context.Context, name string, req session.ExecRequest
 	})
 
 	werr := c.copyOutput(p)
+	drained := time.Now()
 	close(finished)
 	if werr != nil {
 		p.Cancel(context.WithoutCancel(ctx))
@@ -254,6 +257,10 @@ func (c *Call) execute(ctx context.Context, name string, req session.ExecRequest
 	x, err := p.Wait(wctx)
 	if err != nil {
 		return fmt.Errorf("waiting for %s: %w", p.ID(), err)
+	}
+	if c.env.Trace != nil {
+		c.env.Trace.Debug("exec phases", "exec", p.ID(), "began", c.began.UnixNano(), "connect", connected.Sub(c.began),
+			"start", started.Sub(connected), "output", drained.Sub(started), "final", time.Since(drained))
 	}
 	return exitFor(x)
 }
