@@ -70,19 +70,19 @@ func TestBenchExec(t *testing.T) {
 	b.VM.Kill(t.Context())
 
 	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.startDaemon("-v")
-	e.ok("create", "bench")
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
+	e.StartDaemon("-v")
+	e.OK("create", "bench")
 	for range 5 { // warm-up: the guest's code paths translated once
-		e.ok("exec", "bench", "--", "true")
+		e.OK("exec", "bench", "--", "true")
 	}
 	var cliRT, verRT []time.Duration
 	for range 40 {
 		start := time.Now()
-		e.ok("exec", "bench", "--", "true")
+		e.OK("exec", "bench", "--", "true")
 		cliRT = append(cliRT, time.Since(start))
 		start = time.Now()
-		e.ok("version")
+		e.OK("version")
 		verRT = append(verRT, time.Since(start))
 	}
 	t.Logf("BENCH %-40s %10s vs agent %10s  ratio %.2fx  (target ≤ 1.5x; berth version %s)", "berth exec -- true p50 (exec)",
@@ -100,7 +100,7 @@ func TestBenchExec(t *testing.T) {
 	}
 	var runs []cliRun
 	for range 30 {
-		c := e.cmd("exec", "bench", "--", "true")
+		c := e.Cmd("exec", "bench", "--", "true")
 		c.Env = append(c.Env, "BERTH_TRACE=1")
 		var errb bytes.Buffer
 		c.Stderr = &errb
@@ -113,7 +113,7 @@ func TestBenchExec(t *testing.T) {
 			runs = append(runs, cliRun{start, end, f})
 		}
 	}
-	log, _ := os.ReadFile(filepath.Join(e.data, "test-daemon.log"))
+	log, _ := os.ReadFile(filepath.Join(e.Data, "test-daemon.log"))
 	eng, srv := traceFields(string(log), "exec phases"), traceFields(string(log), "exec stream phases")
 	for _, r := range runs {
 		id := r.f["exec"]
