@@ -46,6 +46,10 @@ const (
 	ActionNet Action = "net"
 	// Images (the daemon's host).
 	ActionImage Action = "image"
+	// ActionImageExport writes an image out as a tarball: it changes
+	// nothing on the host (the caller says where the bytes go), so it is
+	// a read, and every read is a viewer's, as reading sessions' files is.
+	ActionImageExport Action = "image-export"
 )
 
 // Role is what a caller may do; roles are ordered, each allowed all the
@@ -144,6 +148,7 @@ var verbs = []Verb{
 	{Action: ActionFork, States: live, Role: Operator, Mutates: true, What: "fork sessions"},
 	{Action: ActionNet, Role: Operator, Mutates: true, What: "change networks or forward ports"},
 	{Action: ActionImage, Role: Admin, Mutates: true, What: "build, import or remove images"},
+	{Action: ActionImageExport, Role: Viewer, What: "export images"},
 }
 
 // Lookup returns the row of action.

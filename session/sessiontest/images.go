@@ -2,6 +2,7 @@ package sessiontest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"slices"
 
@@ -59,4 +60,20 @@ func (f *Fake) RemoveImage(ctx context.Context, name string) error {
 		return err
 	}
 	return errNoBuilds("remove image " + name)
+}
+
+// ExportImage exports nothing: an image the fake knows fails with
+// ErrUnsupported (it has no bytes to write), one it does not with
+// ErrNotFound, as the engine would.
+func (f *Fake) ExportImage(ctx context.Context, req session.ExportRequest, open func(session.ImageExport) (io.Writer, error), progress func(session.BuildProgress)) (session.ImageExport, error) {
+	if err := f.enter(ctx, "ExportImage"); err != nil {
+		return session.ImageExport{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return session.ImageExport{}, err
+	}
+	if !slices.Contains(f.opts.Images, req.Name) {
+		return session.ImageExport{}, &session.Error{Class: session.ErrNotFound, Field: session.FieldImage, Msg: fmt.Sprintf("%q does not exist here", req.Name), Hint: "list the images there are"}
+	}
+	return session.ImageExport{}, &session.Error{Class: session.ErrUnsupported, Msg: "export image " + req.Name + ": the fake has no image bytes to export"}
 }
