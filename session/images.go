@@ -150,6 +150,24 @@ func (x ImageExport) ProgressAt(written int64) BuildProgress {
 	return p
 }
 
+// ReportExport reports an export's progress once n bytes are out, when
+// a new layer has begun or 4 MiB more are out since the last report
+// (at next-4 MiB), and returns where the next report is due. The end is
+// left to the caller, which says it once the export has succeeded.
+func ReportExport(x ImageExport, n, next int64, progress func(BuildProgress)) int64 {
+	if x.Size <= 0 {
+		return next
+	}
+	// A write that ends the tarball may carry whole layers: the last of
+	// them is said, whole, before the caller says the end.
+	at := x.ProgressAt(min(n, x.Size-1))
+	if n >= next || at.Done != x.ProgressAt(min(max(next-4<<20, 0), x.Size-1)).Done {
+		progress(at)
+		return n + 4<<20
+	}
+	return next
+}
+
 // shortDigest shortens a digest for people: "sha256:0123456789ab".
 func shortDigest(d string) string {
 	if alg, hex, ok := strings.Cut(d, ":"); ok && len(hex) > 12 {

@@ -190,8 +190,8 @@ func (f faultReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// exportProgress writes an export's bytes, reporting progress by
-// layer at most every 4 MiB.
+// exportProgress writes an export's bytes, reporting progress as
+// session.ReportExport says.
 type exportProgress struct {
 	w        io.Writer
 	x        session.ImageExport
@@ -202,10 +202,7 @@ type exportProgress struct {
 func (p *exportProgress) Write(b []byte) (int, error) {
 	n, err := p.w.Write(b)
 	p.n += int64(n)
-	if p.n >= p.next && p.n < p.x.Size {
-		p.next = p.n + 4<<20
-		p.progress(p.x.ProgressAt(p.n))
-	}
+	p.next = session.ReportExport(p.x, p.n, p.next, p.progress)
 	return n, err
 }
 

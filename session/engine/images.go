@@ -337,17 +337,22 @@ func (m *Manager) ExportImage(ctx context.Context, req session.ExportRequest, op
 	if err := req.Validate(); err != nil {
 		return session.ImageExport{}, err
 	}
+	// The image is the export's subject, not an option: its errors name
+	// no field (a front end would render one as its --image flag).
 	if err := image.ValidateName(req.Name); err != nil {
-		return session.ImageExport{}, &session.Error{Class: session.ErrInvalid, Field: session.FieldImage, Msg: err.Error(), Err: err}
+		return session.ImageExport{}, &session.Error{Class: session.ErrInvalid, Msg: err.Error(), Err: err}
 	}
 	b, err := st.Load(req.Name, req.Digest)
 	if err != nil {
-		return session.ImageExport{}, &session.Error{Class: session.ErrNotFound, Field: session.FieldImage,
-			Msg: fmt.Sprintf("%q: %v", req.Name, err), Hint: "list the images there are", Err: err}
+		msg := fmt.Sprintf("image %q does not exist here", req.Name)
+		if req.Digest != "" {
+			msg = fmt.Sprintf("image %s@%s does not exist here", req.Name, req.Digest)
+		}
+		return session.ImageExport{}, &session.Error{Class: session.ErrNotFound, Msg: msg, Hint: "list the images there are", Err: err}
 	}
 	if !b.RootFS() {
-		return session.ImageExport{}, &session.Error{Class: session.ErrInvalid, Field: session.FieldImage,
-			Msg:  fmt.Sprintf("%q has no root filesystem layers: its root is berth's initramfs (the agent and busybox), not a container image", req.Name),
+		return session.ImageExport{}, &session.Error{Class: session.ErrInvalid,
+			Msg:  fmt.Sprintf("image %s has no root filesystem layers to export: its root is berth's initramfs (the agent and busybox), not a container image", req.Name),
 			Hint: "export an imported image, debian, or one built from a recipe"}
 	}
 	e, err := oci.PlanExport(ctx, oci.ExportOptions{Image: b, ImagesDir: st.Dir, Report: func(p image.Progress) {
@@ -382,8 +387,8 @@ func (m *Manager) ExportImage(ctx context.Context, req session.ExportRequest, op
 	return x, nil
 }
 
-// progressWriter reports an export's progress as its bytes go out, at
-// most every 4 MiB.
+// progressWriter reports an export's progress as its bytes go out
+// (session.ReportExport).
 type progressWriter struct {
 	w        io.Writer
 	x        session.ImageExport
@@ -394,10 +399,7 @@ type progressWriter struct {
 func (p *progressWriter) Write(b []byte) (int, error) {
 	n, err := p.w.Write(b)
 	p.n += int64(n)
-	if p.n >= p.next && p.n < p.x.Size {
-		p.next = p.n + 4<<20
-		p.progress(p.x.ProgressAt(p.n))
-	}
+	p.next = session.ReportExport(p.x, p.n, p.next, p.progress)
 	return n, err
 }
 
