@@ -411,6 +411,16 @@ type exportFile struct {
 	path string
 	tmp  *os.File
 	done bool
+	// free says how many bytes the file's filesystem has free.
+	free func(*os.File) (int64, error)
+}
+
+func fsFree(f *os.File) (int64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Fstatfs(int(f.Fd()), &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, nil
 }
 
 // newExportFile makes the temporary file for path now, before the
@@ -427,14 +437,12 @@ func newExportFile(path string) (*exportFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot write %s: %w", path, errors.Unwrap(err))
 	}
-	return &exportFile{path: abs, tmp: tmp}, nil
+	return &exportFile{path: abs, tmp: tmp, free: fsFree}, nil
 }
 
 // open checks the tarball fits before a byte of it is written.
 func (f *exportFile) open(x session.ImageExport) (io.Writer, error) {
-	var st syscall.Statfs_t
-	if err := syscall.Fstatfs(int(f.tmp.Fd()), &st); err == nil {
-		free := int64(st.Bavail) * st.Bsize
+	if free, err := f.free(f.tmp); err == nil {
 		if x.Size > free {
 			return nil, fmt.Errorf("the tarball of image %s is %s and %s has %s free: nothing was written; free some space or write it elsewhere",
 				x.Name, session.FormatBytes(x.Size), filepath.Dir(f.path), session.FormatBytes(free))
