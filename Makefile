@@ -79,7 +79,7 @@ FUZZ_TARGETS := \
 	ui/sshd/sftp:FuzzSFTP ui/sshd:FuzzSCPSink \
 	session/engine/egress:FuzzDNSQuery session/engine/egress:FuzzEgressRequest session:FuzzParsePolicy session/schedule:FuzzParseSpec \
 	session/api:FuzzAPIBody guest/image:FuzzRecipe \
-	guest/image/oci:FuzzParseJSON guest/image/oci:FuzzParseEntry guest/image/oci:FuzzApplyLayer \
+	guest/image/oci:FuzzParseJSON guest/image/oci:FuzzParseEntry guest/image/oci:FuzzApplyLayer guest/image/ext4:FuzzRead \
 	ui/common:FuzzSanitizeLine ui/components/output:FuzzOutputWindow
 
 fuzz:

@@ -10,7 +10,7 @@ import (
 )
 
 // The fake has images only by name (Options.Images): it lists them and
-// builds, imports or removes none, saying so.
+// builds, imports, exports or removes none, saying so.
 
 func errNoBuilds(op string) error {
 	return &session.Error{Class: session.ErrUnsupported, Msg: op + ": the fake builds and removes no images", Hint: "give the images it has in Options.Images"}

@@ -25,16 +25,16 @@ func (fs *FS) extents(in *Inode) ([]extent, error) {
 		}
 		return nil, fmt.Errorf("inode %d maps its blocks without extents (ext2/ext3), which berth does not read", in.Ino)
 	}
+	if in.Size > fs.maxFile {
+		return nil, fmt.Errorf("inode %d is a file of %d bytes, over %d (16 times its filesystem): berth does not read it", in.Ino, in.Size, fs.maxFile)
+	}
 	fileBlocks := (uint64(in.Size) + uint64(fs.blockSize) - 1) / uint64(fs.blockSize)
 	var out []extent
-	// Nodes read, bounded: a crafted tree's index entries could all
-	// point at one node.
-	nodes, maxNodes := 0, 2*fileBlocks+64
+	// Each node is read once: a crafted tree's index entries could all
+	// point at one node, or at a node above them.
+	seen := map[uint64]bool{}
 	var walk func(node []byte, depth int) error
 	walk = func(node []byte, depth int) error {
-		if nodes++; uint64(nodes) > maxNodes {
-			return fmt.Errorf("inode %d: extent tree of more nodes than the file has blocks", in.Ino)
-		}
 		le := binary.LittleEndian
 		if len(node) < 12 || le.Uint16(node[0:]) != 0xF30A {
 			return fmt.Errorf("inode %d: corrupt extent tree (no header magic)", in.Ino)
@@ -71,6 +71,10 @@ func (fs *FS) extents(in *Inode) ([]extent, error) {
 			if child == 0 || child >= fs.blocks {
 				return fmt.Errorf("inode %d: an extent index points outside the filesystem", in.Ino)
 			}
+			if seen[child] {
+				return fmt.Errorf("inode %d: corrupt extent tree (a node reached twice)", in.Ino)
+			}
+			seen[child] = true
 			b := make([]byte, fs.blockSize)
 			if _, err := fs.r.ReadAt(b, int64(child)*fs.blockSize); err != nil {
 				return fmt.Errorf("inode %d: read an extent block: %w", in.Ino, err)

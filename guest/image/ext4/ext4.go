@@ -81,6 +81,10 @@ type FS struct {
 	inodeSize  int64
 	inodeTable []uint64 // per group: the inode table's first block
 	buf        []byte   // one block, for directory and xattr reads
+	// maxFile bounds a file's size: a sparse file may be larger than its
+	// filesystem, but one many times larger is not read (its holes would
+	// be read as zeros for as long as it says).
+	maxFile int64
 }
 
 // Open reads the superblock and group descriptors of the image in r,
@@ -164,6 +168,7 @@ func Open(r io.ReaderAt, size int64) (*FS, error) {
 		fs.inodeTable[g] = t
 	}
 	fs.buf = make([]byte, fs.blockSize)
+	fs.maxFile = max(16*size, 1<<30)
 	return fs, nil
 }
 

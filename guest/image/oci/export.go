@@ -304,7 +304,7 @@ func (e *Export) madeLayer(ctx context.Context, o ExportOptions, i int, l image.
 	if err != nil {
 		return nil, "", 0, fmt.Errorf("%s: %w", label, err)
 	}
-	lt, err := openExtLayer(fs, label, extLimits{files: o.MaxFiles, dirs: o.MaxFiles})
+	lt, err := openExtLayer(fs, label, extLimits{files: o.MaxFiles, dirs: o.MaxFiles, bytes: max(sparseFactor*fi.Size(), 1<<30)})
 	if err != nil {
 		return nil, "", 0, err
 	}

@@ -36,9 +36,15 @@ import (
 
 // extLimits bound a layer's walk.
 type extLimits struct {
-	files int // entries in all
-	dirs  int // entries in one directory
+	files int   // entries in all
+	dirs  int   // entries in one directory
+	bytes int64 // the files' sizes added up
 }
+
+// sparseFactor bounds a layer's files' sizes added up, as a multiple of
+// its ext4 image's size (at least 1 GiB): sparse files may make them
+// more than the image, but not many times more.
+const sparseFactor = 16
 
 // extLayer is one berth layer's tree, open for writing as a tar.
 type extLayer struct {
@@ -108,7 +114,11 @@ func (lt *extLayer) write(ctx context.Context, w io.Writer, progress func(int64)
 }
 
 type tarWalk struct {
-	lt       *extLayer
+	lt *extLayer
+	// bytes sums the files' sizes, bounded by the layer's limit: a
+	// crafted layer of sparse files would be read as zeros for as long
+	// as their sizes say.
+	bytes    int64
 	tw       *tar.Writer
 	ctx      context.Context
 	first    map[uint32]string // a hard-linked inode's first name
@@ -207,6 +217,9 @@ func (s *tarWalk) entry(c *ext4.Inode, name string) error {
 			s.first[c.Ino] = name
 		}
 		h.Typeflag, h.Size = tar.TypeReg, c.Size
+		if s.bytes += c.Size; s.bytes > s.lt.lim.bytes {
+			return what(fmt.Errorf("the layer's files add up to over %s, %d times the layer's own size (sparse files?): berth does not export it", gb(s.lt.lim.bytes), sparseFactor))
+		}
 		if err := s.header(h); err != nil {
 			return err
 		}

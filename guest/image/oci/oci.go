@@ -11,7 +11,11 @@
 // On disk, as for built images: the layers in <images>/.layers/<hash>.img,
 // the image in <images>/<name>/<digest>/ (manifest.json, which records
 // the source, its digest and the image config, the kernel, the
-// initramfs, and the layers linked in).
+// initramfs, and the layers linked in). The blobs the image came as (its
+// layers as they were, its config, an OCI manifest) are kept by digest
+// in <images>/.blobs/ and linked into the build's blobs/, so that Export
+// writes the image back out with the digests it had; layers berth made
+// itself are exported from their ext4 images (see extlayer.go).
 package oci
 
 import (
