@@ -51,6 +51,10 @@ const (
 	ActionImage Action = "image"
 	// ActionCommitImage makes a session's system disk an image.
 	ActionCommitImage Action = "commit-image"
+	// ActionImageExport writes an image out as a tarball: it changes
+	// nothing on the host (the caller says where the bytes go), so it is
+	// a read, and every read is a viewer's, as reading sessions' files is.
+	ActionImageExport Action = "image-export"
 )
 
 // Role is what a caller may do; roles are ordered, each allowed all the
@@ -158,6 +162,7 @@ var verbs = []Verb{
 	// As a checkpoint: a paused VM cannot flush and freeze its disks.
 	{Action: ActionCommitImage, States: []State{StateRunning, StateStopped, StateCrashed, StateSleeping}, Role: Admin, Mutates: true,
 		What: "commit sessions as images", Refusal: "commit"},
+	{Action: ActionImageExport, Role: Viewer, What: "export images"},
 }
 
 // Lookup returns the row of action.

@@ -35,6 +35,7 @@ func TestActionTable(t *testing.T) {
 		{ActionDelete, Admin, true},
 		{ActionRestore, Operator, false},
 		{ActionImage, Operator, false},
+		{ActionImageExport, Viewer, true},
 		{"no-such-action", Operator, false},
 		{"no-such-action", Admin, true},
 	} {

@@ -2,7 +2,9 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -85,6 +87,101 @@ func (r ImportRequest) Validate(hasStream bool) error {
 	return nil
 }
 
+// ExportRequest names the image build to export.
+type ExportRequest struct {
+	Name string `json:"name"`
+	// Digest picks a build of the image; "" is its current one.
+	Digest string `json:"digest,omitempty"`
+}
+
+// Validate checks a request before anything is read.
+func (r ExportRequest) Validate() error {
+	switch {
+	case r.Name == "":
+		return &Error{Class: ErrInvalid, Field: FieldImage, Msg: "is missing", Hint: "name the image to export"}
+	case len(r.Name) > 256 || len(r.Digest) > 256:
+		return &Error{Class: ErrInvalid, Field: FieldImage, Msg: "is longer than 256 bytes"}
+	}
+	return nil
+}
+
+// ImageExport describes an export's tarball (an OCI image layout in a
+// tar) before a byte of it is written.
+type ImageExport struct {
+	Name   string `json:"name"`
+	Digest string `json:"digest"` // the build exported
+	// Manifest is the digest of the image's OCI manifest: the same for
+	// an imported image as its source gave it.
+	Manifest string `json:"manifest"`
+	// Size is the tarball's size in bytes, exactly.
+	Size   int64         `json:"size"`
+	Layers []ExportLayer `json:"layers"`
+}
+
+// ExportLayer is one OCI layer of an export, bottom first.
+type ExportLayer struct {
+	Digest string `json:"digest"`
+	DiffID string `json:"diff_id"`
+	Size   int64  `json:"size"`
+	// Offset is where its bytes start in the tarball.
+	Offset int64 `json:"offset"`
+	// Made: written from a layer berth made (a recipe's, a commit's),
+	// not the blob it was imported as.
+	Made bool `json:"made,omitempty"`
+}
+
+// ProgressAt is an export's progress once written bytes of its tarball
+// are out: the layer being written and its bytes, by layer. Every side
+// (the engine, a client counting what it receives) says it so.
+func (x ImageExport) ProgressAt(written int64) BuildProgress {
+	p := BuildProgress{Phase: "export", Bytes: written, TotalBytes: x.Size, Line: "the image's manifest and config"}
+	for i := len(x.Layers) - 1; i >= 0; i-- {
+		l := x.Layers[i]
+		if written < l.Offset {
+			continue
+		}
+		how := "as imported"
+		if l.Made {
+			how = "made from its berth layer"
+		}
+		p.Done, p.Total = i+1, len(x.Layers)
+		p.Bytes, p.TotalBytes = min(written-l.Offset, l.Size), l.Size
+		p.Line = fmt.Sprintf("layer %d of %d (%s, %s)", i+1, len(x.Layers), shortDigest(l.Digest), how)
+		break
+	}
+	if written >= x.Size {
+		p = BuildProgress{Phase: "done", Line: fmt.Sprintf("exported image %s (%s): %d layer(s), %s, manifest %s",
+			x.Name, x.Digest, len(x.Layers), FormatBytes(x.Size), shortDigest(x.Manifest))}
+	}
+	return p
+}
+
+// ReportExport reports an export's progress once n bytes are out, when
+// a new layer has begun or 4 MiB more are out since the last report
+// (at next-4 MiB), and returns where the next report is due. The end is
+// left to the caller, which says it once the export has succeeded.
+func ReportExport(x ImageExport, n, next int64, progress func(BuildProgress)) int64 {
+	if x.Size <= 0 {
+		return next
+	}
+	// A write that ends the tarball may carry whole layers: the last of
+	// them is said, whole, before the caller says the end.
+	at := x.ProgressAt(min(n, x.Size-1))
+	if n >= next || at.Done != x.ProgressAt(min(max(next-4<<20, 0), x.Size-1)).Done {
+		progress(at)
+		return n + 4<<20
+	}
+	return next
+}
+
+// shortDigest shortens a digest for people: "sha256:0123456789ab".
+func shortDigest(d string) string {
+	if alg, hex, ok := strings.Cut(d, ":"); ok && len(hex) > 12 {
+		return alg + ":" + hex[:12]
+	}
+	return d
+}
+
 // BuildRequest names what to build: a shipped image, or a recipe file on
 // the daemon's host.
 type BuildRequest struct {
@@ -116,6 +213,15 @@ type Imager interface {
 	// replaces an earlier import of it (sessions keep the build they
 	// were made with), while a name berth builds is refused.
 	ImportImage(ctx context.Context, req ImportRequest, src io.Reader, progress func(BuildProgress)) (ImageInfo, error)
+	// ExportImage writes a build of an image as an OCI image layout
+	// tarball, which berth image import (here or on another host) and
+	// podman load read. It reports progress while it prepares (a layer
+	// berth made is read once to learn its digest), then calls open with
+	// the export's description, whose Size is exact, and writes exactly
+	// that many bytes to what open returns, reporting progress as
+	// ImageExport.ProgressAt says; an error from open ends the export
+	// with it. An image with no root filesystem layers (mini) is refused.
+	ExportImage(ctx context.Context, req ExportRequest, open func(ImageExport) (io.Writer, error), progress func(BuildProgress)) (ImageExport, error)
 	// CommitImage makes a session's system disk (its changes over its
 	// image) a new read-only layer on that image's build: a new image
 	// others can create from. The session keeps running on its own disk;

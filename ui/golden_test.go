@@ -91,7 +91,14 @@ func TestGolden(t *testing.T) {
 			h.press("G", "k")
 			h.waitFor("preview", func() bool { return strings.Contains(h.screen(), "A scratch project") })
 		}},
-		{"workspace_paused", 100, 30, func(h *harness) { h.press("j", "enter", "3") }},
+		{"workspace_paused", 100, 30, func(h *harness) {
+			// The session view opens on a message of its own: a tab key
+			// sent before it has opened lands on the list instead.
+			h.press("j", "enter")
+			h.waitFor("the session view", func() bool { return strings.Contains(h.screen(), "No executions yet") })
+			h.press("3")
+			h.waitFor("the workspace tab", func() bool { return strings.Contains(h.screen(), "is paused") })
+		}},
 		{"info", 100, 30, func(h *harness) {
 			h.press("enter", "4")
 			h.waitFor("timeline", func() bool { return len(h.m.info.Events()) > 0 })

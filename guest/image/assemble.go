@@ -151,7 +151,9 @@ func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 		if !ok {
 			return Image{}, false, fmt.Errorf("layer %s is not in the layer cache %s: import the image again", l.Hash, LayerCacheDir(o.ImagesDir))
 		}
+		blobs := l.Blobs
 		im.Layers[i] = c.layer(fmt.Sprintf("layer-%d.img", i))
+		im.Layers[i].Blobs = blobs
 		paths = append(paths, c.path)
 	}
 	agent, k, mods, err := b.inputs(ctx, rootModules())
@@ -165,7 +167,12 @@ func Assemble(ctx context.Context, o Options, im Image) (Image, bool, error) {
 	}
 	for _, l := range im.Layers {
 		fmt.Fprintf(h, "layer %s\n", l.Hash)
+		for _, b := range l.Blobs {
+			fmt.Fprintf(h, "blob %s %s\n", b.Digest, b.MediaType)
+		}
 	}
+	// A build that keeps its source's blobs is not one that does not.
+	fmt.Fprintf(h, "config %s\nmanifest %s\n", im.ConfigBlob, im.ManifestBlob)
 	cfg, _ := json.Marshal(im.Config)
 	h.Write(cfg)
 	h.Write(agent)

@@ -69,6 +69,13 @@ type Image struct {
 	// commit's.
 	Parent string `json:"parent,omitempty"`
 	Label  string `json:"label,omitempty"`
+	// ConfigBlob and ManifestBlob are the digests of an imported image's
+	// config and OCI manifest as its source had them, kept in the blob
+	// cache and linked into the build (blobs/<alg>/<hex>) so an export
+	// gives the image back as it came; "" when the source had none (a
+	// rootfs tarball has no config, a docker archive no OCI manifest).
+	ConfigBlob   string `json:"config_blob,omitempty"`
+	ManifestBlob string `json:"manifest_blob,omitempty"`
 }
 
 // Config is the part of an OCI image config berth has a place for.
@@ -108,6 +115,22 @@ type Layer struct {
 	UUID string `json:"uuid"` // ext4 filesystem UUID, how the agent finds it
 	Size int64  `json:"size"` // apparent size
 	Hash string `json:"hash"` // what went into it
+	// Blobs are the OCI layer blobs an imported layer was made from,
+	// bottom first (several when the import merged layers, with the
+	// empty layers beside them), kept as they came in the blob cache
+	// and linked into the build; none for layers berth made itself.
+	Blobs []Blob `json:"blobs,omitempty"`
+}
+
+// Blob is one OCI layer blob, as an image's manifest and config name it.
+type Blob struct {
+	// MediaType is the OCI layer media type its bytes are (tar,
+	// tar+gzip, tar+zstd), whatever the source called it.
+	MediaType string `json:"media_type"`
+	Digest    string `json:"digest"`
+	Size      int64  `json:"size"`
+	// DiffID is the digest of the tar inside.
+	DiffID string `json:"diff_id"`
 }
 
 // RootFS reports whether the image boots into a root filesystem (layers
@@ -186,6 +209,7 @@ const (
 	currentFile  = "current"
 	manifestFile = "manifest.json"
 	layerCache   = ".layers"
+	blobCache    = ".blobs"
 )
 
 // Load returns the current build of the named image.
@@ -335,6 +359,7 @@ func pruneLayerCache(imagesDir string) {
 			os.Remove(f)
 		}
 	}
+	pruneBlobs(imagesDir)
 	files, _ := filepath.Glob(filepath.Join(imagesDir, layerCache, "*.img"))
 	for _, f := range files {
 		var st syscall.Stat_t
@@ -620,6 +645,9 @@ func (b *builder) commit(im Image, k Kernel, initrd []byte, layers []string) (Im
 		if err := os.Link(src, filepath.Join(tmp, im.Layers[i].File)); err != nil {
 			return Image{}, fmt.Errorf("link layer: %w", err)
 		}
+	}
+	if err := linkBlobs(b.o.ImagesDir, tmp, im); err != nil {
+		return Image{}, err
 	}
 	im.Built = time.Now().UTC()
 	im.BuildTook = time.Since(b.start).Round(time.Millisecond)

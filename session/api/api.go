@@ -11,6 +11,11 @@
 // execution's final record. POST /v1/images streams build progress as
 // NDJSON and ends with the image or an error (see buildFrame).
 //
+// GET /v1/images/{name}/export streams NDJSON progress while the export
+// is prepared, then the export's description (exportFrame), then the
+// tarball's bytes, exactly as many as it says, then the trailer a tree's
+// tar ends with.
+//
 // Trees travel as bare tar streams. A PUT to .../tree/{dir} answers once
 // the Service has made every file durable. A GET of .../tree/{path} sends
 // the tar chunked and ends with an HTTP trailer: X-Berth-End: ok, or
@@ -67,6 +72,7 @@
 //	POST   /v1/images                                 BuildRequest → NDJSON build stream (see buildFrame)
 //	POST   /v1/images/{name}/import                   ?source=PATH|-&ref=R, body: the image for - → NDJSON build stream
 //	POST   /v1/images/{name}/commit                   {"session","label"} → 201 CommitResult
+//	GET    /v1/images/{name}/export                   ?digest=D → NDJSON progress, the ImageExport, its tarball's bytes, a trailer
 //	DELETE /v1/images/{name}                          204
 //	POST   /v1/sessions/{name}/runs                   RunOptions → 201 Run
 //	GET    /v1/sessions/{name}/runs                   []Run
@@ -174,8 +180,18 @@ type buildFrame struct {
 	Error    *errorBody             `json:"error,omitempty"`
 }
 
-// Trailers of a tar stream sent by GET .../tree/{path}: exactly one of
-// them ends a stream that was not cut off.
+// exportFrame is one line of an image export's response, before its
+// bytes: progress while the export is prepared, then Export (the
+// tarball's description: exactly Export.Size bytes of it follow the
+// line, then a trailer) or Error.
+type exportFrame struct {
+	Progress *session.BuildProgress `json:"progress,omitempty"`
+	Export   *session.ImageExport   `json:"export,omitempty"`
+	Error    *errorBody             `json:"error,omitempty"`
+}
+
+// Trailers of a tar stream sent by GET .../tree/{path} or an image
+// export: exactly one of them ends a stream that was not cut off.
 const (
 	trailerEnd   = "X-Berth-End"   // "ok"
 	trailerError = "X-Berth-Error" // errorBody as JSON

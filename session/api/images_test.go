@@ -24,6 +24,7 @@ type imaging struct {
 	session.Service
 	build  func(ctx context.Context, req session.BuildRequest, progress func(session.BuildProgress)) (session.ImageInfo, error)
 	imp    func(ctx context.Context, req session.ImportRequest, src io.Reader, progress func(session.BuildProgress)) (session.ImageInfo, error)
+	exp    func(ctx context.Context, req session.ExportRequest, open func(session.ImageExport) (io.Writer, error), progress func(session.BuildProgress)) (session.ImageExport, error)
 	mu     sync.Mutex
 	images []session.ImageInfo
 }
@@ -42,6 +43,10 @@ func (im *imaging) BuildImage(ctx context.Context, req session.BuildRequest, pro
 
 func (im *imaging) ImportImage(ctx context.Context, req session.ImportRequest, src io.Reader, progress func(session.BuildProgress)) (session.ImageInfo, error) {
 	return im.imp(ctx, req, src, progress)
+}
+
+func (im *imaging) ExportImage(ctx context.Context, req session.ExportRequest, open func(session.ImageExport) (io.Writer, error), progress func(session.BuildProgress)) (session.ImageExport, error) {
+	return im.exp(ctx, req, open, progress)
 }
 
 func (im *imaging) RemoveImage(_ context.Context, name string) error {
@@ -446,5 +451,105 @@ func TestCommitImageOverTheSocket(t *testing.T) {
 	_, err = h.client.CommitImage(ctx, session.CommitRequest{Session: "a", Image: "../x"})
 	if session.FieldOf(err) != session.FieldNewImage {
 		t.Errorf("CommitImage of ../x: %v, want a refusal of the new image's name", err)
+	}
+}
+
+// TestExportImage: an export's progress, description and bytes cross
+// the socket whole; an error before the bytes keeps its class, one after
+// them arrives through the trailer, and an output that cannot be opened
+// ends the export on both sides.
+func TestExportImage(t *testing.T) {
+	payload := []byte(strings.Repeat("0123456789abcdef", 1<<16)) // 1 MiB
+	desc := session.ImageExport{Name: "app", Digest: "d1", Manifest: "sha256:" + strings.Repeat("a", 64), Size: int64(len(payload)),
+		Layers: []session.ExportLayer{{Digest: "sha256:" + strings.Repeat("b", 64), Size: 1000, Offset: 1536}, {Digest: "sha256:" + strings.Repeat("c", 64), Size: 500 << 10, Offset: 3072, Made: true}}}
+	var serverErr error
+	done := make(chan struct{}, 1)
+	im := &imaging{exp: func(ctx context.Context, req session.ExportRequest, open func(session.ImageExport) (io.Writer, error), progress func(session.BuildProgress)) (session.ImageExport, error) {
+		defer func() { done <- struct{}{} }()
+		switch req.Name {
+		case "nope":
+			return session.ImageExport{}, &session.Error{Class: session.ErrNotFound, Field: session.FieldImage, Msg: `"nope" does not exist`}
+		case "mini":
+			return session.ImageExport{}, &session.Error{Class: session.ErrInvalid, Field: session.FieldImage, Msg: `"mini" has no root filesystem layers`}
+		}
+		if req.Digest != "d1" && req.Digest != "" {
+			return session.ImageExport{}, fmt.Errorf("digest %q: %w", req.Digest, session.ErrNotFound)
+		}
+		progress(session.BuildProgress{Phase: "digest", Done: 2, Total: 2, Line: "reading it once"})
+		w, err := open(desc)
+		if err != nil {
+			return desc, err
+		}
+		if req.Name == "gone" {
+			// The client gave up at open: the request's context ends.
+			select {
+			case <-ctx.Done():
+				serverErr = ctx.Err()
+			case <-time.After(20 * time.Second):
+			}
+			return desc, ctx.Err()
+		}
+		half := payload[:len(payload)/2]
+		if _, err := w.Write(half); err != nil {
+			return desc, err
+		}
+		if req.Name == "broken" {
+			return desc, &session.Error{Class: session.ErrInvalid, Msg: "the kept blob sha256:bbbb is corrupt"}
+		}
+		_, err = w.Write(payload[len(half):])
+		return desc, err
+	}}
+	h := start(t, im)
+	ctx := t.Context()
+
+	var got strings.Builder
+	var lines []string
+	x, err := h.client.ExportImage(ctx, session.ExportRequest{Name: "app", Digest: "d1"}, func(x session.ImageExport) (io.Writer, error) {
+		if x.Size != desc.Size || len(x.Layers) != 2 || !x.Layers[1].Made {
+			t.Errorf("open got %+v", x)
+		}
+		return &got, nil
+	}, func(p session.BuildProgress) { lines = append(lines, p.Phase+" "+p.Line) })
+	<-done
+	if err != nil || x.Manifest != desc.Manifest || got.String() != string(payload) {
+		t.Fatalf("ExportImage = %+v, %v; %d bytes of %d", x, err, got.Len(), len(payload))
+	}
+	all := strings.Join(lines, "\n")
+	for _, want := range []string{"digest reading it once", "layer 2 of 2 (sha256:cccccccccccc, made from its berth layer)", "done exported image app (d1)"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("progress does not say %q:\n%s", want, all)
+		}
+	}
+
+	open := func(session.ImageExport) (io.Writer, error) { return io.Discard, nil }
+	_, err = h.client.ExportImage(ctx, session.ExportRequest{Name: "nope"}, open, nil)
+	<-done
+	wantClass(t, "export of an unknown image", err, session.ErrNotFound)
+	_, err = h.client.ExportImage(ctx, session.ExportRequest{Name: "mini"}, open, nil)
+	<-done
+	wantClass(t, "export of mini", err, session.ErrInvalid)
+	_, err = h.client.ExportImage(ctx, session.ExportRequest{Name: "broken"}, open, nil)
+	<-done
+	wantClass(t, "export failing mid-stream", err, session.ErrInvalid)
+	if err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Errorf("export failing mid-stream: %v, want the daemon's reason", err)
+	}
+	_, err = h.client.ExportImage(ctx, session.ExportRequest{Name: ""}, open, nil)
+	wantClass(t, "export without a name", err, session.ErrInvalid)
+
+	// The output cannot be opened: the caller's error, and the export
+	// on the daemon's side ends too.
+	full := errors.New("no room here")
+	_, err = h.client.ExportImage(ctx, session.ExportRequest{Name: "gone"}, func(session.ImageExport) (io.Writer, error) { return nil, full }, nil)
+	if !errors.Is(err, full) {
+		t.Errorf("open failing: %v, want its error", err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the daemon's export went on after the client gave up")
+	}
+	if serverErr == nil {
+		t.Error("the daemon's export went on as if the client were there")
 	}
 }

@@ -69,6 +69,7 @@ func (s *server) routes() []route {
 		{"POST", "/v1/images", "BuildRequest → NDJSON build stream (see buildFrame)", s.buildImage},
 		{"POST", "/v1/images/{name}/import", "?source=PATH|-&ref=R, body: the image for - → NDJSON build stream", s.importImage},
 		{"POST", "/v1/images/{name}/commit", `{"session","label"} → 201 CommitResult`, s.commitImage},
+		{"GET", "/v1/images/{name}/export", "?digest=D → NDJSON progress, the ImageExport, its tarball's bytes, a trailer", s.exportImage},
 		{"DELETE", "/v1/images/{name}", "204", s.removeImage},
 
 		{"POST", "/v1/sessions/{name}/runs", "RunOptions → 201 Run", s.withHarness(s.startRun)},

@@ -181,3 +181,57 @@ wait:
 	}
 	send(buildFrame{Image: &res.info})
 }
+
+// exportImage streams an image export: progress frames while it is
+// prepared, the export's description, exactly its Size bytes of
+// tarball, then a trailer saying whether they are whole (an error once
+// the bytes have begun can only be said there). It runs on the
+// request's context: a client that goes away ends it.
+func (s *server) exportImage(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "digest" {
+			s.writeError(w, r, fmt.Errorf("unknown query parameter %q: %w", k, session.ErrInvalid))
+			return
+		}
+	}
+	req := session.ExportRequest{Name: r.PathValue("name"), Digest: q.Get("digest")}
+	if err := req.Validate(); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	rc := http.NewResponseController(w)
+	w.Header().Set("Trailer", trailerEnd+", "+trailerError)
+	out := startStream(w, rc)
+	if err := rc.Flush(); err != nil {
+		return
+	}
+	started := false // the tarball's bytes have begun
+	_, err := s.svc.ExportImage(r.Context(), req, func(x session.ImageExport) (io.Writer, error) {
+		if err := out.send(exportFrame{Export: &x}); err != nil {
+			return nil, err
+		}
+		started = true
+		return w, nil
+	}, func(p session.BuildProgress) {
+		if !started {
+			out.send(exportFrame{Progress: &p})
+		}
+	})
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client is gone
+		}
+		status, body := toWire(err)
+		if status >= 500 && status != http.StatusServiceUnavailable && status != http.StatusNotImplemented {
+			s.log.Warn("image export failed", "image", req.Name, "err", err)
+		}
+		if !started {
+			out.send(exportFrame{Error: &body})
+			return
+		}
+		w.Header().Set(trailerError, headerJSON(body))
+		return
+	}
+	w.Header().Set(trailerEnd, "ok")
+}

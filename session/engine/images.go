@@ -345,6 +345,88 @@ func (m *Manager) ImportImage(ctx context.Context, req session.ImportRequest, sr
 	return m.imageInfo(ctx, b)
 }
 
+// ExportImage writes a build of an image as an OCI image layout tarball
+// with oci.PlanExport: the blobs an import kept, as they came, and the
+// layers berth made written from their ext4 images. It takes no lock:
+// the plan holds every file it reads open, so an image removed meanwhile
+// is still exported whole.
+func (m *Manager) ExportImage(ctx context.Context, req session.ExportRequest, open func(session.ImageExport) (io.Writer, error), progress func(session.BuildProgress)) (session.ImageExport, error) {
+	st := m.cfg.Images
+	if st == nil {
+		return session.ImageExport{}, fmt.Errorf("no image store configured: %w", session.ErrUnavailable)
+	}
+	if progress == nil {
+		progress = func(session.BuildProgress) {}
+	}
+	if err := req.Validate(); err != nil {
+		return session.ImageExport{}, err
+	}
+	// The image is the export's subject, not an option: its errors name
+	// no field (a front end would render one as its --image flag).
+	if err := image.ValidateName(req.Name); err != nil {
+		return session.ImageExport{}, &session.Error{Class: session.ErrInvalid, Msg: err.Error(), Err: err}
+	}
+	b, err := st.Load(req.Name, req.Digest)
+	if err != nil {
+		msg := fmt.Sprintf("image %q does not exist here", req.Name)
+		if req.Digest != "" {
+			msg = fmt.Sprintf("image %s@%s does not exist here", req.Name, req.Digest)
+		}
+		return session.ImageExport{}, &session.Error{Class: session.ErrNotFound, Msg: msg, Hint: "list the images there are", Err: err}
+	}
+	if !b.RootFS() {
+		return session.ImageExport{}, &session.Error{Class: session.ErrInvalid,
+			Msg:  fmt.Sprintf("image %s has no root filesystem layers to export: its root is berth's initramfs (the agent and busybox), not a container image", req.Name),
+			Hint: "export an imported image, debian, or one built from a recipe"}
+	}
+	e, err := oci.PlanExport(ctx, oci.ExportOptions{Image: b, ImagesDir: st.Dir, Report: func(p image.Progress) {
+		progress(session.BuildProgress{Phase: p.Phase, Done: p.Done, Total: p.Total, Bytes: p.Bytes, TotalBytes: p.TotalBytes, Line: p.Line})
+	}})
+	if err != nil {
+		if ctx.Err() != nil {
+			return session.ImageExport{}, ctx.Err()
+		}
+		return session.ImageExport{}, fmt.Errorf("export image %q: %w", req.Name, err)
+	}
+	defer e.Close()
+	x := session.ImageExport{Name: b.Name, Digest: b.Digest, Manifest: e.Manifest, Size: e.Size}
+	for _, l := range e.Layers {
+		x.Layers = append(x.Layers, session.ExportLayer{Digest: l.Digest, DiffID: l.DiffID, Size: l.Size, Offset: l.Offset, Made: l.Made})
+	}
+	w, err := open(x)
+	if err != nil {
+		return x, err
+	}
+	// Progress is by bytes out, as a client counting what it receives
+	// says it: one rule (ProgressAt) for every side.
+	pw := &progressWriter{w: w, x: x, progress: progress}
+	if err := e.WriteTo(ctx, pw); err != nil {
+		if ctx.Err() != nil {
+			return x, ctx.Err()
+		}
+		return x, fmt.Errorf("export image %q: %w", req.Name, err)
+	}
+	progress(x.ProgressAt(x.Size))
+	m.log.Info("image exported", "image", b.Name, "digest", b.Digest, "manifest", e.Manifest, "bytes", e.Size)
+	return x, nil
+}
+
+// progressWriter reports an export's progress as its bytes go out
+// (session.ReportExport).
+type progressWriter struct {
+	w        io.Writer
+	x        session.ImageExport
+	n, next  int64
+	progress func(session.BuildProgress)
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	p.n += int64(n)
+	p.next = session.ReportExport(p.x, p.n, p.next, p.progress)
+	return n, err
+}
+
 // RemoveImage deletes an image no session uses.
 func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	if m.cfg.Images == nil {

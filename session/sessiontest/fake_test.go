@@ -3,6 +3,7 @@ package sessiontest
 import (
 	"context"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 
@@ -214,5 +215,25 @@ func TestFakeCheckpointRules(t *testing.T) {
 	_, err = f2.Checkpoint(ctx, "b", session.CheckpointOptions{Memory: true})
 	if !errors.Is(err, session.ErrInvalidState) || session.FieldOf(err) != session.FieldKeepMemory {
 		t.Errorf("memory checkpoint of a stopped session: %v", err)
+	}
+}
+
+// The fake exports no image: one it knows is unsupported (it has no
+// bytes), one it does not is not found, and open is never called.
+func TestFakeExportImage(t *testing.T) {
+	f := New(Options{})
+	defer f.Close()
+	open := func(session.ImageExport) (io.Writer, error) {
+		t.Error("the fake opened an output")
+		return io.Discard, nil
+	}
+	if _, err := f.ExportImage(t.Context(), session.ExportRequest{Name: session.DefaultImage}, open, nil); !errors.Is(err, session.ErrUnsupported) {
+		t.Errorf("export of %s: %v, want ErrUnsupported", session.DefaultImage, err)
+	}
+	if _, err := f.ExportImage(t.Context(), session.ExportRequest{Name: "nosuch"}, open, nil); !errors.Is(err, session.ErrNotFound) {
+		t.Errorf("export of an unknown image: %v, want ErrNotFound", err)
+	}
+	if _, err := f.ExportImage(t.Context(), session.ExportRequest{}, open, nil); !errors.Is(err, session.ErrInvalid) {
+		t.Errorf("export without a name: %v, want ErrInvalid", err)
 	}
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // The fake has images by name (Options.Images): it lists them, and builds,
-// imports or removes none of them, saying so. Commits it does keep: an
+// imports, exports or removes none of them, saying so. Commits it does keep: an
 // image committed from a session (which has no system disk here, so the
 // image holds nothing of it) is listed with its parent, sessions can be
 // created from it, and it can be removed while nothing uses it.
@@ -141,4 +141,20 @@ func (f *Fake) RemoveImage(ctx context.Context, name string) error {
 	delete(f.committed, name)
 	f.opts.Images = slices.DeleteFunc(f.opts.Images, func(n string) bool { return n == name })
 	return nil
+}
+
+// ExportImage exports nothing: an image the fake knows fails with
+// ErrUnsupported (it has no bytes to write), one it does not with
+// ErrNotFound, as the engine would.
+func (f *Fake) ExportImage(ctx context.Context, req session.ExportRequest, open func(session.ImageExport) (io.Writer, error), progress func(session.BuildProgress)) (session.ImageExport, error) {
+	if err := f.enter(ctx, "ExportImage"); err != nil {
+		return session.ImageExport{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return session.ImageExport{}, err
+	}
+	if !slices.Contains(f.opts.Images, req.Name) {
+		return session.ImageExport{}, &session.Error{Class: session.ErrNotFound, Field: session.FieldImage, Msg: fmt.Sprintf("%q does not exist here", req.Name), Hint: "list the images there are"}
+	}
+	return session.ImageExport{}, &session.Error{Class: session.ErrUnsupported, Msg: "export image " + req.Name + ": the fake has no image bytes to export"}
 }

@@ -3,11 +3,14 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -433,6 +436,148 @@ func imageSource(i session.ImageInfo) string {
 		src += " on " + i.Parent
 	}
 	return src
+}
+
+func imageExportCmd() *cli.Command {
+	return &cli.Command{
+		Name: "image export", Action: session.ActionImageExport, Group: local, Usage: "IMAGE -o FILE", Args: []string{"IMAGE"},
+		Summary: "export an image as an OCI image layout tarball (berth image import, podman load)",
+		Help: `Writes an image as an OCI image layout in a tar, which 'berth image import' (here or
+on another host) and 'podman load' read, so images move between hosts. -o - writes it to
+standard output (progress then goes to standard error).
+The layers of an imported image are written as they were imported, byte for byte, so the
+image keeps its digests: imported elsewhere it is the same image, its layers the same.
+Layers berth made (debian's, a recipe's setup) are written from their ext4 layers as plain
+tars, owners, modes, extended attributes, links and devices kept, deletions as whiteouts;
+the first export of such a layer reads it once more to learn its digest. Exporting the
+same image twice gives the same bytes. mini is refused: its root is berth's initramfs.
+The tarball's size is known before it is written: a file system without room for it is
+refused before a byte is written, and the file appears under its name only when whole.`,
+		Example: "berth image export app -o app.tar\nberth image export debian -o - | ssh otherhost berth image import - --name debian-copy",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			out := fs.String("o", "", "write the tarball to `FILE` (- for standard output; required)")
+			return func(ctx context.Context, c *cli.Call, args []string) error {
+				if *out == "" {
+					return cli.UsageErrorf("-o FILE is required: it says where the tarball goes (- for standard output)")
+				}
+				if err := image.ValidateName(args[0]); err != nil {
+					return err
+				}
+				env := c.Env()
+				progressTo, tty := env.Stdout, env.StdoutTTY
+				var dst *exportFile
+				if *out == "-" {
+					if env.StdoutTTY {
+						return fmt.Errorf("standard output is a terminal: redirect it (berth image export %s -o - > %s.tar) or give -o FILE", args[0], args[0])
+					}
+					progressTo, tty = env.Stderr, false
+				} else {
+					var err error
+					if dst, err = newExportFile(*out); err != nil {
+						return err
+					}
+					defer dst.discard()
+				}
+				im, done, err := imager(ctx, c)
+				if err != nil {
+					return err
+				}
+				defer done()
+				p := newBuildProgress(progressTo, tty)
+				x, err := im.ExportImage(ctx, session.ExportRequest{Name: args[0]}, func(x session.ImageExport) (io.Writer, error) {
+					if dst == nil {
+						return env.Stdout, nil
+					}
+					return dst.open(x)
+				}, p.show)
+				p.end()
+				if err != nil {
+					return err
+				}
+				if dst != nil {
+					if err := dst.commit(); err != nil {
+						return err
+					}
+					fmt.Fprintf(progressTo, "wrote %s (%s)\n", *out, session.FormatBytes(x.Size))
+				}
+				return nil
+			}
+		},
+	}
+}
+
+// exportFile is an export's output file: written under a temporary name
+// beside it and renamed when whole, so a failed export leaves nothing
+// at the path.
+type exportFile struct {
+	path string
+	tmp  *os.File
+	done bool
+	// free says how many bytes the file's filesystem has free.
+	free func(*os.File) (int64, error)
+}
+
+func fsFree(f *os.File) (int64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Fstatfs(int(f.Fd()), &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, nil
+}
+
+// newExportFile makes the temporary file for path now, before the
+// daemon is asked: a path that cannot be written is said at once.
+func newExportFile(path string) (*exportFile, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(abs); err == nil && fi.IsDir() {
+		return nil, fmt.Errorf("%s is a directory: give the tarball's file name", path)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(abs), "."+filepath.Base(abs)+".berth-export-*")
+	if err != nil {
+		return nil, fmt.Errorf("cannot write %s: %w", path, errors.Unwrap(err))
+	}
+	return &exportFile{path: abs, tmp: tmp, free: fsFree}, nil
+}
+
+// open checks the tarball fits before a byte of it is written.
+func (f *exportFile) open(x session.ImageExport) (io.Writer, error) {
+	if free, err := f.free(f.tmp); err == nil {
+		if x.Size > free {
+			return nil, fmt.Errorf("the tarball of image %s is %s and %s has %s free: nothing was written; free some space or write it elsewhere",
+				x.Name, session.FormatBytes(x.Size), filepath.Dir(f.path), session.FormatBytes(free))
+		}
+	}
+	return f.tmp, nil
+}
+
+// commit makes the tarball durable and gives it its name.
+func (f *exportFile) commit() error {
+	if err := f.tmp.Sync(); err != nil {
+		return fmt.Errorf("write %s: %w", f.path, err)
+	}
+	if err := f.tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", f.path, err)
+	}
+	if err := os.Rename(f.tmp.Name(), f.path); err != nil {
+		return fmt.Errorf("write %s: %w", f.path, err)
+	}
+	f.done = true
+	if d, err := os.Open(filepath.Dir(f.path)); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// discard removes the temporary file unless commit renamed it.
+func (f *exportFile) discard() {
+	if !f.done {
+		f.tmp.Close()
+		os.Remove(f.tmp.Name())
+	}
 }
 
 func imageRmCmd() *cli.Command {

@@ -262,7 +262,7 @@ func TestHelp(t *testing.T) {
 	}
 	for _, name := range []string{"create", "ls", "info", "pause", "resume", "stop", "start", "flush", "delete", "events", "stats",
 		"exec", "shell", "logs", "ps", "cancel", "files", "cat", "put", "get", "rm", "mkdir",
-		"serve", "image build", "image import", "image commit", "image ls", "image rm", "doctor", "ssh add-key", "version",
+		"serve", "image build", "image import", "image commit", "image export", "image ls", "image rm", "doctor", "ssh add-key", "version",
 		"run start", "run end", "runs", "schedule add", "schedule ls", "schedule rm", "mcp"} {
 		t.Run(name, func(t *testing.T) {
 			args := strings.Fields(name)
@@ -303,6 +303,28 @@ func TestGroups(t *testing.T) {
 			code := cli.Run(t.Context(), env, tt.args, app.Commands("test")...)
 			tt.check(t, result{out.String(), errOut.String(), code})
 		})
+	}
+}
+
+// TestImageExportArgs: an export with nowhere to go, or a path it
+// cannot write, is refused before the daemon is asked (none runs here).
+func TestImageExportArgs(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []tc{
+		{name: "no -o", args: []string{"image", "export", "app"}, code: 2, stderr: "~-o FILE is required"},
+		{name: "unwritable", args: []string{"image", "export", "app", "-o", filepath.Join(dir, "no", "such", "dir", "app.tar")}, code: 1, stderr: "~cannot write " + filepath.Join(dir, "no", "such", "dir", "app.tar") + ": no such file or directory"},
+		{name: "a directory", args: []string{"image", "export", "app", "-o", dir}, code: 1, stderr: "~is a directory"},
+		{name: "bad name", args: []string{"image", "export", "Bad_Name", "-o", filepath.Join(dir, "x.tar")}, code: 1, stderr: "~Bad_Name"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			env := cli.Env{Stdout: &out, Stderr: &errOut, Globals: &cli.Globals{Data: filepath.Join(dir, "data")}}
+			code := cli.Run(t.Context(), env, tt.args, app.Commands("test")...)
+			tt.check(t, result{out.String(), errOut.String(), code})
+		})
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("a refused export left %v behind", ents)
 	}
 }
 

@@ -54,6 +54,13 @@ func TestRestrict(t *testing.T) {
 			}
 			return err
 		}},
+		{"ExportImage", Viewer, func(ctx context.Context, s session.Service) error {
+			_, err := s.ExportImage(ctx, session.ExportRequest{Name: session.DefaultImage}, func(session.ImageExport) (io.Writer, error) { return io.Discard, nil }, nil)
+			if errors.Is(err, session.ErrUnsupported) { // the fake has no image bytes
+				return nil
+			}
+			return err
+		}},
 		{"Create", Operator, func(ctx context.Context, s session.Service) error {
 			_, err := s.Create(ctx, session.CreateOptions{Name: "new-one"})
 			return err

@@ -46,8 +46,8 @@ func (g *guard) RemoveSchedule(ctx context.Context, name, id string) error {
 	return call0(g, ctx, session.ActionSchedule, func(ctx context.Context) error { return g.svc.RemoveSchedule(ctx, name, id) })
 }
 
-// Images are the daemon host's: listing them is a read; building,
-// importing, committing and removing them an admin's.
+// Images are the daemon host's: listing and exporting them are reads;
+// building, importing, committing and removing them an admin's.
 
 func (g *guard) Images(ctx context.Context) ([]session.ImageInfo, error) {
 	return call(g, ctx, session.ActionRead, func(ctx context.Context) ([]session.ImageInfo, error) { return g.svc.Images(ctx) })
@@ -65,6 +65,12 @@ func (g *guard) ImportImage(ctx context.Context, req session.ImportRequest, src 
 
 func (g *guard) CommitImage(ctx context.Context, req session.CommitRequest) (session.CommitResult, error) {
 	return call(g, ctx, session.ActionCommitImage, func(ctx context.Context) (session.CommitResult, error) { return g.svc.CommitImage(ctx, req) })
+}
+
+func (g *guard) ExportImage(ctx context.Context, req session.ExportRequest, open func(session.ImageExport) (io.Writer, error), progress func(session.BuildProgress)) (session.ImageExport, error) {
+	return call(g, ctx, session.ActionImageExport, func(ctx context.Context) (session.ImageExport, error) {
+		return g.svc.ExportImage(ctx, req, open, progress)
+	})
 }
 
 func (g *guard) RemoveImage(ctx context.Context, name string) error {

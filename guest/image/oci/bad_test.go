@@ -140,7 +140,8 @@ func TestBadInput(t *testing.T) {
 		{"other platform in the index", rawImage{layers: tarLayers(t, base), platform: &Platform{OS: "linux", Architecture: "arm", Variant: "v7"}}, 0, "only linux/arm/v7"},
 		{"unknown media type", rawImage{layers: []rawLayer{{mt: "application/vnd.example.layer.v1.squashfs", blob: base}}}, 0, `"application/vnd.example.layer.v1.squashfs"`},
 		{"user missing", rawImage{layers: tarLayers(t, base), user: "nobody"}, 0, `user "nobody"`},
-		{"layer bigger than the free space", rawImage{layers: tarLayers(t, layerTar(t, file("big", 0o644, big)))}, reserve + 1<<20, "unpacks to more than the data filesystem"},
+		{"layer bigger than the free space", rawImage{layers: []rawLayer{{mt: mtOCILayerGzip, blob: gzipBytes(layerTar(t, file("big", 0o644, big)))}}}, reserve + 1<<20, "unpacks to more than the data filesystem"},
+		{"blobs bigger than the free space", rawImage{layers: tarLayers(t, layerTar(t, file("big", 0o644, big)))}, reserve + 1<<20, "keeps its layers' blobs (2.1 MB, for export)"},
 		{"image bigger than the free space", rawImage{layers: tarLayers(t, layerTar(t, file("big", 0o644, big)))}, reserve + 3<<20, "MB free: nothing was written"},
 	}
 	for _, c := range cases {

@@ -11,7 +11,11 @@
 // On disk, as for built images: the layers in <images>/.layers/<hash>.img,
 // the image in <images>/<name>/<digest>/ (manifest.json, which records
 // the source, its digest and the image config, the kernel, the
-// initramfs, and the layers linked in).
+// initramfs, and the layers linked in). The blobs the image came as (its
+// layers as they were, its config, an OCI manifest) are kept by digest
+// in <images>/.blobs/ and linked into the build's blobs/, so that Export
+// writes the image back out with the digests it had; layers berth made
+// itself are exported from their ext4 images (see extlayer.go).
 package oci
 
 import (
@@ -256,6 +260,10 @@ func Read(ctx context.Context, o Options) (_ *Layers, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", sourceLabel(o.Source), err)
 	}
+	// The blobs are kept as the layers are read: room for them first.
+	if err := r.checkBlobSpace(p); err != nil {
+		return nil, err
+	}
 	if src.kind == kindRootFS {
 		// Its digests are what it hashes to: scan it first.
 		l := p.layers[0]
@@ -301,8 +309,21 @@ func Read(ctx context.Context, o Options) (_ *Layers, err error) {
 	if err := r.build(ctx, groups, out); err != nil {
 		return nil, err
 	}
+	if err := r.keepBlobs(ctx, p, groups); err != nil {
+		return nil, err
+	}
 	v := r.v
 	im := image.Image{Name: o.Name, Source: src.kind + ":" + sourcePath(o.Source), SourceDigest: p.digest}
+	if p.configJSON != nil {
+		if im.ConfigBlob, err = r.keepJSON(p.configJSON); err != nil {
+			return nil, err
+		}
+	}
+	if p.manifestJSON != nil {
+		if im.ManifestBlob, err = r.keepJSON(p.manifestJSON); err != nil {
+			return nil, err
+		}
+	}
 	if p.config != nil {
 		c := p.config.Config
 		im.Config = &image.Config{Env: c.Env, User: c.User, WorkingDir: c.WorkingDir, Entrypoint: c.Entrypoint, Cmd: c.Cmd}
@@ -495,11 +516,22 @@ func (r *reader) scan(ctx context.Context, l *layerRef) (scanned, error) {
 		return scanned{}, err
 	}
 	limit := max(free-reserve, 1)
-	s, err := openLayer(l, limit)
+	k, err := r.keeper(l)
 	if err != nil {
 		return scanned{}, err
 	}
+	s, err := openLayerKeep(l, limit, k.writer())
+	if err != nil {
+		k.abort()
+		return scanned{}, err
+	}
 	defer s.Close()
+	kept := false
+	defer func() {
+		if !kept {
+			k.abort()
+		}
+	}()
 	var sc scanned
 	total := int64(0)
 	if l.comp == uncompressed {
@@ -532,6 +564,10 @@ func (r *reader) scan(ctx context.Context, l *layerRef) (scanned, error) {
 	if l.digest != "" {
 		sc.digest = l.digest
 	}
+	if err := k.done(l, sc.digest, sc.diffID); err != nil {
+		return scanned{}, err
+	}
+	kept = true
 	l.unpacked, l.content = sc.unpacked, sc.content
 	r.report(image.Progress{Phase: "verify", Done: l.n, Total: l.of, Bytes: sc.unpacked, TotalBytes: sc.unpacked, Line: l.String() + " verified"})
 	return sc, nil

@@ -15,6 +15,9 @@ type plan struct {
 	digest string       // the manifest's, or a docker image id
 	config *imageConfig // nil for a rootfs tarball
 	layers []*layerRef
+	// configJSON and manifestJSON are the config and (an OCI image's)
+	// manifest as the source had them, checked, kept for export.
+	configJSON, manifestJSON []byte
 }
 
 // Annotations naming an image in a layout.
@@ -175,7 +178,10 @@ func resolveOCI(set fileSet, ref string) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &plan{digest: d.Digest, config: cfg}
+	p := &plan{digest: d.Digest, config: cfg, configJSON: cb}
+	if d.MediaType == mtOCIManifest {
+		p.manifestJSON = mb
+	}
 	for i, ld := range m.Layers {
 		comp, _ := layerCompression(ld.MediaType) // checked by parseManifest
 		name := blobPath(ld.Digest)
@@ -231,7 +237,7 @@ func resolveDocker(set fileSet, ref string) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &plan{digest: digest, config: cfg}
+	p := &plan{digest: digest, config: cfg, configJSON: cb}
 	for i, lp := range m.Layers {
 		name, ok := archivePath(lp)
 		if !ok {

@@ -8,6 +8,7 @@ import (
 	"hash"
 	"io"
 
+	"github.com/berthvm/berth/guest/image"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 )
@@ -26,6 +27,8 @@ type layerRef struct {
 	// diffID is what the uncompressed tar hashes to (the image config
 	// says); empty for a rootfs tarball until scanned.
 	diffID string
+	// blob is the layer's blob as the blob cache keeps it, once kept.
+	blob image.Blob
 	// unpacked and content are what scanning measured: the tar's size
 	// and what its files take on disk.
 	unpacked, content int64
@@ -81,7 +84,11 @@ type layerStream struct {
 }
 
 // openLayer starts reading l, its uncompressed tar bounded by limit.
-func openLayer(l *layerRef, limit int64) (*layerStream, error) {
+func openLayer(l *layerRef, limit int64) (*layerStream, error) { return openLayerKeep(l, limit, nil) }
+
+// openLayerKeep is openLayer writing the blob's bytes, as they are read,
+// to keep (when not nil): the import keeps the blob as it came.
+func openLayerKeep(l *layerRef, limit int64, keep io.Writer) (*layerStream, error) {
 	blob, size, err := l.open()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", l, err)
@@ -96,7 +103,11 @@ func openLayer(l *layerRef, limit int64) (*layerStream, error) {
 	}
 	s := &layerStream{l: l, blob: blob}
 	// Reading one byte past the size tells a longer blob from a whole one.
-	s.packed = &counted{r: io.LimitReader(blob, size+1), h: newHash(algo)}
+	var packed io.Reader = io.LimitReader(blob, size+1)
+	if keep != nil {
+		packed = io.TeeReader(packed, keep)
+	}
+	s.packed = &counted{r: packed, h: newHash(algo)}
 	s.dec, err = decompressor(s.packed, l.comp)
 	if err != nil {
 		blob.Close()
