@@ -7,8 +7,8 @@ VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 # Debian packages the tests and the VMs need. The guest kernel is not among
 # them: berth fetches it with `apt-get download` and never installs it.
-APT_PKGS := qemu-system-x86 qemu-utils e2fsprogs busybox-static openssh-client tmux mmdebstrap sshfs rsync git fuse3 xfsprogs btrfs-progs podman buildah
-APT_BINS := qemu-system-x86_64 qemu-img mkfs.ext4 busybox ssh sftp tmux mmdebstrap sshfs rsync git mkfs.xfs mkfs.btrfs podman buildah
+APT_PKGS := qemu-system-x86 qemu-utils e2fsprogs busybox-static openssh-client tmux mmdebstrap sshfs rsync git fuse3 xfsprogs btrfs-progs podman buildah musl-tools
+APT_BINS := qemu-system-x86_64 qemu-img mkfs.ext4 busybox ssh sftp tmux mmdebstrap sshfs rsync git mkfs.xfs mkfs.btrfs podman buildah musl-gcc
 
 .PHONY: all build deps image run test bench vet fuzz soak clean install
 

@@ -42,7 +42,7 @@ func (e *env) out(name string, script string) string {
 // that counts in /tmp/counter (in memory: a cold boot loses it).
 func (e *env) startCounter(name string) {
 	e.T.Helper()
-	e.OK("exec", name, "--", "sh", "-c", "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done' >/dev/null 2>&1 &")
+	e.OK("exec", name, "--", "sh", "-c", "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.05; done' >/dev/null 2>&1 &")
 	for i := 0; e.Run("exec", name, "--", "test", "-s", "/tmp/counter").Code != 0; i++ {
 		if i > 100 {
 			e.T.Fatal("the background counter never started")

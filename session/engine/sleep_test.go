@@ -45,7 +45,7 @@ func TestSleepWake(t *testing.T) {
 	e.OK("flush", "sleepy")
 	// A background process outside any recorded command, as a shell's
 	// nohup would leave: it must keep counting across sleep.
-	e.OK("exec", "sleepy", "--", "sh", "-c", "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done' >/dev/null 2>&1 &")
+	e.OK("exec", "sleepy", "--", "sh", "-c", "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.05; done' >/dev/null 2>&1 &")
 	for i := 0; e.Run("exec", "sleepy", "--", "test", "-s", "/tmp/counter").Code != 0; i++ {
 		if i > 100 {
 			t.Fatal("the background counter never started")
