@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/berthvm/berth/guest"
-	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/guest/image/ext4"
+	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/store"
 )
 
