@@ -580,12 +580,7 @@ func (m *Manager) noteRunChanges(name, runID string, d session.Diff) {
 
 // runningIn counts the run's executions still being recorded.
 func (m *Manager) runningIn(runID string) int {
-	m.mu.Lock()
-	ids := make([]string, 0, len(m.runs))
-	for id := range m.runs {
-		ids = append(ids, id)
-	}
-	m.mu.Unlock()
+	ids := m.recording()
 	h := m.hx
 	h.mu.Lock()
 	defer h.mu.Unlock()
