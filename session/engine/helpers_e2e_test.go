@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -8,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/berthvm/berth/guest/image"
+	"github.com/berthvm/berth/session/api"
+	"github.com/berthvm/berth/session/engine"
 	"github.com/berthvm/berth/vmm/vmmtest"
 )
 
@@ -79,4 +82,21 @@ func newBenchEnv(t *testing.T, config string, daemonArgs ...string) *env {
 	}
 	e.StartDaemon(daemonArgs...)
 	return e
+}
+
+// serveSocket serves m on a socket API of its own, as the daemon does,
+// and is a client of it; both are closed when t ends.
+func serveSocket(t *testing.T, m *engine.Manager) *api.Client {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "berth.sock")
+	ln, err := api.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: api.NewServer(m, nil)}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	c := api.Dial(sock)
+	t.Cleanup(func() { c.Close() })
+	return c
 }
