@@ -45,10 +45,9 @@ type execDefaults struct {
 	Env map[string]string
 	Cwd string // "" for /workspace
 	// User is the config's User as it says it ("": root), which the
-	// agent resolves in the guest; UID and GID are what the import
-	// resolved it to, whom a new workspace is given to.
-	User     string
-	UID, GID int
+	// agent resolves in the guest's passwd: commands run as it, and the
+	// workspace and what the file API creates are its.
+	User string
 }
 
 // imageExecDefaults reads an image config's Env, WorkingDir and User as
@@ -70,7 +69,7 @@ func imageExecDefaults(c *image.Config) execDefaults {
 		d.Env[k] = v
 	}
 	d.Cwd = workspaceDir(c.WorkingDir)
-	d.User, d.UID, d.GID = c.User, c.UID, c.GID
+	d.User = c.User
 	return d
 }
 
@@ -445,8 +444,8 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	return nil
 }
 
-// removeImageBuilds removes name unless a session or a committed image
-// uses it, holding builds.mu, and returns the digests of the builds it
+// removeImageBuilds removes name unless a session or an image built on it
+// (committed, or a recipe on it) uses it, holding builds.mu, and returns the digests of the builds it
 // removed.
 func (m *Manager) removeImageBuilds(name string) ([]string, error) {
 	m.builds.mu.Lock()
@@ -474,8 +473,9 @@ func (m *Manager) removeImageBuilds(name string) ([]string, error) {
 	return digests, nil
 }
 
-// committedOn lists the images committed on a build of name (other than
-// name's own later builds), by name.
+// committedOn lists the images built on a build of name (committed on it,
+// or recipes on it: their Parent), other than name's own later builds, by
+// name.
 func (m *Manager) committedOn(name string) ([]string, error) {
 	builds, err := m.cfg.Images.Builds()
 	if err != nil {
