@@ -230,6 +230,7 @@ type Imager interface {
 	// and apt's caches are left out.
 	CommitImage(ctx context.Context, req CommitRequest) (CommitResult, error)
 	// RemoveImage deletes every build of an image; refused (ErrConflict,
-	// CodeInUse) while a session or an image committed on it uses it.
+	// CodeInUse) while a session or an image built on it (committed on
+	// it, or a recipe on it) uses it.
 	RemoveImage(ctx context.Context, name string) error
 }

@@ -64,9 +64,10 @@ type Image struct {
 	// Config is what an imported image's config asks of the commands run
 	// in it; nil for built images. A committed image keeps its parent's.
 	Config *Config `json:"config,omitempty"`
-	// Parent is, for an image committed from a session's system disk,
-	// the build below its top layer ("debian@1a2b3c4d"); Label is the
-	// commit's.
+	// Parent is the build below an image's own top layer, for an image
+	// committed from a session's system disk and for a recipe built on an
+	// image ("base = image:NAME"): "debian@1a2b3c4d". An image with
+	// children cannot be removed. Label is a commit's.
 	Parent string `json:"parent,omitempty"`
 	Label  string `json:"label,omitempty"`
 	// ConfigBlob and ManifestBlob are the digests of an imported image's
@@ -77,6 +78,13 @@ type Image struct {
 	ConfigBlob   string `json:"config_blob,omitempty"`
 	ManifestBlob string `json:"manifest_blob,omitempty"`
 }
+
+// CommittedSource is how a committed image's Source starts: the session's
+// name follows.
+const CommittedSource = "session:"
+
+// Committed reports whether the image was committed from a session.
+func (im Image) Committed() bool { return strings.HasPrefix(im.Source, CommittedSource) }
 
 // Config is the part of an OCI image config berth has a place for.
 type Config struct {
@@ -795,6 +803,8 @@ func (b *builder) onImage(ctx context.Context, r *Recipe, p *plan) (Image, bool,
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "builder %s\nrootfs %s\nkernel %s\nmodules %s\nlayers %s\n", builderVersion, r.Name, k.Package, strings.Join(mods, " "), strings.Join(layerHashes, " "))
+	parent := base.Name + "@" + base.Digest
+	fmt.Fprintf(h, "parent %s\n", parent) // the record names it: a new base build is a new build
 	cfg, _ := json.Marshal(base.Config)
 	h.Write(cfg)
 	h.Write(agent)
@@ -807,7 +817,7 @@ func (b *builder) onImage(ctx context.Context, r *Recipe, p *plan) (Image, bool,
 		return Image{}, false, err
 	}
 	im := Image{Name: r.Name, Digest: digest, KernelVersion: k.Version, Modules: order, Layers: layers,
-		Packages: base.Packages, Installed: base.Installed, Source: sourceOf(r), Config: base.Config}
+		Packages: base.Packages, Installed: base.Installed, Source: sourceOf(r), Config: base.Config, Parent: parent}
 	if p.setup() {
 		below := im
 		below.Kernel, below.Layers = k.Vmlinuz, slices.Clone(layers)
