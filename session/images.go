@@ -41,6 +41,10 @@ type ImageInfo struct {
 	Label    string   `json:"label,omitempty"`
 	Kernel   string   `json:"kernel_version"`
 	Sessions []string `json:"sessions"` // sessions using this build
+	// Lacks is what an imported image's record lacks that an import
+	// keeps now: "blobs" (an export needs them) and "config" (its Env,
+	// User and WorkingDir; a create needs it). Importing it again mends it.
+	Lacks []string `json:"lacks,omitempty"`
 }
 
 // ImageConfig is the part of an imported image's config berth applies:

@@ -86,6 +86,37 @@ const CommittedSource = "session:"
 // Committed reports whether the image was committed from a session.
 func (im Image) Committed() bool { return strings.HasPrefix(im.Source, CommittedSource) }
 
+// Lacks lists what an imported image's record lacks that an import keeps
+// now, for `image ls` to show and for the operations that need it to say
+// "import it again": "blobs" (the blobs it came as, which an export gives
+// back: imports before berth kept them) and "config" (its config's Env,
+// User and WorkingDir: a source that has a config, recorded without
+// one). Nil for an image berth built or committed.
+func (im Image) Lacks() []string {
+	if im.SourceDigest == "" || im.Committed() {
+		return nil
+	}
+	var out []string
+	if slices.ContainsFunc(im.Layers, func(l Layer) bool { return len(l.Blobs) == 0 }) {
+		out = append(out, "blobs")
+	}
+	if im.Config == nil && !strings.HasPrefix(im.Source, "rootfs:") {
+		out = append(out, "config")
+	}
+	return out
+}
+
+// LacksError is the one line an operation that needs what an imported
+// image's record lacks (Lacks) says: what is missing and to import it
+// again.
+func LacksError(name, what, op string) error {
+	why := "the blobs it came as"
+	if what == "config" {
+		why = "its config (Env, User, WorkingDir)"
+	}
+	return fmt.Errorf("image %s was imported by a berth that did not keep %s, which %s needs: import it again (berth image import SOURCE --name %s)", name, why, op, name)
+}
+
 // Config is the part of an OCI image config berth has a place for.
 type Config struct {
 	Env        []string `json:"env,omitempty"`

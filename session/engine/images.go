@@ -36,6 +36,8 @@ type Image struct {
 	Layers []Layer
 	// Exec is what an imported image's config asks of its commands.
 	Exec execDefaults
+	// Lacks is what the record of an older import lacks (image.Lacks).
+	Lacks []string
 }
 
 // execDefaults are an image's defaults for the commands run in it: the
@@ -93,7 +95,7 @@ type Layer struct{ Path, UUID string }
 func (im Image) RootFS() bool { return len(im.Layers) > 0 }
 
 func fromBuild(b image.Image) Image {
-	im := Image{Name: b.Name, Digest: b.Digest, Kernel: b.Kernel, Initramfs: b.Initramfs, Exec: imageExecDefaults(b.Config)}
+	im := Image{Name: b.Name, Digest: b.Digest, Kernel: b.Kernel, Initramfs: b.Initramfs, Exec: imageExecDefaults(b.Config), Lacks: b.Lacks()}
 	for _, l := range b.Layers {
 		im.Layers = append(im.Layers, Layer{Path: l.Path, UUID: l.UUID})
 	}
@@ -155,7 +157,7 @@ func (m *Manager) Images(ctx context.Context) ([]session.ImageInfo, error) {
 			Name: b.Name, Digest: b.Digest, Current: !seen[b.Name], RootFS: b.RootFS(), Layers: len(b.Layers),
 			Packages: b.PackageCount(), DiskBytes: b.DiskBytes(), Built: b.Built, BuildTook: b.BuildTook,
 			Source: b.Source, SourceDigest: b.SourceDigest, Config: imageConfig(b.Config), Parent: b.Parent, Label: b.Label,
-			Kernel: b.KernelVersion, Sessions: []string{},
+			Kernel: b.KernelVersion, Sessions: []string{}, Lacks: b.Lacks(),
 		}
 		seen[b.Name] = true
 		for _, u := range users[b.Name] {
@@ -377,6 +379,11 @@ func (m *Manager) ExportImage(ctx context.Context, req session.ExportRequest, op
 		return session.ImageExport{}, &session.Error{Class: session.ErrInvalid,
 			Msg:  fmt.Sprintf("image %s has no root filesystem layers to export: its root is berth's initramfs (the agent and busybox), not a container image", req.Name),
 			Hint: "export an imported image, debian, or one built from a recipe"}
+	}
+	if slices.Contains(b.Lacks(), "blobs") {
+		// Its layers would be written from berth's ext4 layers: a valid
+		// image, but not the one it came as, with other digests.
+		return session.ImageExport{}, &session.Error{Class: session.ErrInvalid, Msg: image.LacksError(req.Name, "blobs", "an export").Error()}
 	}
 	e, err := oci.PlanExport(ctx, oci.ExportOptions{Image: b, ImagesDir: st.Dir, Report: func(p image.Progress) {
 		progress(session.BuildProgress{Phase: p.Phase, Done: p.Done, Total: p.Total, Bytes: p.Bytes, TotalBytes: p.TotalBytes, Line: p.Line})
