@@ -27,6 +27,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/tree"
 	"github.com/berthvm/berth/guest/users"
 )
 
@@ -329,10 +330,13 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 		return nil, a.read(s, req.Path)
 	case guest.OpWrite, guest.OpOpen, guest.OpSymlink, guest.OpUnpack, guest.OpMkdir:
 		// The calls that create files: what they make is the request's
-		// user's.
-		owner, err := a.fileOwner(req.Op, req.User)
-		if err != nil {
-			return nil, err
+		// user's. An open that creates nothing needs no owner.
+		var owner *tree.Owner
+		if req.Op != guest.OpOpen || req.Flags&guest.OpenCreate != 0 {
+			var err error
+			if owner, err = a.fileOwner(req.Op, req.User); err != nil {
+				return nil, err
+			}
 		}
 		switch req.Op {
 		case guest.OpWrite:

@@ -128,6 +128,12 @@ func TestFileCallsOwnWhatTheyCreate(t *testing.T) {
 			t.Errorf("%s as an unknown user: %v", name, err)
 		}
 	}
+	// Reading creates nothing, so names no owner to resolve.
+	if f, err := ghost.Open(ctx, "roots", guest.OpenRead, 0); err != nil {
+		t.Errorf("a read-only open by a client whose user is unknown: %v", err)
+	} else {
+		f.Close()
+	}
 	ents, _ := os.ReadDir(ws)
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), "ghost") || strings.Contains(e.Name(), ".berth-") {
