@@ -68,6 +68,11 @@ func TestFileCallsOwnWhatTheyCreate(t *testing.T) {
 	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "roots", Mode: 0o644, Size: 1})
 	tw.Write([]byte("y"))
 	tw.Close()
+	var ab bytes.Buffer // app's file, from root
+	aw := tar.NewWriter(&ab)
+	aw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "apps", Mode: 0o644, Size: 1})
+	aw.Write([]byte("z"))
+	aw.Close()
 
 	for _, tc := range []struct {
 		name string
@@ -96,6 +101,8 @@ func TestFileCallsOwnWhatTheyCreate(t *testing.T) {
 			map[string]string{"u1": "1000:1001", "u1/u2": "1000:1001", "u1/u2/d": "1000:1001", "u1/u2/d/f": "1000:1001", "u1/u2/d/l": "1000:1001", "u1/u2/roots": "1000:1001"}},
 		{"unpack over root's file", func() error { _, err := app.Unpack(ctx, ".", bytes.NewReader(tb.Bytes())); return err },
 			map[string]string{"roots": "0:0", "d": "1000:1001", "d/f": "1000:1001"}},
+		{"root unpacks over app's file", func() error { _, err := root.Unpack(ctx, ".", bytes.NewReader(ab.Bytes())); return err },
+			map[string]string{"apps": "1000:1001"}},
 		{"setstat an owner", func() error {
 			os.WriteFile(filepath.Join(ws, "give"), nil, 0o644)
 			return root.Setstat(ctx, "give", guest.Attrs{Owner: "app"})
