@@ -20,6 +20,17 @@ import (
 type Client struct {
 	conn net.Conn
 	sess *yamux.Session
+	// owner is Request.User of the file calls that create (Owned).
+	owner string
+}
+
+// Owned returns a client on c's connection whose file calls (WriteFile,
+// Mkdir, Open, Symlink, Unpack) give what they create to user: NAME or
+// UID, with an optional :GROUP or :GID, resolved in the guest as a
+// command's user is ("" is root). What they replace keeps its owner. It
+// shares c's connection: closing either closes both.
+func (c *Client) Owned(user string) *Client {
+	return &Client{conn: c.conn, sess: c.sess, owner: user}
 }
 
 // YamuxConfig tunes yamux for one host on a local channel, on both ends:
@@ -240,7 +251,7 @@ func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
 
 // Mkdir creates a directory (and its parents with all).
 func (c *Client) Mkdir(ctx context.Context, path string, all bool) error {
-	return c.do(ctx, &Request{Op: OpMkdir, Path: path, All: all}, nil)
+	return c.do(ctx, &Request{Op: OpMkdir, Path: path, All: all, User: c.owner}, nil)
 }
 
 // Remove removes a file or empty directory (everything below with all).
@@ -351,7 +362,7 @@ func (r *fileReader) Close() error {
 // On any error the file keeps its previous content. mode 0 keeps the
 // existing file's permissions (0644 for a new file).
 func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (int64, error) {
-	cl, err := c.open(ctx, &Request{Op: OpWrite, Path: path, Mode: uint32(mode.Perm())})
+	cl, err := c.open(ctx, &Request{Op: OpWrite, Path: path, Mode: uint32(mode.Perm()), User: c.owner})
 	if err != nil {
 		return 0, err
 	}
@@ -679,7 +690,7 @@ func Dial(ctx context.Context, dial func(context.Context) (net.Conn, error)) (*C
 // missing) and returns once every file is durable. Entries must stay
 // inside the directory and symlinks inside the tree.
 func (c *Client) Unpack(ctx context.Context, path string, r io.Reader) (TreeResult, error) {
-	cl, err := c.open(ctx, &Request{Op: OpUnpack, Path: path})
+	cl, err := c.open(ctx, &Request{Op: OpUnpack, Path: path, User: c.owner})
 	if err != nil {
 		return TreeResult{}, err
 	}

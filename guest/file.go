@@ -54,7 +54,7 @@ type reply struct {
 // ctx bounds the File's whole life, as for Exec.
 func (c *Client) Open(ctx context.Context, path string, flags int, perm fs.FileMode) (*File, error) {
 	fctx, cancel := context.WithCancel(ctx)
-	cl, err := c.open(fctx, &Request{Op: OpOpen, Path: path, Flags: flags, Mode: uint32(perm)})
+	cl, err := c.open(fctx, &Request{Op: OpOpen, Path: path, Flags: flags, Mode: uint32(perm), User: c.owner})
 	if err != nil {
 		cancel()
 		return nil, err
@@ -369,7 +369,7 @@ func (c *Client) StatFollow(ctx context.Context, path string) (FileInfo, error) 
 
 // Symlink makes path a symlink to target, stored as given.
 func (c *Client) Symlink(ctx context.Context, target, path string) error {
-	return c.do(ctx, &Request{Op: OpSymlink, Path: path, Target: target}, nil)
+	return c.do(ctx, &Request{Op: OpSymlink, Path: path, Target: target, User: c.owner}, nil)
 }
 
 // Link makes newpath a hard link to oldpath.

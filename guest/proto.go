@@ -167,6 +167,10 @@ type Request struct {
 	Flags  int    `json:"flags,omitempty"`  // open: Open* flags
 	Target string `json:"target,omitempty"` // symlink: the link's content, stored as given
 	Attrs  *Attrs `json:"attrs,omitempty"`  // setstat
+	// User owns what a write, open, mkdir, symlink or unpack creates:
+	// NAME or UID, with an optional :GROUP or :GID, resolved in the guest
+	// as ExecRequest.User is; "" is root. What it replaces keeps its owner.
+	User string `json:"user,omitempty"`
 	// Paths are what a scan describes; Sums asks for regular files'
 	// content hashes. All (above) walks each directory named.
 	Paths []string `json:"paths,omitempty"`
@@ -289,6 +293,9 @@ type Attrs struct {
 	Mtime *time.Time `json:"mtime,omitempty"`
 	UID   *int       `json:"uid,omitempty"`
 	GID   *int       `json:"gid,omitempty"`
+	// Owner gives the file to a user named as ExecRequest.User names one,
+	// resolved in the guest; OpSetstat only, and not with UID or GID.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Calls on an open handle (HandleCall.Op).

@@ -107,9 +107,9 @@ func UnknownSession(name string) *Error {
 }
 
 // ImageInUse is the refusal to remove image name while sessions use it
-// or images were committed on it, naming them (at most ten of each):
-// `image "debian" is used by s1, s2 (sessions) and app (an image
-// committed on it)`.
+// or images were built on it (committed on it, or recipes on it), naming
+// them (at most ten of each): `image "debian" is used by s1, s2
+// (sessions) and app (an image built on it)`.
 func ImageInUse(name string, sessions, images []string) *Error {
 	list := func(names []string, one, many string) string {
 		if len(names) == 0 {
@@ -126,7 +126,7 @@ func ImageInUse(name string, sessions, images []string) *Error {
 		return strings.Join(shown, ", ") + more + " (" + kind + ")"
 	}
 	var by []string
-	for _, p := range []string{list(sessions, "a session", "sessions"), list(images, "an image committed on it", "images committed on it")} {
+	for _, p := range []string{list(sessions, "a session", "sessions"), list(images, "an image built on it", "images built on it")} {
 		if p != "" {
 			by = append(by, p)
 		}

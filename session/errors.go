@@ -48,8 +48,8 @@ const (
 	// CodeNoStart is a run that kept no starting point to diff or undo:
 	// a front end says how it starts runs that keep one.
 	CodeNoStart = "no-start"
-	// CodeInUse is an image that sessions or images committed on it
-	// still use; the message names them.
+	// CodeInUse is an image that sessions or images built on it
+	// (committed, or recipes on it) still use; the message names them.
 	CodeInUse = "in-use"
 	// CodeNoSystemDisk is a session whose image has no root filesystem
 	// (its root is its initramfs), so there is no system disk to commit.

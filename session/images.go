@@ -41,6 +41,10 @@ type ImageInfo struct {
 	Label    string   `json:"label,omitempty"`
 	Kernel   string   `json:"kernel_version"`
 	Sessions []string `json:"sessions"` // sessions using this build
+	// Lacks is what an imported image's record lacks that an import
+	// keeps now: "blobs" (an export needs them) and "config" (its Env,
+	// User and WorkingDir; a create needs it). Importing it again mends it.
+	Lacks []string `json:"lacks,omitempty"`
 }
 
 // ImageConfig is the part of an imported image's config berth applies:
@@ -230,6 +234,7 @@ type Imager interface {
 	// and apt's caches are left out.
 	CommitImage(ctx context.Context, req CommitRequest) (CommitResult, error)
 	// RemoveImage deletes every build of an image; refused (ErrConflict,
-	// CodeInUse) while a session or an image committed on it uses it.
+	// CodeInUse) while a session or an image built on it (committed on
+	// it, or a recipe on it) uses it.
 	RemoveImage(ctx context.Context, name string) error
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/tree"
 	"github.com/berthvm/berth/guest/users"
 )
 
@@ -327,19 +328,46 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 		return nil, a.list(s, req.Path)
 	case guest.OpRead:
 		return nil, a.read(s, req.Path)
-	case guest.OpWrite:
-		return a.write(s, req.Path, req.Mode)
-	case guest.OpOpen:
-		return nil, a.serveOpen(s, req)
+	case guest.OpWrite, guest.OpOpen, guest.OpSymlink, guest.OpUnpack, guest.OpMkdir:
+		// The calls that create files: what they make is the request's
+		// user's. An open that creates nothing needs no owner.
+		var owner *tree.Owner
+		if req.Op != guest.OpOpen || req.Flags&guest.OpenCreate != 0 {
+			var err error
+			if owner, err = a.fileOwner(req.Op, req.User); err != nil {
+				return nil, err
+			}
+		}
+		switch req.Op {
+		case guest.OpWrite:
+			return a.write(s, req.Path, req.Mode, owner)
+		case guest.OpOpen:
+			return nil, a.serveOpen(s, req, owner)
+		case guest.OpSymlink:
+			return struct{}{}, a.symlink(req.Target, req.Path, owner)
+		case guest.OpUnpack:
+			return a.unpack(s, req.Path, owner)
+		default:
+			return struct{}{}, a.mkdir(req.Path, req.All, owner)
+		}
 	case guest.OpSetstat:
 		if req.Attrs == nil {
 			return nil, &guest.Error{Code: guest.CodeBadRequest, Op: req.Op, Message: "setstat without attributes"}
 		}
-		return struct{}{}, a.setstat(req.Path, req.Attrs)
+		at := *req.Attrs
+		if at.Owner != "" {
+			if at.UID != nil || at.GID != nil {
+				return nil, &guest.Error{Code: guest.CodeBadRequest, Op: req.Op, Message: "setstat with an owner and a uid or gid"}
+			}
+			u, err := a.lookupUser(req.Op, at.Owner)
+			if err != nil {
+				return nil, err
+			}
+			at.UID, at.GID = &u.UID, &u.GID
+		}
+		return struct{}{}, a.setstat(req.Path, &at)
 	case guest.OpStatFollow:
 		return a.statFollow(req.Path)
-	case guest.OpSymlink:
-		return struct{}{}, a.symlink(req.Target, req.Path)
 	case guest.OpLink:
 		return struct{}{}, a.link(req.Path, req.To)
 	case guest.OpStatfs:
@@ -348,10 +376,6 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 		return struct{}{}, a.rmdir(req.Path)
 	case guest.OpPack:
 		return nil, a.pack(s, req.Path)
-	case guest.OpUnpack:
-		return a.unpack(s, req.Path)
-	case guest.OpMkdir:
-		return struct{}{}, a.mkdir(req.Path, req.All)
 	case guest.OpRemove:
 		return struct{}{}, a.remove(req.Path, req.All)
 	case guest.OpRename:

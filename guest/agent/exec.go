@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/tree"
 	"github.com/berthvm/berth/guest/users"
 )
 
@@ -202,7 +203,7 @@ func (t *execTable) start(req *guest.ExecRequest) (*execution, bool, error) {
 
 	var user *users.User
 	if req.User != "" {
-		u, err := t.a.lookupUser(req.User)
+		u, err := t.a.lookupUser("exec", req.User)
 		if err != nil {
 			return nil, false, err
 		}
@@ -505,10 +506,11 @@ func (t *execTable) reap(sigchld <-chan os.Signal, stop <-chan struct{}) {
 	}
 }
 
-// lookupUser resolves a command's user against the root's passwd and
-// group files, read up to users.MaxFile bytes each (a missing file is
-// an empty one: root and bare uids still resolve).
-func (a *Agent) lookupUser(spec string) (users.User, error) {
+// lookupUser resolves a command's user, or the owner of what a file call
+// creates (op says which), against the root's passwd and group files,
+// read up to users.MaxFile bytes each (a missing file is an empty one:
+// root and bare uids still resolve).
+func (a *Agent) lookupUser(op, spec string) (users.User, error) {
 	etc := a.cfg.Etc
 	if etc == "" {
 		etc = "/etc"
@@ -523,12 +525,33 @@ func (a *Agent) lookupUser(spec string) (users.User, error) {
 		return b
 	}
 	u, err := users.Lookup(spec, read("passwd"), read("group"))
+	what := "run as"
+	if op != "exec" {
+		what = "give files to"
+	}
 	var unknown *users.UnknownError
 	switch {
 	case errors.As(err, &unknown):
-		return u, &guest.Error{Code: "ENOENT", Op: "exec", Message: fmt.Sprintf("cannot run as %s %q: the VM's %s does not have it", unknown.Kind, unknown.Name, filepath.Join(etc, unknown.File()))}
+		return u, &guest.Error{Code: "ENOENT", Op: op, Message: fmt.Sprintf("cannot %s %s %q: the VM's %s does not have it", what, unknown.Kind, unknown.Name, filepath.Join(etc, unknown.File()))}
 	case err != nil:
-		return u, &guest.Error{Code: guest.CodeBadRequest, Op: "exec", Message: err.Error()}
+		return u, &guest.Error{Code: guest.CodeBadRequest, Op: op, Message: err.Error()}
 	}
 	return u, nil
+}
+
+// fileOwner is whom a file call's new files belong to: its user, resolved
+// as a command's is, so what the session's user cannot write is never
+// made for it. nil for "" or root (0:0), who makes them anyway.
+func (a *Agent) fileOwner(op, spec string) (*tree.Owner, error) {
+	if spec == "" {
+		return nil, nil
+	}
+	u, err := a.lookupUser(op, spec)
+	if err != nil {
+		return nil, err
+	}
+	if u.UID == 0 && u.GID == 0 {
+		return nil, nil
+	}
+	return &tree.Owner{UID: u.UID, GID: u.GID}, nil
 }

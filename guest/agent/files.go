@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/tree"
 )
 
 // rel turns a host-supplied path into one relative to the workspace root.
@@ -167,7 +168,9 @@ func (a *Agent) read(s *stream, p string) error {
 // success means the bytes survive a crash of the VM. On any failure (full
 // disk, host gone mid-upload) the temporary file is removed and the target
 // keeps its old content.
-func (a *Agent) write(s *stream, p string, mode uint32) (guest.WriteResult, error) {
+//
+// A new file is owner's (nil: root's); a file it replaces keeps its owner.
+func (a *Agent) write(s *stream, p string, mode uint32, owner *tree.Owner) (guest.WriteResult, error) {
 	root, r, err := a.open(p)
 	if err != nil {
 		return guest.WriteResult{}, err
@@ -176,7 +179,8 @@ func (a *Agent) write(s *stream, p string, mode uint32) (guest.WriteResult, erro
 		return guest.WriteResult{}, &fs.PathError{Op: "write", Path: p, Err: errIsDir}
 	}
 	perm := fs.FileMode(mode).Perm()
-	if old, err := root.Stat(r); err == nil {
+	old, err := root.Stat(r)
+	if err == nil {
 		if old.IsDir() {
 			return guest.WriteResult{}, &fs.PathError{Op: "write", Path: p, Err: errIsDir}
 		}
@@ -185,6 +189,8 @@ func (a *Agent) write(s *stream, p string, mode uint32) (guest.WriteResult, erro
 		}
 	} else if err = escapeErr(err); errors.Is(err, guest.ErrEscape) {
 		return guest.WriteResult{}, err
+	} else {
+		old = nil
 	}
 	if perm == 0 {
 		perm = 0o644
@@ -207,6 +213,9 @@ func (a *Agent) write(s *stream, p string, mode uint32) (guest.WriteResult, erro
 			root.Remove(tmp)
 		}
 	}()
+	if err := tree.Own(f, old, owner); err != nil {
+		return guest.WriteResult{}, err
+	}
 	var size int64
 	for {
 		t, data, err := s.fr.Next()
@@ -257,20 +266,36 @@ func parent(r string) string {
 	return d
 }
 
-func (a *Agent) mkdir(p string, all bool) error {
+// mkdir makes p (with its missing parents with all); what it makes is
+// owner's (nil: root's), and durable when it returns.
+func (a *Agent) mkdir(p string, all bool, owner *tree.Owner) error {
 	root, r, err := a.open(p)
 	if err != nil {
 		return err
 	}
+	var made []string
 	if all {
-		err = root.MkdirAll(r, 0o755)
-	} else {
-		err = root.Mkdir(r, 0o755)
+		made, err = tree.MkdirAll(root, r, owner)
+	} else if err = root.Mkdir(r, 0o755); err == nil {
+		made = []string{r}
+		if owner != nil {
+			err = root.Lchown(r, owner.UID, owner.GID)
+		}
 	}
 	if err != nil {
 		return escapeErr(err)
 	}
-	return syncDir(root, parent(r))
+	// Each new directory's entry, in its parent: outermost first, so an
+	// entry is never durable before the directory holding it.
+	for _, d := range made {
+		if err := syncDir(root, parent(d)); err != nil {
+			return err
+		}
+	}
+	if len(made) == 0 {
+		return syncDir(root, parent(r))
+	}
+	return nil
 }
 
 func (a *Agent) remove(p string, all bool) error {

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/tree"
 )
 
 // Open files. An OpOpen stream is one handle: after the open's reply the
@@ -83,8 +84,9 @@ func nlink(fi fs.FileInfo) uint64 {
 	return 1
 }
 
-// openHandle opens p as flags and perm say (see the comment above).
-func (a *Agent) openHandle(p string, flags int, mode uint32) (*handle, guest.OpenResult, error) {
+// openHandle opens p as flags and perm say (see the comment above). A file
+// it creates is owner's (nil: root's); one it replaces keeps its owner.
+func (a *Agent) openHandle(p string, flags int, mode uint32, owner *tree.Owner) (*handle, guest.OpenResult, error) {
 	bad := func(msg string) (*handle, guest.OpenResult, error) {
 		return nil, guest.OpenResult{}, &guest.Error{Code: "EINVAL", Op: guest.OpOpen, Path: p, Message: msg}
 	}
@@ -138,7 +140,13 @@ func (a *Agent) openHandle(p string, flags int, mode uint32) (*handle, guest.Ope
 			return nil, guest.OpenResult{}, escapeErr(err)
 		}
 		h.f, h.dirty = f, true
-		if !missing {
+		if missing {
+			if err := tree.Own(f, nil, owner); err != nil {
+				f.Close()
+				root.Remove(h.tmp)
+				return nil, guest.OpenResult{}, err
+			}
+		} else {
 			// O_TRUNC keeps the file's mode and owner: so does the
 			// file that replaces it. The umask trimmed the mode.
 			err := f.Chmod(perm)
@@ -172,6 +180,14 @@ func (a *Agent) openHandle(p string, flags int, mode uint32) (*handle, guest.Ope
 		h.f = f
 		h.created = create && missing
 		h.dirty = h.created || trunc
+		if h.created {
+			// Lstat saw nothing there: the file is the one just made.
+			if err := tree.Own(f, nil, owner); err != nil {
+				f.Close()
+				root.Remove(r)
+				return nil, guest.OpenResult{}, err
+			}
+		}
 	}
 	if err := a.addHandle(h); err != nil {
 		h.release(err)
@@ -339,8 +355,8 @@ var readBufs = sync.Pool{New: func() any {
 }}
 
 // serveOpen runs one handle's stream.
-func (a *Agent) serveOpen(s *stream, req *guest.Request) error {
-	h, res, err := a.openHandle(req.Path, req.Flags, req.Mode)
+func (a *Agent) serveOpen(s *stream, req *guest.Request, owner *tree.Owner) error {
+	h, res, err := a.openHandle(req.Path, req.Flags, req.Mode, owner)
 	if err != nil {
 		return err
 	}
@@ -402,8 +418,8 @@ func (a *Agent) serveOpen(s *stream, req *guest.Request) error {
 			case guest.HandleStat:
 				reply, err = h.stat()
 			case guest.HandleSetstat:
-				if c.Attrs == nil {
-					return &guest.Error{Code: guest.CodeBadRequest, Op: op, Message: "setstat without attributes"}
+				if c.Attrs == nil || c.Attrs.Owner != "" {
+					return &guest.Error{Code: guest.CodeBadRequest, Op: op, Message: "setstat without attributes, or with an owner (a path setstat's only)"}
 				}
 				reply, err = struct{}{}, h.setstat(c.Attrs)
 			case guest.HandleSync:

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/tree"
 )
 
 // Path calls an SFTP server needs beyond the file API: attributes, links,
@@ -61,8 +62,9 @@ func (a *Agent) statFollow(p string) (guest.FileInfo, error) {
 	return info(path.Base(r), fi, ""), nil
 }
 
-// symlink makes p a symlink whose content is target.
-func (a *Agent) symlink(target, p string) error {
+// symlink makes p a symlink whose content is target, owner's (nil:
+// root's).
+func (a *Agent) symlink(target, p string, owner *tree.Owner) error {
 	root, r, err := a.open(p)
 	if err != nil {
 		return err
@@ -72,6 +74,11 @@ func (a *Agent) symlink(target, p string) error {
 	}
 	if err := root.Symlink(target, r); err != nil {
 		return escapeErr(err)
+	}
+	if owner != nil {
+		if err := root.Lchown(r, owner.UID, owner.GID); err != nil {
+			return err
+		}
 	}
 	return syncDir(root, parent(r))
 }

@@ -75,7 +75,7 @@ func (w *frameWriter) Flush() error {
 	return err
 }
 
-func (a *Agent) unpack(s *stream, p string) (guest.TreeResult, error) {
+func (a *Agent) unpack(s *stream, p string, owner *tree.Owner) (guest.TreeResult, error) {
 	root, dest, err := a.open(p)
 	if err != nil {
 		return guest.TreeResult{}, err
@@ -88,7 +88,7 @@ func (a *Agent) unpack(s *stream, p string) (guest.TreeResult, error) {
 	// One syncfs per batch: a fsync per file is a flush of the host's
 	// image file per file, 2,000 of them for a tree of 2,000 files.
 	sync := func() error { return unix.Syncfs(int(ws.Fd())) }
-	res, err := tree.Unpack(root, dest, &frameReader{s: s}, tree.Options{Sync: sync})
+	res, err := tree.Unpack(root, dest, &frameReader{s: s}, tree.Options{Sync: sync, Owner: owner})
 	return res, escapeErr(err)
 }
 

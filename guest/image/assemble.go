@@ -259,8 +259,8 @@ func replaces(im, cur Image) bool {
 	switch {
 	case cur.Source == im.Source:
 		return true
-	case cur.Parent != "" || im.Parent != "":
-		return cur.Parent != "" && im.Parent != ""
+	case cur.Committed() || im.Committed():
+		return cur.Committed() && im.Committed()
 	}
 	return cur.SourceDigest != "" && im.SourceDigest != ""
 }

@@ -64,9 +64,10 @@ type Image struct {
 	// Config is what an imported image's config asks of the commands run
 	// in it; nil for built images. A committed image keeps its parent's.
 	Config *Config `json:"config,omitempty"`
-	// Parent is, for an image committed from a session's system disk,
-	// the build below its top layer ("debian@1a2b3c4d"); Label is the
-	// commit's.
+	// Parent is the build below an image's own top layer, for an image
+	// committed from a session's system disk and for a recipe built on an
+	// image ("base = image:NAME"): "debian@1a2b3c4d". An image with
+	// children cannot be removed. Label is a commit's.
 	Parent string `json:"parent,omitempty"`
 	Label  string `json:"label,omitempty"`
 	// ConfigBlob and ManifestBlob are the digests of an imported image's
@@ -76,6 +77,44 @@ type Image struct {
 	// rootfs tarball has no config, a docker archive no OCI manifest).
 	ConfigBlob   string `json:"config_blob,omitempty"`
 	ManifestBlob string `json:"manifest_blob,omitempty"`
+}
+
+// CommittedSource is how a committed image's Source starts: the session's
+// name follows.
+const CommittedSource = "session:"
+
+// Committed reports whether the image was committed from a session.
+func (im Image) Committed() bool { return strings.HasPrefix(im.Source, CommittedSource) }
+
+// Lacks lists what an imported image's record lacks that an import keeps
+// now, for `image ls` to show and for the operations that need it to say
+// "import it again": "blobs" (the blobs it came as, which an export gives
+// back: imports before berth kept them) and "config" (its config's Env,
+// User and WorkingDir: a source that has a config, recorded without
+// one). Nil for an image berth built or committed.
+func (im Image) Lacks() []string {
+	if im.SourceDigest == "" || im.Committed() {
+		return nil
+	}
+	var out []string
+	if slices.ContainsFunc(im.Layers, func(l Layer) bool { return len(l.Blobs) == 0 }) {
+		out = append(out, "blobs")
+	}
+	if im.Config == nil && !strings.HasPrefix(im.Source, "rootfs:") {
+		out = append(out, "config")
+	}
+	return out
+}
+
+// LacksError is the one line an operation that needs what an imported
+// image's record lacks (Lacks) says: what is missing and to import it
+// again.
+func LacksError(name, what, op string) error {
+	why := "the blobs it came as"
+	if what == "config" {
+		why = "its config (Env, User, WorkingDir)"
+	}
+	return fmt.Errorf("image %s was imported by a berth that did not keep %s, which %s needs: import it again (berth image import SOURCE --name %s)", name, why, op, name)
 }
 
 // Config is the part of an OCI image config berth has a place for.
@@ -795,6 +834,8 @@ func (b *builder) onImage(ctx context.Context, r *Recipe, p *plan) (Image, bool,
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "builder %s\nrootfs %s\nkernel %s\nmodules %s\nlayers %s\n", builderVersion, r.Name, k.Package, strings.Join(mods, " "), strings.Join(layerHashes, " "))
+	parent := base.Name + "@" + base.Digest
+	fmt.Fprintf(h, "parent %s\n", parent) // the record names it: a new base build is a new build
 	cfg, _ := json.Marshal(base.Config)
 	h.Write(cfg)
 	h.Write(agent)
@@ -807,7 +848,7 @@ func (b *builder) onImage(ctx context.Context, r *Recipe, p *plan) (Image, bool,
 		return Image{}, false, err
 	}
 	im := Image{Name: r.Name, Digest: digest, KernelVersion: k.Version, Modules: order, Layers: layers,
-		Packages: base.Packages, Installed: base.Installed, Source: sourceOf(r), Config: base.Config}
+		Packages: base.Packages, Installed: base.Installed, Source: sourceOf(r), Config: base.Config, Parent: parent}
 	if p.setup() {
 		below := im
 		below.Kernel, below.Layers = k.Vmlinuz, slices.Clone(layers)

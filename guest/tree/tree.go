@@ -88,6 +88,72 @@ type Options struct {
 	// syncs per batch instead of one per file, and still no file under a
 	// final name before its bytes are on the disk.
 	Sync func() error
+	// Owner, if set, owns the files, directories and symlinks the unpack
+	// creates (in the guest: the session's user). What it replaces keeps
+	// its owner either way.
+	Owner *Owner
+}
+
+// Owner is a uid and gid that new files are given.
+type Owner struct{ UID, GID int }
+
+// MkdirAll makes dir in root with every missing parent, mode 0755, gives
+// each directory it made to owner (nil: left as made) and returns them,
+// outermost first. A directory that exists, or a symlink to one inside
+// root, is left as it is.
+func MkdirAll(root *os.Root, dir string, owner *Owner) ([]string, error) {
+	dir = path.Clean(dir)
+	if dir == "." {
+		return nil, nil
+	}
+	var made []string
+	p := ""
+	for _, part := range strings.Split(dir, "/") {
+		p = path.Join(p, part)
+		err := root.Mkdir(p, 0o755)
+		if err == nil {
+			made = append(made, p)
+			if owner != nil {
+				// Lchown: whatever the name is by now, it is not followed.
+				if err := root.Lchown(p, owner.UID, owner.GID); err != nil {
+					return made, err
+				}
+			}
+			continue
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return made, err
+		}
+		fi, err := root.Stat(p)
+		if err != nil {
+			return made, err
+		}
+		if !fi.IsDir() {
+			return made, &fs.PathError{Op: "mkdir", Path: p, Err: syscall.ENOTDIR}
+		}
+	}
+	return made, nil
+}
+
+// Own gives f, just created by the caller, its owner: old's when f
+// replaces old (nil: nothing was there), else owner's (nil: as made).
+// Keeping old's owner is best effort where the caller may not chown
+// (EPERM: an unprivileged host user writing over another's file).
+func Own(f *os.File, old fs.FileInfo, owner *Owner) error {
+	if old != nil {
+		st, ok := old.Sys().(*syscall.Stat_t)
+		if !ok {
+			return nil
+		}
+		if err := f.Chown(int(st.Uid), int(st.Gid)); err != nil && !errors.Is(err, syscall.EPERM) {
+			return err
+		}
+		return nil
+	}
+	if owner == nil {
+		return nil
+	}
+	return f.Chown(owner.UID, owner.GID)
 }
 
 // Batches of a syncing Unpack: renames wait for at most this much.
@@ -100,6 +166,7 @@ const (
 // file costs one openat of its own name instead of a walk of its path.
 type dirRoots struct {
 	root  *os.Root
+	owner *Owner
 	open  map[string]*os.Root
 	order []string
 }
@@ -108,7 +175,7 @@ func (d *dirRoots) get(dir string) (*os.Root, error) {
 	if r, ok := d.open[dir]; ok {
 		return r, nil
 	}
-	if err := d.root.MkdirAll(dir, 0o755); err != nil {
+	if _, err := MkdirAll(d.root, dir, d.owner); err != nil {
 		return nil, err
 	}
 	r, err := d.root.OpenRoot(dir)
@@ -181,10 +248,10 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 			}
 		}()
 	}
-	if err := root.MkdirAll(dir, 0o755); err != nil {
+	if _, err := MkdirAll(root, dir, o.Owner); err != nil {
 		return res, err
 	}
-	dr := &dirRoots{root: root, open: map[string]*os.Root{}}
+	dr := &dirRoots{root: root, owner: o.Owner, open: map[string]*os.Root{}}
 	defer dr.close()
 	// Files written but not yet renamed into place (syncing mode).
 	type pending struct{ dir, tmp, name string }
@@ -268,12 +335,12 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 				return res, err
 			}
 			if o.Sync == nil {
-				if err := writeFile(d, base, base+suffix, tr, buf, h.Size, mode, h.ModTime, true); err != nil {
+				if err := writeFile(d, base, base+suffix, tr, buf, h.Size, mode, h.ModTime, o.Owner, true); err != nil {
 					return res, fmt.Errorf("unpack %s: %w", rel, err)
 				}
 			} else {
 				tmp := fmt.Sprintf("%s%s-%d", base, suffix, res.Entries)
-				if err := writeFile(d, base, tmp, tr, buf, h.Size, mode, h.ModTime, false); err != nil {
+				if err := writeFile(d, base, tmp, tr, buf, h.Size, mode, h.ModTime, o.Owner, false); err != nil {
 					return res, fmt.Errorf("unpack %s: %w", rel, err)
 				}
 				waiting = append(waiting, pending{pdir, tmp, base})
@@ -297,6 +364,10 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 			}
 			tmp := base + suffix
 			if err := d.Symlink(h.Linkname, tmp); err != nil {
+				return res, err
+			}
+			if err := ownLink(d, tmp, base, o.Owner); err != nil {
+				d.Remove(tmp)
 				return res, err
 			}
 			if err := d.Rename(tmp, base); err != nil {
@@ -353,12 +424,33 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 	return res, syncDir(root, parent(top))
 }
 
+// ownLink gives symlink tmp, about to replace name in d, its owner as Own
+// gives a file its owner.
+func ownLink(d *os.Root, tmp, name string, owner *Owner) error {
+	if old, err := d.Lstat(name); err == nil {
+		if st, ok := old.Sys().(*syscall.Stat_t); ok {
+			if err := d.Lchown(tmp, int(st.Uid), int(st.Gid)); err != nil && !errors.Is(err, syscall.EPERM) {
+				return err
+			}
+		}
+		return nil
+	}
+	if owner == nil {
+		return nil
+	}
+	return d.Lchown(tmp, owner.UID, owner.GID)
+}
+
 // writeFile writes size bytes from r into tmp in directory d, gives it its
-// mode and mtime, and, when durable, syncs it and renames it to name.
-// Otherwise the caller renames it once a batch is synced.
-func writeFile(d *os.Root, name, tmp string, r io.Reader, buf []byte, size int64, mode fs.FileMode, mtime time.Time, durable bool) error {
-	if fi, err := d.Lstat(name); err == nil && fi.IsDir() {
+// owner (Own), mode and mtime, and, when durable, syncs it and renames it
+// to name. Otherwise the caller renames it once a batch is synced.
+func writeFile(d *os.Root, name, tmp string, r io.Reader, buf []byte, size int64, mode fs.FileMode, mtime time.Time, owner *Owner, durable bool) error {
+	old, err := d.Lstat(name)
+	if err == nil && old.IsDir() {
 		return &fs.PathError{Op: "unpack", Path: name, Err: syscall.EISDIR}
+	}
+	if err != nil {
+		old = nil
 	}
 	f, err := d.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -371,6 +463,9 @@ func writeFile(d *os.Root, name, tmp string, r io.Reader, buf []byte, size int64
 			d.Remove(tmp)
 		}
 	}()
+	if err := Own(f, old, owner); err != nil {
+		return err
+	}
 	// A plain writer: *os.File's ReadFrom would copy through its own
 	// 32 KiB buffer, a write per 32 KiB.
 	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, io.LimitReader(r, size), buf); err != nil {

@@ -58,7 +58,7 @@ func (m *Manager) CommitImage(ctx context.Context, req session.CommitRequest) (s
 	if _, err := m.get(req.Session); err != nil {
 		return session.CommitResult{}, unknownSession(req.Session, err)
 	}
-	if cur, err := st.Load(req.Image, ""); err == nil && cur.Parent == "" {
+	if cur, err := st.Load(req.Image, ""); err == nil && !cur.Committed() {
 		return session.CommitResult{}, &session.Error{Class: session.ErrExists, Field: session.FieldNewImage,
 			Msg: fmt.Sprintf("%q exists already, from %s", req.Image, cur.Source), Hint: "remove that image first or choose another name"}
 	}
@@ -173,7 +173,7 @@ func (m *Manager) CommitImage(ctx context.Context, req session.CommitRequest) (s
 	layers = append(layers, image.Layer{Hash: hash})
 	sealed := time.Now()
 	b, _, err := image.Assemble(ctx, image.Options{ImagesDir: st.Dir, CacheDir: st.CacheDir, Agent: st.Agent}, image.Image{
-		Name: req.Image, Source: "session:" + req.Session, Config: parent.Config, Parent: res.Parent, Label: req.Label, Layers: layers,
+		Name: req.Image, Source: image.CommittedSource + req.Session, Config: parent.Config, Parent: res.Parent, Label: req.Label, Layers: layers,
 	})
 	if err != nil {
 		image.DropLayer(st.Dir, hash)

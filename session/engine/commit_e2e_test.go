@@ -100,7 +100,7 @@ hostname; cat /etc/machine-id`)
 
 	e.Subtest(t, "image rm refused while used", func(t *testing.T) {
 		e.Fails(`image "app" is used by fromapp (a session)`, "image", "rm", "app")
-		e.Fails("used by plain, src (sessions) and app (an image committed on it)", "image", "rm", "debian")
+		e.Fails("used by plain, src (sessions) and app (an image built on it)", "image", "rm", "debian")
 	})
 
 	e.Subtest(t, "refusals", func(t *testing.T) {

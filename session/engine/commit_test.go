@@ -26,6 +26,7 @@ func TestCommitImageRefusals(t *testing.T) {
 		deep = append(deep, image.Layer{File: fmt.Sprintf("layer-%d.img", i), UUID: fmt.Sprint("u", i)})
 	}
 	writeBuild(t, m, image.Image{Name: "deep", Digest: "d1", Source: "session:x", Parent: "tools@t1", Layers: deep}, true)
+	writeBuild(t, m, image.Image{Name: "ontools", Digest: "o1", Source: "/recipes/ontools.toml", Parent: "tools@t1", Layers: []image.Layer{{File: "layer-0.img", UUID: "u0"}}}, true)
 	onImage := func(name, img, digest string) *sess {
 		s := m.addRunning(t, name, &stubVM{done: make(chan struct{})})
 		s.mu.Lock()
@@ -60,6 +61,8 @@ func TestCommitImageRefusals(t *testing.T) {
 		{name: "an unknown session", req: session.CommitRequest{Session: "nope", Image: "app"}, class: session.ErrNotFound, field: session.FieldSession, want: `session "nope" does not exist`},
 		{name: "a shipped name", req: session.CommitRequest{Session: "full", Image: "debian"}, class: session.ErrExists, field: session.FieldNewImage, want: "berth's own"},
 		{name: "a recipe's name", req: session.CommitRequest{Session: "full", Image: "tools"}, class: session.ErrExists, field: session.FieldNewImage, want: "exists already, from /recipes/tools.toml"},
+		// A parent makes no commit: a recipe on an image has one too.
+		{name: "a recipe on an image", req: session.CommitRequest{Session: "full", Image: "ontools"}, class: session.ErrExists, field: session.FieldNewImage, want: "exists already, from /recipes/ontools.toml"},
 		{name: "no system disk", req: session.CommitRequest{Session: "tiny", Image: "app"}, class: session.ErrInvalid, code: session.CodeNoSystemDisk, want: "whose root is its initramfs"},
 		{name: "no layer left", req: session.CommitRequest{Session: "deep", Image: "app"}, class: session.ErrInvalid, code: session.CodeLayers, want: fmt.Sprintf("has %d layers, the most a VM stacks", vmm.MaxLayers)},
 		{name: "paused", req: session.CommitRequest{Session: "paused", Image: "app"}, class: session.ErrInvalidState, want: `cannot commit session "paused": it is paused`},
@@ -105,7 +108,8 @@ func TestRoomFor(t *testing.T) {
 	}
 }
 
-// image rm names every session and every image committed on an image,
+// image rm names every session and every image committed or built on an
+// image,
 // with its code; an image's own later builds are no children of it.
 func TestRemoveImageNamesItsUsers(t *testing.T) {
 	m := newImageManager(t)
@@ -115,6 +119,8 @@ func TestRemoveImageNamesItsUsers(t *testing.T) {
 	writeBuild(t, m, image.Image{Name: "app", Digest: "a1", Source: "session:s", Parent: "base@b1", Layers: l}, true)
 	writeBuild(t, m, image.Image{Name: "app", Digest: "a2", Source: "session:t", Parent: "app@a1", Layers: l}, false)
 	writeBuild(t, m, image.Image{Name: "app2", Digest: "c1", Source: "session:s", Parent: "base@b0", Layers: l}, true)
+	// A recipe built on base ("base = image:base") is its child too.
+	writeBuild(t, m, image.Image{Name: "tools", Digest: "r1", Source: "/tools.toml", Parent: "base@b1", Layers: l}, true)
 	s := m.addRunning(t, "user", &stubVM{done: make(chan struct{})})
 	s.mu.Lock()
 	s.rec.Image, s.rec.ImageDigest = "base", "b1"
@@ -122,7 +128,7 @@ func TestRemoveImageNamesItsUsers(t *testing.T) {
 
 	err := m.RemoveImage(ctx, "base")
 	if !errors.Is(err, &session.Error{Class: session.ErrConflict, Code: session.CodeInUse}) ||
-		!strings.Contains(err.Error(), `image "base" is used by user (a session) and app, app2 (images committed on it)`) {
+		!strings.Contains(err.Error(), `image "base" is used by user (a session) and app, app2, tools (images built on it)`) {
 		t.Errorf("RemoveImage(base) = %v", err)
 	}
 	if err := m.RemoveImage(ctx, "app"); err != nil {

@@ -9,7 +9,10 @@ import (
 	"github.com/berthvm/berth/session"
 )
 
-// agentFor returns the agent of a running session, for file calls.
+// agentFor returns the agent of a running session, for file calls: what
+// they create is the session's user's (its image's config User, resolved
+// in the guest as a command's user is), so the user's own commands can
+// change it; what they replace keeps its owner.
 func (m *Manager) agentFor(name string) (*guest.Client, error) {
 	_, c, err := m.sessAgent(name)
 	return c, err
@@ -39,7 +42,10 @@ func (m *Manager) awakeAgent(ctx context.Context, name string, action session.Ac
 	}
 	s.touch()
 	c, err := s.connectedAgent()
-	return s, c, err
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, c.Owned(s.execDefaults().User), nil
 }
 
 func fileInfo(fi guest.FileInfo) session.FileInfo {

@@ -47,6 +47,19 @@ func staticBusybox(t *testing.T) []byte {
 // templates no template is booted: each boot is one the test asked for.
 func newImageEnv(t *testing.T, templates bool, shared ...image.Image) (*env, string) {
 	t.Helper()
+	data := imageDataDir(t, shared...)
+	if !templates {
+		t.Setenv("BERTH_NO_TEMPLATES", "1")
+	}
+	e := newEnvAt(t, data)
+	e.StartDaemon()
+	return e, data
+}
+
+// imageDataDir is a data directory of the test's own sharing the built
+// images named in shared, and mini, but not the layer cache.
+func imageDataDir(t *testing.T, shared ...image.Image) string {
+	t.Helper()
 	data := t.TempDir()
 	images := filepath.Join(data, "images")
 	if err := os.MkdirAll(images, 0o755); err != nil {
@@ -57,12 +70,7 @@ func newImageEnv(t *testing.T, templates bool, shared ...image.Image) (*env, str
 			t.Fatal(err)
 		}
 	}
-	if !templates {
-		t.Setenv("BERTH_NO_TEMPLATES", "1")
-	}
-	e := newEnvAt(t, data)
-	e.StartDaemon()
-	return e, data
+	return data
 }
 
 // needBench skips t outside `make bench`.

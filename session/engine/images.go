@@ -36,6 +36,8 @@ type Image struct {
 	Layers []Layer
 	// Exec is what an imported image's config asks of its commands.
 	Exec execDefaults
+	// Lacks is what the record of an older import lacks (image.Lacks).
+	Lacks []string
 }
 
 // execDefaults are an image's defaults for the commands run in it: the
@@ -45,10 +47,9 @@ type execDefaults struct {
 	Env map[string]string
 	Cwd string // "" for /workspace
 	// User is the config's User as it says it ("": root), which the
-	// agent resolves in the guest; UID and GID are what the import
-	// resolved it to, whom a new workspace is given to.
-	User     string
-	UID, GID int
+	// agent resolves in the guest's passwd: commands run as it, and the
+	// workspace and what the file API creates are its.
+	User string
 }
 
 // imageExecDefaults reads an image config's Env, WorkingDir and User as
@@ -70,7 +71,7 @@ func imageExecDefaults(c *image.Config) execDefaults {
 		d.Env[k] = v
 	}
 	d.Cwd = workspaceDir(c.WorkingDir)
-	d.User, d.UID, d.GID = c.User, c.UID, c.GID
+	d.User = c.User
 	return d
 }
 
@@ -94,7 +95,7 @@ type Layer struct{ Path, UUID string }
 func (im Image) RootFS() bool { return len(im.Layers) > 0 }
 
 func fromBuild(b image.Image) Image {
-	im := Image{Name: b.Name, Digest: b.Digest, Kernel: b.Kernel, Initramfs: b.Initramfs, Exec: imageExecDefaults(b.Config)}
+	im := Image{Name: b.Name, Digest: b.Digest, Kernel: b.Kernel, Initramfs: b.Initramfs, Exec: imageExecDefaults(b.Config), Lacks: b.Lacks()}
 	for _, l := range b.Layers {
 		im.Layers = append(im.Layers, Layer{Path: l.Path, UUID: l.UUID})
 	}
@@ -156,7 +157,7 @@ func (m *Manager) Images(ctx context.Context) ([]session.ImageInfo, error) {
 			Name: b.Name, Digest: b.Digest, Current: !seen[b.Name], RootFS: b.RootFS(), Layers: len(b.Layers),
 			Packages: b.PackageCount(), DiskBytes: b.DiskBytes(), Built: b.Built, BuildTook: b.BuildTook,
 			Source: b.Source, SourceDigest: b.SourceDigest, Config: imageConfig(b.Config), Parent: b.Parent, Label: b.Label,
-			Kernel: b.KernelVersion, Sessions: []string{},
+			Kernel: b.KernelVersion, Sessions: []string{}, Lacks: b.Lacks(),
 		}
 		seen[b.Name] = true
 		for _, u := range users[b.Name] {
@@ -379,6 +380,11 @@ func (m *Manager) ExportImage(ctx context.Context, req session.ExportRequest, op
 			Msg:  fmt.Sprintf("image %s has no root filesystem layers to export: its root is berth's initramfs (the agent and busybox), not a container image", req.Name),
 			Hint: "export an imported image, debian, or one built from a recipe"}
 	}
+	if slices.Contains(b.Lacks(), "blobs") {
+		// Its layers would be written from berth's ext4 layers: a valid
+		// image, but not the one it came as, with other digests.
+		return session.ImageExport{}, &session.Error{Class: session.ErrInvalid, Msg: image.LacksError(req.Name, "blobs", "an export").Error()}
+	}
 	e, err := oci.PlanExport(ctx, oci.ExportOptions{Image: b, ImagesDir: st.Dir, Report: func(p image.Progress) {
 		progress(session.BuildProgress{Phase: p.Phase, Done: p.Done, Total: p.Total, Bytes: p.Bytes, TotalBytes: p.TotalBytes, Line: p.Line})
 	}})
@@ -445,8 +451,8 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	return nil
 }
 
-// removeImageBuilds removes name unless a session or a committed image
-// uses it, holding builds.mu, and returns the digests of the builds it
+// removeImageBuilds removes name unless a session or an image built on it
+// (committed, or a recipe on it) uses it, holding builds.mu, and returns the digests of the builds it
 // removed.
 func (m *Manager) removeImageBuilds(name string) ([]string, error) {
 	m.builds.mu.Lock()
@@ -474,8 +480,9 @@ func (m *Manager) removeImageBuilds(name string) ([]string, error) {
 	return digests, nil
 }
 
-// committedOn lists the images committed on a build of name (other than
-// name's own later builds), by name.
+// committedOn lists the images built on a build of name (committed on it,
+// or recipes on it: their Parent), other than name's own later builds, by
+// name.
 func (m *Manager) committedOn(name string) ([]string, error) {
 	builds, err := m.cfg.Images.Builds()
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -159,5 +161,62 @@ func TestImagesCountInstalledPackages(t *testing.T) {
 				t.Errorf("Images: %s has %d packages, want %d", c.im.Name, list[0].Packages, c.want)
 			}
 		})
+	}
+}
+
+// An image an older berth imported says what its record lacks: image ls
+// lists it, an export (which needs the blobs it came as) and a new
+// session (which needs its config) are refused in one line saying to
+// import it again; an import that has them, a rootfs tarball (which has
+// no config) and berth's own images lack nothing.
+func TestOlderImportsSayToImportAgain(t *testing.T) {
+	m := newImageManager(t)
+	ctx := t.Context()
+	blobs := []image.Blob{{Digest: "sha256:11", DiffID: "sha256:11", Size: 1}}
+	for _, im := range []image.Image{
+		{Name: "noblobs", Digest: "n1", Source: "docker-archive:/a.tar", SourceDigest: "sha256:aa", Config: &image.Config{User: "app"}, Layers: []image.Layer{{File: "layer-0.img", UUID: "u0"}}},
+		{Name: "noconfig", Digest: "c1", Source: "oci-layout:/b", SourceDigest: "sha256:bb", Layers: []image.Layer{{File: "layer-0.img", UUID: "u1", Blobs: blobs}}},
+		{Name: "neither", Digest: "e1", Source: "oci-archive:/c.tar", SourceDigest: "sha256:cc", Layers: []image.Layer{{File: "layer-0.img", UUID: "u2"}}},
+		{Name: "fresh", Digest: "f1", Source: "docker-archive:/d.tar", SourceDigest: "sha256:dd", Config: &image.Config{}, ConfigBlob: "sha256:22", Layers: []image.Layer{{File: "layer-0.img", UUID: "u3", Blobs: blobs}}},
+		{Name: "tarball", Digest: "t1", Source: "rootfs:/e.tar", SourceDigest: "sha256:ee", Layers: []image.Layer{{File: "layer-0.img", UUID: "u4", Blobs: blobs}}},
+		{Name: "recipe", Digest: "r1", Source: "/r.toml", Parent: "fresh@f1", Layers: []image.Layer{{File: "layer-0.img", UUID: "u3"}}},
+		{Name: "committed", Digest: "s1", Source: "session:x", Parent: "noblobs@n1", Config: &image.Config{User: "app"}, Layers: []image.Layer{{File: "layer-0.img", UUID: "u0"}}},
+	} {
+		writeBuild(t, m, im, true)
+	}
+	list, err := m.Images(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lacks := map[string]string{}
+	for _, i := range list {
+		lacks[i.Name] = strings.Join(i.Lacks, ",")
+	}
+	want := map[string]string{"noblobs": "blobs", "noconfig": "config", "neither": "blobs,config", "fresh": "", "tarball": "", "recipe": "", "committed": ""}
+	for name, w := range want {
+		if lacks[name] != w {
+			t.Errorf("image ls: %s lacks %q, want %q", name, lacks[name], w)
+		}
+	}
+	oneLine := func(err error, what string) {
+		t.Helper()
+		if !errors.Is(err, session.ErrInvalid) || !strings.Contains(err.Error(), "did not keep "+what) ||
+			!strings.Contains(err.Error(), "import it again") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("refusal = %v, want ErrInvalid saying on one line that it lacks %s and to import it again", err, what)
+		}
+	}
+	for _, name := range []string{"noblobs", "neither"} {
+		_, err := m.ExportImage(ctx, session.ExportRequest{Name: name}, func(session.ImageExport) (io.Writer, error) {
+			t.Errorf("export of %s opened its output", name)
+			return io.Discard, nil
+		}, nil)
+		oneLine(err, "the blobs it came as")
+	}
+	for _, name := range []string{"noconfig", "neither"} {
+		_, err := m.Create(ctx, session.CreateOptions{Name: "s-" + name, Image: name})
+		oneLine(err, "its config")
+		if _, gerr := m.Get(ctx, "s-"+name); gerr == nil {
+			t.Errorf("a refused create left session s-%s", name)
+		}
 	}
 }

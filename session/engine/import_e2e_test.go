@@ -133,6 +133,12 @@ run = ["echo \"built with $GREETING\" > /etc/berth-recipe"]
 			t.Errorf("the base image's session sees the recipe's layer: %q", out)
 		}
 		e.OK("delete", "s2", "--yes")
+		// The recipe's image records what it was built on, so the base
+		// stays while it does.
+		if p := e.imageInfo("bb-plus").Parent; !strings.HasPrefix(p, "bb@") {
+			t.Errorf("bb-plus's parent is %q, want bb@DIGEST", p)
+		}
+		e.Fails("used by s1 (a session) and bb-plus (an image built on it)", "image", "rm", "bb")
 		e.OK("image", "rm", "bb-plus")
 	})
 	e.Subtest(t, "a second import reuses the layers", func(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path"
 	"runtime"
 	"strconv"
 	"strings"
@@ -123,36 +122,27 @@ func (m *Manager) Create(ctx context.Context, opts session.CreateOptions) (sessi
 // image: the working directory its config names, when under /workspace,
 // is made (they start there), and with a user other than root the
 // workspace and that directory are the user's, so its commands can write
-// where they run.
+// where they run. The user is resolved in the guest, as for commands and
+// the files the file API makes.
 func (s *sess) makeWorkDir(ctx context.Context) error {
 	d := s.execDefaults()
 	mkdir := d.Cwd != "" && d.Cwd != "/workspace"
-	chown := d.User != "" && d.UID != 0
-	if !mkdir && !chown {
+	if !mkdir && d.User == "" {
 		return nil
 	}
 	c, err := s.connectedAgent()
 	if err != nil {
 		return err
 	}
-	if mkdir {
-		if err := c.Mkdir(ctx, d.Cwd, true); err != nil {
-			return fmt.Errorf("make the image's working directory %s: %w", d.Cwd, agentErr(s.name, err))
+	if d.User != "" {
+		if err := c.Setstat(ctx, "/workspace", guest.Attrs{Owner: d.User}); err != nil {
+			return fmt.Errorf("give /workspace to the image's user %s: %w", d.User, agentErr(s.name, err))
 		}
 	}
-	if chown {
-		uid, gid := d.UID, d.GID
-		dirs := []string{"/workspace"}
-		if mkdir {
-			// Mkdir made every missing parent; each becomes the user's.
-			for p := d.Cwd; p != "/workspace"; p = path.Dir(p) {
-				dirs = append(dirs, p)
-			}
-		}
-		for _, p := range dirs {
-			if err := c.Setstat(ctx, p, guest.Attrs{UID: &uid, GID: &gid}); err != nil {
-				return fmt.Errorf("give %s to the image's user %s (%d:%d): %w", p, d.User, uid, gid, agentErr(s.name, err))
-			}
+	if mkdir {
+		// Every directory made on the way is the user's too.
+		if err := c.Owned(d.User).Mkdir(ctx, d.Cwd, true); err != nil {
+			return fmt.Errorf("make the image's working directory %s: %w", d.Cwd, agentErr(s.name, err))
 		}
 	}
 	return nil

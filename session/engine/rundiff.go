@@ -698,7 +698,7 @@ func (m *Manager) revert(ctx context.Context, c *guest.Client, name string, old 
 // putBack makes p what the checkpoint has: a file written durably (a
 // temporary file renamed over it, so a write racing the undo lands
 // before or after it, never in a half-restored file), a directory or a
-// symlink made, and its mode set.
+// symlink made, and its owner and mode set as the checkpoint has them.
 func putBack(ctx context.Context, c *guest.Client, old *ckptSide, p string) error {
 	in, err := old.fs.Lookup(p)
 	if err != nil {
@@ -750,6 +750,12 @@ func putBack(ctx context.Context, c *guest.Client, old *ckptSide, p string) erro
 		return c.Symlink(ctx, target, p)
 	default:
 		return fmt.Errorf("%s is a %v, which berth does not put back: %w", p, in.FileMode().Type(), session.ErrInvalid)
+	}
+	// The owner the checkpoint recorded, then the mode: a chown clears
+	// setuid and setgid bits, so the mode goes second.
+	uid, gid := int(in.UID), int(in.GID)
+	if err := c.Setstat(ctx, p, guest.Attrs{UID: &uid, GID: &gid}); err != nil {
+		return err
 	}
 	mode := uint32(in.FileMode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky))
 	return c.Setstat(ctx, p, guest.Attrs{Mode: &mode})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"syscall"
 	"time"
 
@@ -25,6 +26,9 @@ import (
 func (s *sess) newSystem(ctx context.Context, imageName string, size int64) error {
 	im, err := s.m.resolveImage(ctx, imageName, "")
 	if err != nil {
+		return err
+	}
+	if err := im.forNewSystem(); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -53,6 +57,16 @@ func (s *sess) newSystem(ctx context.Context, imageName string, size int64) erro
 }
 
 func guestUUID() string { return vmm.NewUUID() }
+
+// forNewSystem refuses an image whose record lacks its config (an older
+// import's): its commands would run as root, without its Env, which is
+// not the image. Sessions made on it before keep running.
+func (im Image) forNewSystem() error {
+	if slices.Contains(im.Lacks, "config") {
+		return &session.Error{Class: session.ErrInvalid, Msg: image.LacksError(im.Name, "config", "a new session or replace").Error()}
+	}
+	return nil
+}
 
 // systemAllocated is what the system disk holds on the host's disk.
 func (s *sess) systemAllocated() int64 {
@@ -90,8 +104,11 @@ func (m *Manager) Replace(ctx context.Context, name string, opts session.Replace
 		if newImage == "" {
 			newImage = oldImage
 		}
-		// The new image must exist before anything is stopped.
-		if _, err := m.resolveImage(ctx, newImage, ""); err != nil {
+		// The new image must exist, and be one a system disk can be made
+		// from, before anything is stopped.
+		if im, err := m.resolveImage(ctx, newImage, ""); err != nil {
+			return err
+		} else if err := im.forNewSystem(); err != nil {
 			return err
 		}
 		// Measured before the stop: once the VM is gone only the host's

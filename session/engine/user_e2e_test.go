@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/berthvm/berth/session"
 )
@@ -164,4 +167,94 @@ func userImage(t *testing.T, busybox []byte) []byte {
 		t.Fatal(err)
 	}
 	return b.Bytes()
+}
+
+// TestImportedUserOwnsFileAPIWrites: on an image whose config runs as
+// app, what berth's file API writes is app's, so app's own commands can
+// change it: put, cp into the session, mkdir, MCP write_file, an SFTP
+// upload through berth's SSH server, each with the directories made on
+// the way; a file root had before keeps root as its owner. A run's undo
+// puts back the owners its starting point had. A session that moves onto
+// the image with replace gets /workspace handed to app, as a new one does.
+func TestImportedUserOwnsFileAPIWrites(t *testing.T) {
+	bb := staticBusybox(t)
+	t.Setenv("BERTH_NO_TEMPLATES", "1") // each boot is one the test needs
+	e := newEnvAt(t, imageDataDir(t))
+	se := newSSHEnv(t, e) // starts the daemon, serving SSH
+	if r := e.RunIn(string(userImage(t, bb)), "image", "import", "-", "--name", "app"); r.Code != 0 {
+		t.Fatalf("image import: exit %d: %s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	e.OK("create", "o", "--image", "mini", "--memory", "256M", "--disk", "64M")
+	e.OK("exec", "o", "--", "sh", "-c", "echo before > /workspace/before.txt")
+
+	e.Subtest(t, "replace onto the image gives /workspace to its user", func(t *testing.T) {
+		e.OK("replace", "o", "--image", "app", "--yes")
+		if got := e.out("o", "id -u; stat -c %u:%g /workspace; echo mine > after-replace.txt && stat -c %u after-replace.txt"); got != "1000\n1000:1000\n1000" {
+			t.Errorf("after replace: %q, want commands as app (1000) and /workspace app's, writable by app", got)
+		}
+	})
+
+	local := t.TempDir()
+	os.WriteFile(filepath.Join(local, "f.txt"), []byte("from the host\n"), 0o644)
+	os.MkdirAll(filepath.Join(local, "tree", "sub"), 0o755)
+	os.WriteFile(filepath.Join(local, "tree", "sub", "t.txt"), []byte("tree\n"), 0o644)
+	batch := filepath.Join(local, "sftp.batch")
+	os.WriteFile(batch, []byte("mkdir sdir\nput "+filepath.Join(local, "f.txt")+" sdir/s.txt\nput "+filepath.Join(local, "f.txt")+" rootsftp.txt\n"), 0o644)
+	e.OK("exec", "o", "--user", "root", "--", "sh", "-c", "echo r > rootput.txt && echo r > rootsftp.txt && echo r > rootcp.txt")
+
+	e.OK("put", "o", filepath.Join(local, "f.txt"), "put.txt")
+	e.OK("put", "o", filepath.Join(local, "f.txt"), "rootput.txt")
+	e.OK("cp", filepath.Join(local, "tree"), "o:cpdir/in")
+	os.WriteFile(filepath.Join(local, "rootcp.txt"), []byte("over\n"), 0o644)
+	e.OK("cp", filepath.Join(local, "rootcp.txt"), "o:.")
+	e.OK("mkdir", "o", "made/deeper")
+	if _, errs, code := se.run("sftp", append(se.opts("admin"), "-P", se.port, "-b", batch, "o@127.0.0.1")...); code != 0 {
+		t.Fatalf("sftp: exit %d: %s", code, errs)
+	}
+	e.Subtest(t, "mcp write_file", func(t *testing.T) {
+		client := mcp.NewClient(&mcp.Implementation{Name: "owner-test", Version: "1"}, nil)
+		cs, err := client.Connect(t.Context(), &mcp.CommandTransport{Command: e.Cmd("mcp", "--session", "o")}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		if isErr, msg, _ := callTool(t, cs, "write_file", map[string]any{"path": "mcp.txt", "content": "mcp\n"}); isErr {
+			t.Fatalf("write_file: %s", msg)
+		}
+	})
+	e.Subtest(t, "run undo", func(t *testing.T) {
+		e.OK("exec", "o", "--", "sh", "-c", "mkdir -p ud/sub && echo u > ud/sub/u.txt")
+		// An undo puts back the owner the starting point had: root's file
+		// stays root's, app's app's.
+		e.OK("exec", "o", "--user", "root", "--", "sh", "-c", "echo r > ud/root.txt")
+		id := strings.TrimSpace(e.OK("run", "start", "o", "--keep", "--title", "owner"))
+		e.OK("exec", "--run", id, "o", "--", "rm", "-r", "ud")
+		e.OK("run", "undo", id, "ud", "--yes")
+		e.OK("run", "end", id)
+	})
+
+	owned := []string{"put.txt", "cpdir", "cpdir/in", "cpdir/in/sub", "cpdir/in/sub/t.txt", "made", "made/deeper",
+		"sdir", "sdir/s.txt", "mcp.txt", "ud", "ud/sub", "ud/sub/u.txt"}
+	rootOwned := []string{"rootput.txt", "rootsftp.txt", "rootcp.txt", "ud/root.txt"}
+	var want strings.Builder
+	for _, p := range owned {
+		fmt.Fprintf(&want, "%s 1000:1000\n", p)
+	}
+	for _, p := range rootOwned {
+		fmt.Fprintf(&want, "%s 0:0\n", p)
+	}
+	if got := e.out("o", "stat -c '%n %u:%g' "+strings.Join(append(owned, rootOwned...), " ")); got != strings.TrimSpace(want.String()) {
+		t.Errorf("owners:\n%s\nwant:\n%s", got, want.String())
+	}
+	// app's own commands change what the file API wrote, and write in the
+	// directories it made.
+	script := "set -e; for f in put.txt cpdir/in/sub/t.txt sdir/s.txt mcp.txt ud/sub/u.txt; do echo more >> $f; done; " +
+		"for d in cpdir/in/sub made/deeper sdir ud/sub; do echo new > $d/new.txt; done; echo ok"
+	if r := e.Run("exec", "o", "--", "sh", "-c", script); r.Code != 0 || strings.TrimSpace(r.Stdout) != "ok" {
+		t.Errorf("app appending to the files the file API wrote: exit %d: %s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	if got := e.out("o", "cat put.txt rootput.txt"); got != "from the host\nmore\nfrom the host" {
+		t.Errorf("put.txt and rootput.txt: %q", got)
+	}
+	e.OK("delete", "o", "--yes")
 }

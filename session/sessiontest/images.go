@@ -116,7 +116,7 @@ func (f *Fake) CommitImage(ctx context.Context, req session.CommitRequest) (sess
 }
 
 // RemoveImage removes an image the fake committed, refused as the
-// daemon refuses it while sessions or images committed on it use it;
+// daemon refuses it while sessions or images built on it use it;
 // any other image it does not remove (ErrUnsupported).
 func (f *Fake) RemoveImage(ctx context.Context, name string) error {
 	if err := f.enter(ctx, "RemoveImage"); err != nil {

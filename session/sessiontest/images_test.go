@@ -41,7 +41,7 @@ func TestFakeCommitImage(t *testing.T) {
 		t.Errorf("Images: %s", got)
 	}
 	err = f.RemoveImage(ctx, "app")
-	if !errors.Is(err, &session.Error{Class: session.ErrConflict, Code: session.CodeInUse}) || !strings.Contains(err.Error(), "s2 (a session) and app2 (an image committed on it)") {
+	if !errors.Is(err, &session.Error{Class: session.ErrConflict, Code: session.CodeInUse}) || !strings.Contains(err.Error(), "s2 (a session) and app2 (an image built on it)") {
 		t.Errorf("RemoveImage of a used image: %v", err)
 	}
 	_, err = f.CommitImage(ctx, session.CommitRequest{Session: "s1", Image: "debian"})

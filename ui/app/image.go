@@ -363,7 +363,10 @@ func imageLsCmd() *cli.Command {
 		Help: `Older builds of an image are listed while sessions made with them exist. SOURCE is
 "berth" for images berth ships, the recipe file for recipes, for an imported image
 where it came from and the digest its source gave it, and for a committed image the
-session and the build it was committed on (--json has them whole, with the label).`,
+session and the build it was committed on (--json has them whole, with the label). An
+image imported by an older berth says what its record lacks ("lacks" in --json): without
+its blobs it cannot be exported, without its config no session can be made of it; import
+it again to mend it.`,
 		Example: "berth image ls",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
 			asJSON := fs.Bool("json", false, "print JSON")
@@ -434,6 +437,9 @@ func imageSource(i session.ImageInfo) string {
 	}
 	if i.Parent != "" {
 		src += " on " + i.Parent
+	}
+	if len(i.Lacks) > 0 {
+		src += " (an older import without its " + strings.Join(i.Lacks, " and ") + ": import it again)"
 	}
 	return src
 }

@@ -47,6 +47,8 @@ func TestImageSourceAndConfigNotes(t *testing.T) {
 		{session.ImageInfo{Source: "docker-archive:-", SourceDigest: "sha256:0123456789abcdef0123"}, "docker-archive:- sha256:0123456789ab"},
 		{session.ImageInfo{Source: "oci-layout:/srv/app", SourceDigest: "sha256:short"}, "oci-layout:/srv/app sha256:short"},
 		{session.ImageInfo{Source: "session:dev", Parent: "debian@0123456789abcdef"}, "session:dev on debian@0123456789abcdef"},
+		{session.ImageInfo{Source: "docker-archive:-", SourceDigest: "sha256:short", Lacks: []string{"blobs"}}, "docker-archive:- sha256:short (an older import without its blobs: import it again)"},
+		{session.ImageInfo{Source: "oci-layout:/a", SourceDigest: "sha256:short", Lacks: []string{"blobs", "config"}}, "oci-layout:/a sha256:short (an older import without its blobs and config: import it again)"},
 	} {
 		if got := imageSource(tt.info); got != tt.want {
 			t.Errorf("imageSource(%+v) = %q, want %q", tt.info, got, tt.want)

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berthvm/berth/guest/image"
 )
 
@@ -89,26 +91,63 @@ func (k *blobKeeper) writer() io.Writer {
 	return k.f
 }
 
-// done moves the blob, read whole and checked, into place as digest.
+// done records the blob, read whole and checked, as digest, to be moved
+// into place by settleBlobs once it is on the disk. Its writeback starts
+// now, so that by then it mostly is: the fsync each blob needs is not
+// waited for by the scan of the layers (measured: a fifth of a second
+// of a 300 MB import's seven on this machine), and it overlaps applying
+// them and making their ext4 layers.
 func (k *blobKeeper) done(l *layerRef, digest, diffID string) error {
 	if k == nil {
 		return nil
 	}
 	name := k.f.Name()
+	// A hint: an error only means the fsync in settleBlobs does it all.
+	unix.SyncFileRange(int(k.f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
 	if err := k.f.Close(); err != nil {
 		os.Remove(name)
 		return fmt.Errorf("keep %s: %w", l, err)
 	}
-	p, err := image.KeepBlob(k.r.o.ImagesDir, name, digest)
-	if err != nil {
-		return fmt.Errorf("keep %s: %w", l, err)
-	}
-	b, ok := blobAt(p, digest, diffID)
+	b, ok := blobAt(name, digest, diffID)
 	if !ok {
-		return fmt.Errorf("keep %s: the kept blob is gone", l)
+		os.Remove(name)
+		return fmt.Errorf("keep %s: the blob being kept is gone", l)
 	}
+	k.r.pendingMu.Lock()
+	k.r.pending = append(k.r.pending, pendingBlob{tmp: name, digest: digest})
+	k.r.pendingMu.Unlock()
 	l.blob = b
 	return nil
+}
+
+// pendingBlob is a blob written and checked but not yet in the cache.
+type pendingBlob struct{ tmp, digest string }
+
+// settleBlobs moves the blobs kept so far into the cache, each synced
+// first (KeepBlob): the cache never names a blob that is not on the
+// disk, so neither can the record of an image that links it. Read calls
+// it before it returns the image.
+func (r *reader) settleBlobs() error {
+	r.pendingMu.Lock()
+	defer r.pendingMu.Unlock()
+	for len(r.pending) > 0 {
+		b := r.pending[0]
+		r.pending = r.pending[1:]
+		if _, err := image.KeepBlob(r.o.ImagesDir, b.tmp, b.digest); err != nil {
+			return fmt.Errorf("keep blob %s: %w", b.digest, err)
+		}
+	}
+	return nil
+}
+
+// dropBlobs removes the blobs not settled: a failed import's.
+func (r *reader) dropBlobs() {
+	r.pendingMu.Lock()
+	defer r.pendingMu.Unlock()
+	for _, b := range r.pending {
+		os.Remove(b.tmp)
+	}
+	r.pending = nil
 }
 
 // abort drops a blob not read whole.

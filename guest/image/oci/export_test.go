@@ -86,6 +86,9 @@ func TestExportRoundTrip(t *testing.T) {
 			if n := len(blobDigestsOf(orig)); n != 3 {
 				t.Fatalf("the import kept %d layer blobs, want 3", n)
 			}
+			if left := blobTemps(o.ImagesDir); len(left) > 0 {
+				t.Errorf("the import left blobs being kept: %v", left)
+			}
 			out1, out2 := filepath.Join(dir, "out1.tar"), filepath.Join(dir, "out2.tar")
 			e := exportTo(t, orig, o.ImagesDir, out1)
 			exportTo(t, orig, o.ImagesDir, out2)

@@ -532,6 +532,20 @@ func finalNames(t testing.TB, images string) []string {
 			out = append(out, ".layers/"+e.Name())
 		}
 	}
+	out = append(out, blobTemps(images)...)
 	sort.Strings(out)
+	return out
+}
+
+// blobTemps lists blobs being kept that an import left in the blob
+// cache: none, whether it succeeded or failed.
+func blobTemps(images string) []string {
+	var out []string
+	ents, _ := os.ReadDir(image.BlobCacheDir(images))
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".tmp-") {
+			out = append(out, ".blobs/"+e.Name())
+		}
+	}
 	return out
 }

@@ -210,6 +210,9 @@ type reader struct {
 	work string
 	mu   sync.Mutex // serializes o.Report: layers are verified, and sealed, concurrently
 	v    *view      // the image's tree, as the layers applied so far make it
+
+	pendingMu sync.Mutex    // guards pending: layers are verified concurrently
+	pending   []pendingBlob // kept blobs not yet in the cache (settleBlobs)
 }
 
 func (r *reader) report(p image.Progress) {
@@ -242,6 +245,7 @@ func Read(ctx context.Context, o Options) (_ *Layers, err error) {
 	}
 	defer os.RemoveAll(work)
 	r := &reader{o: o, work: work}
+	defer r.dropBlobs() // none are left once settled
 	o.Report(image.Progress{Phase: "resolve", Line: "reading " + sourceLabel(o.Source)})
 	src, err := openSource(ctx, o.Source, o.Stdin, work, o.MaxSourceBytes, r.free)
 	if err != nil {
@@ -310,6 +314,9 @@ func Read(ctx context.Context, o Options) (_ *Layers, err error) {
 		return nil, err
 	}
 	if err := r.keepBlobs(ctx, p, groups); err != nil {
+		return nil, err
+	}
+	if err := r.settleBlobs(); err != nil {
 		return nil, err
 	}
 	v := r.v
