@@ -171,6 +171,9 @@ type Request struct {
 	// content hashes. All (above) walks each directory named.
 	Paths []string `json:"paths,omitempty"`
 	Sums  bool     `json:"sums,omitempty"`
+	// Limit bounds a change record (OpTrack): the distinct entries it may
+	// hold before it overflows; 0 or past the agent's own bound is that.
+	Limit int `json:"limit,omitempty"`
 	// Port is the guest loopback port a dial connects to.
 	Port int `json:"port,omitempty"`
 	// TCP marks a DNS query that came over TCP: its reply may be longer

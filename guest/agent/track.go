@@ -44,6 +44,7 @@ const (
 type record struct {
 	since    time.Time
 	keys     map[string]struct{} // a directory's handle key, then the entry's name (see parseEvents)
+	limit    int                 // entries it may hold
 	overflow bool
 }
 
@@ -67,8 +68,9 @@ func (a *Agent) trackerFor() *tracker {
 	return a.tr
 }
 
-// track starts record id (a no-op when it exists).
-func (a *Agent) track(id string) error {
+// track starts record id (a no-op when it exists), holding at most limit
+// entries (the tracker's bound when 0 or more).
+func (a *Agent) track(id string, limit int) error {
 	if id == "" || len(id) > 64 {
 		return &guest.Error{Code: guest.CodeBadRequest, Op: guest.OpTrack, Message: "tracker id must be 1 to 64 bytes"}
 	}
@@ -93,7 +95,10 @@ func (a *Agent) track(id string) error {
 		delete(t.records, t.order[0])
 		t.order = t.order[1:]
 	}
-	t.records[id] = &record{since: time.Now(), keys: map[string]struct{}{}}
+	if limit <= 0 || limit > t.limit {
+		limit = t.limit
+	}
+	t.records[id] = &record{since: time.Now(), keys: map[string]struct{}{}, limit: limit}
 	t.order = append(t.order, id)
 	return nil
 }
@@ -146,7 +151,7 @@ func (t *tracker) read(f *os.File, done chan struct{}) {
 					break
 				}
 				r.keys[k] = struct{}{}
-				if len(r.keys) > t.limit {
+				if len(r.keys) > r.limit {
 					r.drop()
 				}
 			}

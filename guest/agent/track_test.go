@@ -27,7 +27,7 @@ func TestTrackChanges(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "mode"), []byte("x"), 0o644)
 	_, c := connect(t, dir)
 	ctx := context.Background()
-	if err := c.Track(ctx, "r1"); err != nil {
+	if err := c.Track(ctx, "r1", 0); err != nil {
 		if errors.Is(err, unix.EPERM) || os.Geteuid() != 0 {
 			t.Skipf("fanotify needs CAP_SYS_ADMIN: %v", err)
 		}
@@ -77,7 +77,7 @@ func TestTrackOverflow(t *testing.T) {
 	a, c := connect(t, dir)
 	a.trackerFor().limit = 5
 	ctx := context.Background()
-	if err := c.Track(ctx, "r1"); err != nil {
+	if err := c.Track(ctx, "r1", 0); err != nil {
 		if os.Geteuid() != 0 {
 			t.Skipf("fanotify needs CAP_SYS_ADMIN: %v", err)
 		}

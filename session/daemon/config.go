@@ -37,6 +37,8 @@ type File struct {
 	// Checkpoints per session: how many, and their size on disk together.
 	CheckpointLimit int    `toml:"checkpoint_limit"`
 	CheckpointBytes string `toml:"checkpoint_bytes"`
+	// RunRecordLimit bounds the guest's record of a run's changed paths.
+	RunRecordLimit int `toml:"run_record_limit"`
 	Net             string `toml:"net"`
 	NetMaxConns     int    `toml:"net_max_conns"`
 }
@@ -59,6 +61,9 @@ type Config struct {
 	// CheckpointLimit and CheckpointBytes bound each session's checkpoints.
 	CheckpointLimit int
 	CheckpointBytes int64
+	// RunRecordLimit bounds the guest's record of a run's changed paths
+	// (0: the agent's bound).
+	RunRecordLimit int
 	// Net is the network policy of new sessions; NetMaxConns bounds one
 	// session's open egress connections.
 	Net         string
@@ -174,6 +179,10 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		c.IdleTimeout = session.DefaultIdleTimeout
 	}
 	c.RunCheckpoint = f.RunCheckpoint == nil || *f.RunCheckpoint
+	if f.RunRecordLimit < 0 || f.RunRecordLimit > 100_000 {
+		return c, fmt.Errorf("%s: run_record_limit = %d: use 1 to 100000 (0 or unset: 100000)", path, f.RunRecordLimit)
+	}
+	c.RunRecordLimit = f.RunRecordLimit
 	c.RunTimeout = engine.DefaultRunTimeout
 	if f.RunTimeout != "" {
 		if c.RunTimeout, err = time.ParseDuration(f.RunTimeout); err != nil || c.RunTimeout < time.Second {
