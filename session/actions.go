@@ -35,10 +35,10 @@ const (
 	ActionSetattr    Action = "setattr"
 	ActionLink       Action = "link"
 	// Agent runs and schedules.
-	ActionRun      Action = "run"
+	ActionRun Action = "run"
 	// ActionRemoveRun removes a run's record and its starting point.
 	ActionRemoveRun Action = "remove-run"
-	ActionSchedule Action = "schedule"
+	ActionSchedule  Action = "schedule"
 	// Checkpoints.
 	ActionCheckpoint       Action = "checkpoint"
 	ActionDeleteCheckpoint Action = "delete-checkpoint"

@@ -229,7 +229,9 @@ func TestRunsDiffUndo(t *testing.T) {
 		}
 		h.typeText("alpha")
 		h.press("enter")
-		h.waitFor("undone", func() bool { return strings.HasPrefix(h.flash(), "undid run") && strings.Contains(h.flash(), "notes.txt: 0 put back, 1 removed") })
+		h.waitFor("undone", func() bool {
+			return strings.HasPrefix(h.flash(), "undid run") && strings.Contains(h.flash(), "notes.txt: 0 put back, 1 removed")
+		})
 		h.waitFor("the diff without notes.txt", func() bool {
 			s := h.screen()
 			return strings.Contains(s, "2 files changed") && !strings.Contains(s, " A notes.txt")

@@ -38,9 +38,9 @@ type File struct {
 	CheckpointLimit int    `toml:"checkpoint_limit"`
 	CheckpointBytes string `toml:"checkpoint_bytes"`
 	// RunRecordLimit bounds the guest's record of a run's changed paths.
-	RunRecordLimit int `toml:"run_record_limit"`
-	Net             string `toml:"net"`
-	NetMaxConns     int    `toml:"net_max_conns"`
+	RunRecordLimit int    `toml:"run_record_limit"`
+	Net            string `toml:"net"`
+	NetMaxConns    int    `toml:"net_max_conns"`
 }
 
 // Config is the parsed configuration. Sizes are read by session.ParseSize
