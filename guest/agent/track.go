@@ -33,7 +33,7 @@ import (
 // run), at most maxTrackers, all fed by one fanotify group.
 
 const (
-	maxRecord   = 100_000
+	maxRecord   = guest.MaxTrackRecord
 	maxTrackers = 16
 	// trackMask: creation, removal, renames, writes and attribute
 	// changes, of directories too.

@@ -179,8 +179,8 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		c.IdleTimeout = session.DefaultIdleTimeout
 	}
 	c.RunCheckpoint = f.RunCheckpoint == nil || *f.RunCheckpoint
-	if f.RunRecordLimit < 0 || f.RunRecordLimit > 100_000 {
-		return c, fmt.Errorf("%s: run_record_limit = %d: use 1 to 100000 (0 or unset: 100000)", path, f.RunRecordLimit)
+	if f.RunRecordLimit < 0 || f.RunRecordLimit > engine.DefaultRunRecordLimit {
+		return c, fmt.Errorf("%s: run_record_limit = %d: use 1 to %d (0 or unset: the most)", path, f.RunRecordLimit, engine.DefaultRunRecordLimit)
 	}
 	c.RunRecordLimit = f.RunRecordLimit
 	c.RunTimeout = engine.DefaultRunTimeout

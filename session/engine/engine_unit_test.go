@@ -52,6 +52,7 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		RunCkpt     bool   `toml:"run_checkpoint"`
 		CkptLimit   int    `toml:"checkpoint_limit"`
 		CkptBytes   string `toml:"checkpoint_bytes"`
+		RecLimit    int    `toml:"run_record_limit"`
 		Net         string `toml:"net"`
 		NetMaxConns int    `toml:"net_max_conns"`
 	}
@@ -103,6 +104,7 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		doc, code any
 	}{
 		{"checkpoint_limit", f.CkptLimit, session.DefaultCheckpointLimit},
+		{"run_record_limit", f.RecLimit, DefaultRunRecordLimit},
 		{"checkpoint_bytes", ckptBytes, int64(session.DefaultCheckpointBytes)},
 		{"image", f.Image, session.DefaultImage},
 		{"cpus", f.CPUs, session.DefaultCPUs},
