@@ -1,8 +1,10 @@
 // Package runs is the Runs tab: a session's agent runs, newest first, each
 // with its executions under it and, for a run that kept its starting
 // point, what it changed; enter on an execution opens its output, d on a
-// run its diff (added lines green, removed red). The tab is shown once the
-// session has a run.
+// run its diff: the files changed on the left (A/M/D/R), the selected
+// one's diff beside it (added lines green, removed red), u to undo that
+// file and U the whole run (the root asks the typed confirmation). The
+// tab is shown once the session has a run.
 package runs
 
 import (
