@@ -49,8 +49,12 @@ type record struct {
 }
 
 type tracker struct {
-	mu      sync.Mutex
-	f       *os.File // the fanotify group, nil while none is wanted
+	mu sync.Mutex
+	f  *os.File // the fanotify group, nil while none is wanted
+	// dfd is a duplicate of f's descriptor that drain reads without
+	// blocking: reading f itself would wait for the reader, which holds
+	// f's read lock while it waits for events. -1 while f is nil.
+	dfd     int
 	mount   *os.File // the workspace's root, for open_by_handle_at
 	dir     string   // the workspace's path, which resolved paths start with
 	records map[string]*record
@@ -63,7 +67,7 @@ func (a *Agent) trackerFor() *tracker {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.tr == nil {
-		a.tr = &tracker{records: map[string]*record{}, limit: maxRecord}
+		a.tr = &tracker{records: map[string]*record{}, limit: maxRecord, dfd: -1}
 	}
 	return a.tr
 }
@@ -117,6 +121,14 @@ func (t *tracker) startLocked(dir string) error {
 		unix.Close(fd)
 		return err
 	}
+	dfd, err := unix.Dup(fd)
+	if err != nil {
+		unix.Close(fd)
+		mount.Close()
+		return fmt.Errorf("dup the fanotify descriptor: %w", err)
+	}
+	unix.CloseOnExec(dfd)
+	t.dfd = dfd
 	// Non-blocking, so the runtime's poller waits for events and a Close
 	// ends the reader.
 	t.f, t.mount, t.dir, t.done = os.NewFile(uintptr(fd), "fanotify"), mount, filepath.Clean(dir), make(chan struct{})
@@ -156,9 +168,13 @@ func (t *tracker) read(f *os.File, done chan struct{}) {
 
 // feed adds a buffer of events to every record.
 func (t *tracker) feed(b []byte) {
-	evs, overflow := parseEvents(b)
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.feedLocked(b)
+}
+
+func (t *tracker) feedLocked(b []byte) {
+	evs, overflow := parseEvents(b)
 	for _, r := range t.records {
 		if overflow {
 			r.drop()
@@ -178,27 +194,21 @@ func (t *tracker) feed(b []byte) {
 
 // drain reads what the kernel has queued into the records now, so a
 // record read next holds every change made before it was asked for.
+// It holds t.mu throughout, so untrack cannot close dfd under it.
 func (t *tracker) drain() {
 	t.mu.Lock()
-	f := t.f
-	t.mu.Unlock()
-	if f == nil {
+	defer t.mu.Unlock()
+	if t.dfd < 0 {
 		return
 	}
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return // closed: nothing is recorded any more
-	}
 	buf := make([]byte, 64<<10)
-	rc.Read(func(fd uintptr) bool {
-		for {
-			n, err := unix.Read(int(fd), buf)
-			if n <= 0 || err != nil {
-				return true // EAGAIN: empty; do not wait for more
-			}
-			t.feed(buf[:n])
+	for {
+		n, err := unix.Read(t.dfd, buf)
+		if n <= 0 || err != nil {
+			return // EAGAIN: nothing more is queued (the descriptor does not block)
 		}
-	})
+		t.feedLocked(buf[:n])
+	}
 }
 
 func (r *record) drop() {
@@ -222,6 +232,8 @@ func (a *Agent) untrack(id string) {
 	if len(t.records) == 0 && t.f != nil {
 		f, mount, done = t.f, t.mount, t.done
 		t.f, t.mount = nil, nil
+		unix.Close(t.dfd)
+		t.dfd = -1
 	}
 	t.mu.Unlock()
 	if f != nil {

@@ -223,3 +223,33 @@ func TestTrackDrained(t *testing.T) {
 		}
 	}
 }
+
+// TestTrackIdleRead: a record is read while the reader waits for events
+// that do not come (it holds its descriptor's read lock then): the read
+// must not wait for it. The record is of a tmpfs of its own, so nothing
+// else on the machine writes there and wakes the reader.
+func TestTrackIdleRead(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Skipf("a quiet filesystem needs mounting a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	_, c := connect(t, dir)
+	ctx := context.Background()
+	if err := c.Track(ctx, "r1", 0); err != nil {
+		if errors.Is(err, unix.EPERM) || os.Geteuid() != 0 {
+			t.Skipf("fanotify needs CAP_SYS_ADMIN: %v", err)
+		}
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644)
+	time.Sleep(3 * readPause) // the reader has read it and waits again
+	for range 3 {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, paths, err := c.Changes(cctx, "r1")
+		cancel()
+		if err != nil || !st.Known || !slices.Contains(paths, "f") {
+			t.Fatalf("Changes while the reader is idle: %+v %q, %v", st, paths, err)
+		}
+	}
+}
