@@ -62,7 +62,7 @@ type Config struct {
 	CheckpointLimit int
 	CheckpointBytes int64
 	// RunRecordLimit bounds the guest's record of a run's changed paths
-	// (0: the agent's bound).
+	// (the agent's bound when the file says 0 or nothing).
 	RunRecordLimit int
 	// Net is the network policy of new sessions; NetMaxConns bounds one
 	// session's open egress connections.
@@ -183,6 +183,9 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		return c, fmt.Errorf("%s: run_record_limit = %d: use 1 to %d (0 or unset: the most)", path, f.RunRecordLimit, engine.DefaultRunRecordLimit)
 	}
 	c.RunRecordLimit = f.RunRecordLimit
+	if c.RunRecordLimit == 0 {
+		c.RunRecordLimit = engine.DefaultRunRecordLimit
+	}
 	c.RunTimeout = engine.DefaultRunTimeout
 	if f.RunTimeout != "" {
 		if c.RunTimeout, err = time.ParseDuration(f.RunTimeout); err != nil || c.RunTimeout < time.Second {

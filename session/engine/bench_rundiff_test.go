@@ -2,11 +2,11 @@ package engine_test
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berthvm/berth/vmm/vmmtest"
 )
 
 // TestBenchRunDiffGit prints issue 29's run diff figure: run diff --stat
@@ -14,12 +14,9 @@ import (
 // status of the same tree in the guest (the debian image has git), each
 // a berth call, measured in the same run. Target ≤ 1×.
 func TestBenchRunDiffGit(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
-	e := newDebianEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"512M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.StartDaemon()
+	needBench(t)
+	vmmtest.Debian(t)
+	e := newBenchEnv(t, "memory = \"512M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\n")
 	e.OK("create", "g", "--image", "debian")
 	// 200 directories of 100 files, committed: one python process (a
 	// shell loop would fork 20,000 times under TCG).
@@ -65,12 +62,8 @@ for d in range(100):
 // (so the agent records), against the same untar with no run open (no
 // record), alternating, in the same run. Target ≤ 1.1×.
 func TestBenchRunTrack(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\ncheckpoint_limit = 100\n"), 0o644)
-	e.StartDaemon()
+	needBench(t)
+	e := newBenchEnv(t, "memory = \"256M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\ncheckpoint_limit = 100\n")
 	e.OK("create", "b")
 	// 100 directories of 100 files; echo is the shell's own, so no fork
 	// per file.

@@ -95,11 +95,13 @@ func (m *Manager) runningOf(name, runID string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("run %s's commands: %w", runID, err)
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	live := map[string]bool{}
+	for _, x := range m.recording() {
+		live[x] = true
+	}
 	n := 0
 	for _, x := range ids {
-		if _, ok := m.runs[x]; ok {
+		if live[x] {
 			n++
 		}
 	}
