@@ -783,9 +783,11 @@ func (c *Client) Scan(ctx context.Context, paths []string, walk, sums bool) ([]S
 	return out, err
 }
 
-// Track starts recording which paths change under /workspace, as id.
-func (c *Client) Track(ctx context.Context, id string) error {
-	return c.do(ctx, &Request{Op: OpTrack, ID: id}, nil)
+// Track starts recording which paths change under /workspace, as id,
+// holding at most limit entries (0: the agent's bound) before it
+// overflows.
+func (c *Client) Track(ctx context.Context, id string, limit int) error {
+	return c.do(ctx, &Request{Op: OpTrack, ID: id, Limit: limit}, nil)
 }
 
 // Untrack drops record id.

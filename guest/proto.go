@@ -175,6 +175,9 @@ type Request struct {
 	// content hashes. All (above) walks each directory named.
 	Paths []string `json:"paths,omitempty"`
 	Sums  bool     `json:"sums,omitempty"`
+	// Limit bounds a change record (OpTrack): the distinct entries it may
+	// hold before it overflows; 0 or past MaxTrackRecord is that.
+	Limit int `json:"limit,omitempty"`
 	// Port is the guest loopback port a dial connects to.
 	Port int `json:"port,omitempty"`
 	// TCP marks a DNS query that came over TCP: its reply may be longer
@@ -190,6 +193,10 @@ type MountSpec struct {
 	Hostname  string `json:"hostname,omitempty"`
 	MachineID string `json:"machine_id,omitempty"`
 }
+
+// MaxTrackRecord is the most distinct entries a change record holds
+// (OpTrack) before it overflows, and the bound of one that names none.
+const MaxTrackRecord = 100_000
 
 // Ops.
 const (

@@ -35,8 +35,10 @@ const (
 	ActionSetattr    Action = "setattr"
 	ActionLink       Action = "link"
 	// Agent runs and schedules.
-	ActionRun      Action = "run"
-	ActionSchedule Action = "schedule"
+	ActionRun Action = "run"
+	// ActionRemoveRun removes a run's record and its starting point.
+	ActionRemoveRun Action = "remove-run"
+	ActionSchedule  Action = "schedule"
 	// Checkpoints.
 	ActionCheckpoint       Action = "checkpoint"
 	ActionDeleteCheckpoint Action = "delete-checkpoint"
@@ -144,6 +146,9 @@ var verbs = []Verb{
 	{Action: ActionSetattr, Role: Operator, Mutates: true, What: "change file attributes"},
 	{Action: ActionLink, Role: Operator, Mutates: true, What: "create links"},
 	{Action: ActionRun, Role: Operator, Mutates: true, What: "start or end agent runs"},
+	// Removing a run removes its starting point, a checkpoint: a
+	// checkpoint's removal's role. The host's copies go in any state.
+	{Action: ActionRemoveRun, Role: Admin, Mutates: true, What: "remove runs"},
 	{Action: ActionSchedule, Role: Operator, Mutates: true, What: "add or remove schedules"},
 	// a paused VM cannot flush and freeze its disks; a stopped or
 	// crashed one has disks nothing writes to.

@@ -74,6 +74,22 @@ type RunOptions struct {
 	System bool `json:"system,omitempty"`
 }
 
+// RemovedRun reports a run's removal.
+type RemovedRun struct {
+	Run string `json:"run"`
+	// Checkpoint is the starting point removed with it, "" if it kept
+	// none or it was gone already.
+	Checkpoint string `json:"checkpoint,omitempty"`
+	Freed      int64  `json:"freed,omitempty"` // bytes, of the checkpoint
+}
+
+// RunRunning is the refusal of a run's removal while n of its commands
+// run.
+func RunRunning(runID string, n int) error {
+	return &Error{Class: ErrInvalidState, Field: FieldRun, Msg: fmt.Sprintf("%q has %d running %s: its record is theirs too", runID, n, plural(n, "command", "commands")),
+		Hint: "wait for them to end, or cancel them"}
+}
+
 // KeepRun is a RunOptions.Keep value.
 func KeepRun(v bool) *bool { return &v }
 
@@ -145,6 +161,11 @@ type Harness interface {
 	Runs(ctx context.Context, name string) ([]Run, error)
 	// GetRun returns one run with its executions' ids.
 	GetRun(ctx context.Context, runID string) (Run, error)
+	// RemoveRun removes a run's record and its starting point's
+	// checkpoint (its executions stay, with the session). Refused while
+	// commands of the run are running; an open run with none is ended
+	// first.
+	RemoveRun(ctx context.Context, runID string) (RemovedRun, error)
 
 	AddSchedule(ctx context.Context, name string, req ScheduleRequest) (Schedule, error)
 	Schedules(ctx context.Context, name string) ([]Schedule, error)

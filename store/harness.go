@@ -247,6 +247,43 @@ func (s *Store) ListSchedules(session string) ([]Schedule, error) {
 	return out, nil
 }
 
+// DeleteRun removes a run's record and its list of execs (the execs'
+// own records stay: they are the session's); ErrNotFound when there is
+// none.
+func (s *Store) DeleteRun(session, id string) error {
+	if err := checkName("session", session); err != nil {
+		return err
+	}
+	if err := checkName("run", id); err != nil {
+		return err
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.closeMu.RUnlock()
+	mu := s.stripe(session)
+	mu.Lock()
+	defer mu.Unlock()
+	err := s.update(func(txn *badger.Txn) error {
+		if _, err := txn.Get(runKey(session, id)); err != nil {
+			return err
+		}
+		for _, x := range keySuffixes(txn, prefix(ownerRun, session, id)) {
+			if err := txn.Delete(runExecKey(session, id, x)); err != nil {
+				return err
+			}
+		}
+		return txn.Delete(runKey(session, id))
+	})
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return fmt.Errorf("run %q of session %q: %w", id, session, ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("delete run %q: %w", id, err)
+	}
+	return s.db.Sync()
+}
+
 // DeleteSchedule removes a schedule; ErrNotFound when there is none.
 func (s *Store) DeleteSchedule(session, id string) error {
 	if err := checkName("session", session); err != nil {

@@ -52,6 +52,19 @@ func TestRunsAndSchedules(t *testing.T) {
 	if _, err := s.GetRun("s", "r9"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("GetRun missing: %v", err)
 	}
+	// A run removed goes with its list of execs; the other stays.
+	if err := s.DeleteRun("s", "r1"); err != nil {
+		t.Fatalf("DeleteRun: %v", err)
+	}
+	if err := s.DeleteRun("s", "r1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("DeleteRun twice: %v, want ErrNotFound", err)
+	}
+	if xs, err := s.RunExecs("s", "r1"); err != nil || len(xs) != 0 {
+		t.Errorf("RunExecs of a removed run = %v, %v", xs, err)
+	}
+	if runs, err := s.ListRuns("s"); err != nil || len(runs) != 1 || runs[0].ID != "r2" {
+		t.Errorf("ListRuns after DeleteRun = %+v, %v; want r2", runs, err)
+	}
 	scs, err := s.ListSchedules("s")
 	if err != nil || len(scs) != 1 || scs[0].Spec != "@every 2s" {
 		t.Fatalf("ListSchedules = %+v, %v", scs, err)

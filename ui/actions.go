@@ -150,6 +150,9 @@ type call struct {
 	s    session.Session
 	e    session.Execution
 	ck   session.Checkpoint // restore's, found by vetRestore
+	// undo's: the run, and the paths to put back (none: all of it).
+	run   session.Run
+	paths []string
 }
 
 func bind(k, help string) key.Binding {
@@ -186,6 +189,10 @@ func actionTable() []action {
 		{key: bind("c", "checkpoint (disks, or memory too)"), verbs: []string{"checkpoint"}, args: "[--memory] [LABEL]", act: session.ActionCheckpoint, target: onSession, run: (*Model).checkpoint},
 		{key: bind("u", "restore latest checkpoint"), verbs: []string{"restore"}, args: "[ID]", target: onSession,
 			confirm: confirmName, prompt: restorePrompt, act: session.ActionRestore, vet: vetRestore, run: (*Model).restore},
+		// undo has no key of its own here: the Runs tab's diff view
+		// asks for it (u, U) with the run and file it shows.
+		{verbs: []string{"undo"}, args: "RUN [PATH…]", target: onSession,
+			confirm: confirmName, prompt: undoPrompt, act: session.ActionUndo, vet: vetUndo, run: (*Model).undoRun},
 		{key: bind("F", "fork into a new session"), verbs: []string{"fork"}, args: "NEW", act: session.ActionFork, target: onSession, run: (*Model).fork},
 		{key: bind("d", "delete session"), verbs: []string{"delete"}, target: onSession,
 			confirm: confirmName, prompt: deletePrompt, act: session.ActionDelete, run: (*Model).delete},

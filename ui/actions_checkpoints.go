@@ -149,3 +149,86 @@ func (m *Model) forkSession(src, name string) tea.Cmd {
 		return fmt.Sprintf("forked %s into %s in %s (%s held %s)", src, name, r.Took.Round(time.Millisecond), src, r.Frozen.Round(time.Millisecond)), createdMsg{r.Session}, nil
 	})
 }
+
+// undoRequest is the Runs tab's request to undo a run (u, U in its diff
+// view): the table's undo action, on the run's session.
+func (m *Model) undoRequest(msg common.UndoRunMsg) tea.Cmd {
+	a := m.verb("undo")
+	if a.mutates() && m.c.ReadOnly {
+		return m.refuse("undo")
+	}
+	s, ok := m.sessions.Get(msg.Session)
+	if !ok {
+		return m.setFlash(common.FlashError, "no session "+msg.Session)
+	}
+	return m.proceed(call{a: a, s: s, run: session.Run{ID: msg.Run}, paths: msg.Paths})
+}
+
+// vetUndo finds the run an undo names (the command line's RUN, then its
+// paths) and checks, before the confirmation, that it is the session's
+// and kept its starting point.
+func vetUndo(ctx context.Context, svc session.Service, c call) (call, error) {
+	if c.line {
+		f := strings.Fields(c.tail)
+		if len(f) == 0 {
+			return c, session.Invalid(session.FieldRun, "missing: :undo NAME RUN [PATH…]", "the Runs tab lists the session's runs")
+		}
+		c.run.ID, c.paths = f[0], f[1:]
+	}
+	r, err := svc.GetRun(ctx, c.run.ID)
+	if err != nil {
+		return c, err
+	}
+	if r.Session != c.s.Name {
+		return c, fmt.Errorf("run %s is not %s's (it is %s's)", r.ID, c.s.Name, r.Session)
+	}
+	if r.Checkpoint == "" {
+		return c, session.NoStartingPoint(r.ID, "")
+	}
+	for _, p := range c.paths {
+		if _, err := session.CleanDiffPath(p); err != nil {
+			return c, err
+		}
+	}
+	c.run = r
+	return c, nil
+}
+
+func undoPrompt(m *Model, c call) (string, []string) {
+	r := c.run
+	what := "run " + r.ID
+	if r.Title != "" {
+		what += " («" + common.SanitizeLine(r.Title) + "»)"
+	}
+	if len(c.paths) == 0 {
+		body := []string{
+			"Undo stops the VM of " + c.s.Name + " and puts /workspace back as it was when " + what + " started (checkpoint " + r.Checkpoint + ").",
+			"Its current disks are kept first as an automatic checkpoint, so this can be undone.",
+		}
+		return "Undo all of run " + r.ID + "?", body
+	}
+	names := make([]string, len(c.paths))
+	for i, p := range c.paths {
+		names[i] = common.SanitizeLine(p)
+	}
+	body := []string{
+		"Puts " + strings.Join(names, " and ") + " back as " + what + " found it (checkpoint " + r.Checkpoint + "); what the run created there is removed.",
+		"What is there now is not kept: the rest of /workspace is left as it is.",
+	}
+	return "Undo " + strings.Join(names, ", ") + "?", body
+}
+
+func (m *Model) undoRun(c call) tea.Cmd {
+	svc, name, id, paths := m.c.Svc, c.s.Name, c.run.ID, c.paths
+	return m.runOp("undoing run "+id, func(ctx context.Context) (string, tea.Msg, error) {
+		r, err := svc.UndoRun(ctx, id, paths)
+		if err != nil {
+			return "", nil, err
+		}
+		done := common.RunUndoneMsg{Run: id}
+		if r.Whole && r.Restore != nil {
+			return fmt.Sprintf("undid run %s: %s is back at %s; the state before is %s", id, name, r.Checkpoint, r.Restore.Auto.ID), done, nil
+		}
+		return fmt.Sprintf("undid run %s for %s: %d put back, %d removed", id, strings.Join(paths, ", "), len(r.Restored), len(r.Removed)), done, nil
+	})
+}

@@ -45,4 +45,29 @@ func TestTUIRunsEndToEnd(t *testing.T) {
 	e.OK("run", "end", id, "--status", "failed")
 	e.typeText("5")
 	e.waitUntil(t, "the run shown ended", 10*time.Second, func(s string) bool { return strings.Contains(s, "failed") })
+
+	// A run that keeps its start: d lists its files beside the selected
+	// one's diff; u puts the selected file back once the name is typed.
+	e.OK("exec", name, "--", "sh", "-c", "echo before > kept.txt")
+	kid := strings.TrimSpace(e.OK("run", "start", name, "--title", "keep task", "--keep"))
+	e.OK("exec", "--run", kid, name, "--", "sh", "-c", "echo after > kept.txt && echo new > made.txt")
+	e.waitFor(t, "keep task", 10*time.Second)
+	e.typeText("g") // the newest run is on top
+	e.typeText("d")
+	e.waitUntil(t, "the file list and the first file's diff", 30*time.Second, func(s string) bool {
+		return strings.Contains(s, "2 files changed") && strings.Contains(s, " M kept.txt") && strings.Contains(s, " A made.txt") &&
+			strings.Contains(s, "-before") && strings.Contains(s, "+after") && !strings.Contains(s, "+new")
+	})
+	e.typeText("j")
+	e.waitUntil(t, "made.txt's diff", uiWait, func(s string) bool { return strings.Contains(s, "+new") && !strings.Contains(s, "+after") })
+	e.typeText("u")
+	e.waitFor(t, "Undo made.txt?", 10*time.Second)
+	e.typeText(name)
+	e.keys("Enter")
+	e.waitUntil(t, "the undo done and the diff reloaded", 30*time.Second, func(s string) bool {
+		return strings.Contains(s, "1 removed") && strings.Contains(s, "1 file changed") && !strings.Contains(s, " A made.txt")
+	})
+	if got := e.OK("exec", name, "--", "sh", "-c", "test ! -e made.txt && cat kept.txt"); got != "after\n" {
+		t.Errorf("after undoing made.txt: %q, want it gone and kept.txt as the run left it", got)
+	}
 }

@@ -354,6 +354,8 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, m.openDetail(msg.Name)
 	case common.OpenOutputMsg:
 		return m, m.openOutput(msg)
+	case common.UndoRunMsg:
+		return m, m.undoRequest(msg)
 	case common.FlashMsg:
 		return m, m.setFlash(msg.Kind, msg.Text)
 	case opDoneMsg:

@@ -406,7 +406,7 @@ func (a *Agent) dispatch(ctx context.Context, s *stream, req *guest.Request) (an
 	case guest.OpScan:
 		return nil, a.scan(s, req)
 	case guest.OpTrack:
-		return struct{}{}, a.track(req.ID)
+		return struct{}{}, a.track(req.ID, req.Limit)
 	case guest.OpUntrack:
 		a.untrack(req.ID)
 		return struct{}{}, nil

@@ -27,7 +27,7 @@ func TestTrackChanges(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "mode"), []byte("x"), 0o644)
 	_, c := connect(t, dir)
 	ctx := context.Background()
-	if err := c.Track(ctx, "r1"); err != nil {
+	if err := c.Track(ctx, "r1", 0); err != nil {
 		if errors.Is(err, unix.EPERM) || os.Geteuid() != 0 {
 			t.Skipf("fanotify needs CAP_SYS_ADMIN: %v", err)
 		}
@@ -77,7 +77,7 @@ func TestTrackOverflow(t *testing.T) {
 	a, c := connect(t, dir)
 	a.trackerFor().limit = 5
 	ctx := context.Background()
-	if err := c.Track(ctx, "r1"); err != nil {
+	if err := c.Track(ctx, "r1", 0); err != nil {
 		if os.Geteuid() != 0 {
 			t.Skipf("fanotify needs CAP_SYS_ADMIN: %v", err)
 		}
@@ -192,4 +192,64 @@ func FuzzFanotifyEvents(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestTrackDrained: the record read just after a change holds it, though
+// the reader lets events gather between its reads (readPause): what the
+// kernel queued is read in first. Each round's writes end before Changes
+// is asked, so the kernel has queued their events (fanotify queues them
+// in the writer's syscall).
+func TestTrackDrained(t *testing.T) {
+	dir := t.TempDir()
+	_, c := connect(t, dir)
+	ctx := context.Background()
+	if err := c.Track(ctx, "r1", 0); err != nil {
+		if errors.Is(err, unix.EPERM) || os.Geteuid() != 0 {
+			t.Skipf("fanotify needs CAP_SYS_ADMIN: %v", err)
+		}
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		name := fmt.Sprintf("f%d", i)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		st, paths, err := c.Changes(ctx, "r1")
+		if err != nil || !st.Known || st.Overflow {
+			t.Fatalf("Changes: %+v, %v", st, err)
+		}
+		if !slices.Contains(paths, name) {
+			t.Fatalf("round %d: %s, written before Changes was asked, is not in the record %q", i, name, paths)
+		}
+	}
+}
+
+// TestTrackIdleRead: a record is read while the reader waits for events
+// that do not come (it holds its descriptor's read lock then): the read
+// must not wait for it. The record is of a tmpfs of its own, so nothing
+// else on the machine writes there and wakes the reader.
+func TestTrackIdleRead(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Skipf("a quiet filesystem needs mounting a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	_, c := connect(t, dir)
+	ctx := context.Background()
+	if err := c.Track(ctx, "r1", 0); err != nil {
+		if errors.Is(err, unix.EPERM) || os.Geteuid() != 0 {
+			t.Skipf("fanotify needs CAP_SYS_ADMIN: %v", err)
+		}
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644)
+	time.Sleep(3 * readPause) // the reader has read it and waits again
+	for range 3 {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, paths, err := c.Changes(cctx, "r1")
+		cancel()
+		if err != nil || !st.Known || !slices.Contains(paths, "f") {
+			t.Fatalf("Changes while the reader is idle: %+v %q, %v", st, paths, err)
+		}
+	}
 }

@@ -78,6 +78,7 @@
 //	GET    /v1/sessions/{name}/runs                   []Run
 //	GET    /v1/runs/{id}                              Run with its executions' ids
 //	POST   /v1/runs/{id}/end                          {"status":S} → Run
+//	DELETE /v1/runs/{id}                              RemovedRun: the record and its starting point removed
 //	GET    /v1/runs/{id}/diff                         ?patch=true&path=P… → Diff against the run's starting point
 //	POST   /v1/runs/{id}/undo                         {"paths":[…]} (none: all) → UndoResult
 //	POST   /v1/sessions/{name}/schedules              ScheduleRequest → 201 Schedule

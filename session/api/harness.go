@@ -55,6 +55,11 @@ func (s *server) endRun(h session.Harness, w http.ResponseWriter, r *http.Reques
 	s.answer(w, r, http.StatusOK, run, err)
 }
 
+func (s *server) removeRun(h session.Harness, w http.ResponseWriter, r *http.Request) {
+	res, err := h.RemoveRun(r.Context(), r.PathValue("id"))
+	s.answer(w, r, http.StatusOK, res, err)
+}
+
 func (s *server) addSchedule(h session.Harness, w http.ResponseWriter, r *http.Request) {
 	var req session.ScheduleRequest
 	if err := readJSON(w, r, &req); err != nil {
@@ -135,6 +140,16 @@ func (c *Client) GetRun(ctx context.Context, runID string) (session.Run, error) 
 		return out, err
 	}
 	return out, c.call(ctx, http.MethodGet, p, nil, nil, &out)
+}
+
+// RemoveRun removes a run and its starting point.
+func (c *Client) RemoveRun(ctx context.Context, runID string) (session.RemovedRun, error) {
+	var out session.RemovedRun
+	p, err := runPath(runID, "")
+	if err != nil {
+		return out, err
+	}
+	return out, c.call(ctx, http.MethodDelete, p, nil, nil, &out)
 }
 
 // AddSchedule adds a schedule to a session.

@@ -76,6 +76,7 @@ func (s *server) routes() []route {
 		{"GET", "/v1/sessions/{name}/runs", "[]Run", s.withHarness(s.runs)},
 		{"GET", "/v1/runs/{id}", "Run with its executions' ids", s.withHarness(s.getRun)},
 		{"POST", "/v1/runs/{id}/end", `{"status":S} → Run`, s.withHarness(s.endRun)},
+		{"DELETE", "/v1/runs/{id}", "RemovedRun: the record and its starting point removed", s.withHarness(s.removeRun)},
 		{"GET", "/v1/runs/{id}/diff", "?patch=true&path=P… → Diff against the run's starting point", s.runDiff},
 		{"POST", "/v1/runs/{id}/undo", `{"paths":[…]} (none: all) → UndoResult`, s.undoRun},
 		{"POST", "/v1/sessions/{name}/schedules", "ScheduleRequest → 201 Schedule", s.withHarness(s.addSchedule)},

@@ -37,8 +37,10 @@ type File struct {
 	// Checkpoints per session: how many, and their size on disk together.
 	CheckpointLimit int    `toml:"checkpoint_limit"`
 	CheckpointBytes string `toml:"checkpoint_bytes"`
-	Net             string `toml:"net"`
-	NetMaxConns     int    `toml:"net_max_conns"`
+	// RunRecordLimit bounds the guest's record of a run's changed paths.
+	RunRecordLimit int    `toml:"run_record_limit"`
+	Net            string `toml:"net"`
+	NetMaxConns    int    `toml:"net_max_conns"`
 }
 
 // Config is the parsed configuration. Sizes are read by session.ParseSize
@@ -59,6 +61,9 @@ type Config struct {
 	// CheckpointLimit and CheckpointBytes bound each session's checkpoints.
 	CheckpointLimit int
 	CheckpointBytes int64
+	// RunRecordLimit bounds the guest's record of a run's changed paths
+	// (the agent's bound when the file says 0 or nothing).
+	RunRecordLimit int
 	// Net is the network policy of new sessions; NetMaxConns bounds one
 	// session's open egress connections.
 	Net         string
@@ -174,6 +179,13 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		c.IdleTimeout = session.DefaultIdleTimeout
 	}
 	c.RunCheckpoint = f.RunCheckpoint == nil || *f.RunCheckpoint
+	if f.RunRecordLimit < 0 || f.RunRecordLimit > engine.DefaultRunRecordLimit {
+		return c, fmt.Errorf("%s: run_record_limit = %d: use 1 to %d (0 or unset: the most)", path, f.RunRecordLimit, engine.DefaultRunRecordLimit)
+	}
+	c.RunRecordLimit = f.RunRecordLimit
+	if c.RunRecordLimit == 0 {
+		c.RunRecordLimit = engine.DefaultRunRecordLimit
+	}
 	c.RunTimeout = engine.DefaultRunTimeout
 	if f.RunTimeout != "" {
 		if c.RunTimeout, err = time.ParseDuration(f.RunTimeout); err != nil || c.RunTimeout < time.Second {

@@ -214,7 +214,7 @@ func Run(ctx context.Context, o Options) (err error) {
 	images := Images(o)
 	mgr, err := engine.NewManager(ctx, st, engine.Config{
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
-		IdleTimeout: cfg.IdleTimeout, RunTimeout: cfg.RunTimeout, KeepRuns: cfg.RunCheckpoint, Floor: cfg.Floor,
+		IdleTimeout: cfg.IdleTimeout, RunTimeout: cfg.RunTimeout, KeepRuns: cfg.RunCheckpoint, RunRecordLimit: cfg.RunRecordLimit, Floor: cfg.Floor,
 		CheckpointLimit: cfg.CheckpointLimit, CheckpointBytes: cfg.CheckpointBytes, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,
 		Logger: log, Observer: obs, Net: netConfig(cfg, o), LockWatch: o.LockWatch,
 	})

@@ -128,6 +128,11 @@ type Config struct {
 	// keep their starting point: the daemon's run_checkpoint. Default
 	// false.
 	KeepRuns bool
+	// RunRecordLimit bounds the guest's record of the paths a run
+	// changes (distinct entries); past it the record overflows and the
+	// run's diff compares whole trees. 0 is DefaultRunRecordLimit, which
+	// is also the most the agent takes.
+	RunRecordLimit int
 	// RunTimeout ends an open agent run as abandoned once it has had
 	// nothing running and no use for this long; default DefaultRunTimeout.
 	RunTimeout time.Duration

@@ -80,7 +80,7 @@ func (m *Manager) trackRun(ctx context.Context, s *sess, runID string) bool {
 	c, err := s.connectedAgent()
 	if err == nil {
 		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err = c.Track(tctx, runID)
+		err = c.Track(tctx, runID, m.cfg.RunRecordLimit)
 		cancel()
 	}
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/engine/internal/lock"
 	"github.com/berthvm/berth/store"
@@ -17,6 +18,11 @@ import (
 // DefaultRunTimeout is how long an open run may go unused, with nothing
 // running in it, before it is ended as abandoned.
 const DefaultRunTimeout = 30 * time.Minute
+
+// DefaultRunRecordLimit is the most distinct paths the guest records for
+// a run (the daemon's run_record_limit) before its diff falls back to a
+// full comparison: the agent's own bound.
+const DefaultRunRecordLimit = guest.MaxTrackRecord
 
 // maxRunTitle bounds a run's title.
 const maxRunTitle = 200

@@ -145,6 +145,45 @@ func (f *Fake) GetRun(ctx context.Context, runID string) (session.Run, error) {
 	return c, nil
 }
 
+// RemoveRun removes a run and its starting point; refused while one of
+// its commands runs.
+func (f *Fake) RemoveRun(ctx context.Context, runID string) (session.RemovedRun, error) {
+	res := session.RemovedRun{Run: runID}
+	if err := f.enter(ctx, "RemoveRun"); err != nil {
+		return res, err
+	}
+	if err := session.ValidateRunID(runID); err != nil {
+		return res, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := f.harnessLocked()
+	r, ok := h.runs[runID]
+	if !ok {
+		return res, fmt.Errorf("run %q: %w", runID, session.ErrNotFound)
+	}
+	running := 0
+	for _, id := range r.ExecIDs {
+		if e := f.execs[id]; e != nil && !e.rec.State.Done() {
+			running++
+		}
+	}
+	if running > 0 {
+		return res, session.RunRunning(runID, running)
+	}
+	if s, err := f.getLocked(r.Session); err == nil && r.Checkpoint != "" {
+		if i, err := s.findCkpt(r.Checkpoint); err == nil {
+			res.Checkpoint, res.Freed = r.Checkpoint, s.ckpts[i].info.Bytes
+			s.ckpts = append(s.ckpts[:i], s.ckpts[i+1:]...)
+			s.refreshCkptsLocked()
+		}
+		f.publishLocked(ctx, s, session.Event{Kind: session.EventNote, Name: s.info.Name, Message: "run " + runID + " removed"})
+	}
+	delete(h.runs, runID)
+	h.order = slices.DeleteFunc(h.order, func(id string) bool { return id == runID })
+	return res, nil
+}
+
 // AddSchedule validates and keeps a schedule; the fake never fires it.
 func (f *Fake) AddSchedule(ctx context.Context, name string, req session.ScheduleRequest) (session.Schedule, error) {
 	if err := f.enter(ctx, "AddSchedule"); err != nil {

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berthvm/berth/session"
 )
@@ -87,6 +88,54 @@ func HarnessSuite(t *testing.T, svc HarnessService) {
 		if list, err := svc.Runs(ctx, "conf-h2"); err != nil || len(list) != 0 {
 			t.Errorf("Runs of the other session = %+v, %v; want none", list, err)
 		}
+	})
+
+	t.Run("RemoveRun", func(t *testing.T) {
+		run, err := svc.StartRun(ctx, "conf-h1", session.RunOptions{Title: "to remove", Keep: session.KeepRun(true)})
+		if err != nil {
+			t.Fatalf("StartRun: %v", err)
+		}
+		rctx := session.WithRun(ctx, run.ID)
+		p, err := svc.Exec(rctx, "conf-h1", session.ExecRequest{Argv: []string{"sleep", "30"}})
+		if err != nil {
+			t.Fatalf("Exec in run: %v", err)
+		}
+		// Refused while its command runs, ended or not; the run is as it
+		// was after.
+		_, err = svc.RemoveRun(ctx, run.ID)
+		wantClass(t, "RemoveRun with a command running", err, session.ErrInvalidState)
+		if _, err := svc.EndRun(ctx, run.ID, session.RunOK); err != nil {
+			t.Fatalf("EndRun after a refused removal: %v", err)
+		}
+		_, err = svc.RemoveRun(ctx, run.ID)
+		wantClass(t, "RemoveRun of an ended run with a command running", err, session.ErrInvalidState)
+		if err := svc.Cancel(ctx, p.ID()); err != nil {
+			t.Fatalf("Cancel: %v", err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		p.Wait(wctx)
+
+		res, err := svc.RemoveRun(ctx, run.ID)
+		if err != nil || res.Run != run.ID || res.Checkpoint != run.Checkpoint {
+			t.Fatalf("RemoveRun = %+v, %v; want %s and its checkpoint %q", res, err, run.ID, run.Checkpoint)
+		}
+		_, err = svc.GetRun(ctx, run.ID)
+		wantClass(t, "GetRun of a removed run", err, session.ErrNotFound)
+		if list, err := svc.Runs(ctx, "conf-h1"); err != nil || slices.ContainsFunc(list, func(r session.Run) bool { return r.ID == run.ID }) {
+			t.Errorf("Runs = %+v, %v; the removed run is listed", list, err)
+		}
+		if cks, err := svc.Checkpoints(ctx, "conf-h1"); err != nil || slices.ContainsFunc(cks, func(c session.Checkpoint) bool { return c.ID == run.Checkpoint && c.ID != "" }) {
+			t.Errorf("Checkpoints = %+v, %v; the removed run's starting point is listed", cks, err)
+		}
+		// Its execution stays, with the session.
+		if x, err := svc.Execution(ctx, p.ID()); err != nil || x.ID != p.ID() {
+			t.Errorf("Execution of the removed run's command = %+v, %v", x, err)
+		}
+		_, err = svc.RemoveRun(ctx, run.ID)
+		wantClass(t, "RemoveRun twice", err, session.ErrNotFound)
+		_, err = svc.RemoveRun(ctx, "bogus")
+		wantClass(t, "RemoveRun of a malformed id", err, session.ErrInvalid)
 	})
 
 	t.Run("Schedules", func(t *testing.T) {

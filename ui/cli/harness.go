@@ -13,7 +13,7 @@ import (
 
 // harnessCommands are the commands of agent runs and schedules.
 func harnessCommands() []*Command {
-	return []*Command{runStartCmd(), runEndCmd(), runsCmd(), runDiffCmd(), diffCmd(), runUndoCmd(), scheduleAddCmd(), scheduleLsCmd(), scheduleRmCmd(), mcpCmd()}
+	return []*Command{runStartCmd(), runEndCmd(), runRmCmd(), runsCmd(), runDiffCmd(), diffCmd(), runUndoCmd(), scheduleAddCmd(), scheduleLsCmd(), scheduleRmCmd(), mcpCmd()}
 }
 
 // harness returns the service's runs and schedules.
@@ -104,6 +104,38 @@ func runEndCmd() *Command {
 					return err
 				}
 				fmt.Fprintf(c.env.Stdout, "run %s ended %s: %s, %s written\n", r.ID, r.Status, plural(r.Executions, "execution"), session.FormatBytes(r.BytesWritten))
+				return nil
+			}
+		},
+	}
+}
+
+func runRmCmd() *Command {
+	return &Command{
+		Name: "run rm", Action: session.ActionRemoveRun, Group: "Agent runs and schedules", Usage: "ID", Args: []string{"ID"},
+		Summary: "remove an agent run and its starting point",
+		Help: `Removes the run's record and the checkpoint of its starting point (run start --keep), as
+'checkpoint rm' removes one; its executions and their output stay with the session. An open
+run is removed too once nothing runs in it; refused while any of its commands run.`,
+		Example: "berth run rm r3f9a0c1d2e4b",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			return func(ctx context.Context, c *Call, args []string) error {
+				if _, err := inRun(ctx, args[0]); err != nil {
+					return err
+				}
+				_, h, err := c.harness(ctx)
+				if err != nil {
+					return err
+				}
+				r, err := h.RemoveRun(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if r.Checkpoint != "" {
+					fmt.Fprintf(c.env.Stdout, "removed run %s and its starting point, checkpoint %s (%s freed)\n", r.Run, r.Checkpoint, session.FormatBytes(r.Freed))
+					return nil
+				}
+				fmt.Fprintf(c.env.Stdout, "removed run %s\n", r.Run)
 				return nil
 			}
 		},

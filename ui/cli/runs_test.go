@@ -54,6 +54,24 @@ func TestRunsAndSchedules(t *testing.T) {
 		t.Errorf("run end --status abandoned = %+v, want a usage error", r)
 	}
 
+	// run rm: the run goes, with its starting point.
+	kept := strings.TrimSpace(w.sh(t, "run", "start", "demo", "--keep"))
+	if out := w.sh(t, "run", "rm", kept); !strings.Contains(out, "removed run "+kept+" and its starting point, checkpoint c") {
+		t.Errorf("run rm = %q", out)
+	}
+	if out := w.sh(t, "run", "rm", id); out != "removed run "+id+"\n" {
+		t.Errorf("run rm of a run that kept nothing = %q", out)
+	}
+	if r := w.run(ctx, cli.Env{}, "run", "rm", id); r.code != 1 || !strings.Contains(r.stderr, "not found") {
+		t.Errorf("run rm twice = %+v", r)
+	}
+	if r := w.run(ctx, cli.Env{}, "run", "rm", "nope"); r.code != cli.ExitUsage {
+		t.Errorf("run rm nope = %+v, want a usage error", r)
+	}
+	if out := w.sh(t, "runs", "demo"); strings.Contains(out, id) || strings.Contains(out, kept) {
+		t.Errorf("removed runs listed:\n%s", out)
+	}
+
 	sid := strings.TrimSpace(w.sh(t, "schedule", "add", "demo", "@every 30s", "--overlap", "queue", "--", "echo", "tick"))
 	if sid == "" {
 		t.Fatal("schedule add printed no id")

@@ -88,6 +88,19 @@ type FlashMsg struct {
 // OpenSessionMsg asks the root to open a session's detail view.
 type OpenSessionMsg struct{ Name string }
 
+// UndoRunMsg asks the root to undo a run: the paths named, or, with none,
+// the whole workspace. The root asks its action table (read-only mode, the
+// role, the session's state) and the typed confirmation, as for restore.
+type UndoRunMsg struct {
+	Session string
+	Run     string
+	Paths   []string
+}
+
+// RunUndoneMsg tells the components that a run was undone (whole or in
+// part): what shows its changes reloads them.
+type RunUndoneMsg struct{ Run string }
+
 // OpenOutputMsg asks the root to show an execution in the Output tab. Proc
 // is set when the UI itself started the execution and already holds its
 // output stream; otherwise the Output view attaches to it.

@@ -34,6 +34,10 @@ func (g *guard) GetRun(ctx context.Context, runID string) (session.Run, error) {
 	return call(g, ctx, session.ActionRead, func(ctx context.Context) (session.Run, error) { return g.svc.GetRun(ctx, runID) })
 }
 
+func (g *guard) RemoveRun(ctx context.Context, runID string) (session.RemovedRun, error) {
+	return call(g, ctx, session.ActionRemoveRun, func(ctx context.Context) (session.RemovedRun, error) { return g.svc.RemoveRun(ctx, runID) })
+}
+
 func (g *guard) AddSchedule(ctx context.Context, name string, req session.ScheduleRequest) (session.Schedule, error) {
 	return call(g, ctx, session.ActionSchedule, func(ctx context.Context) (session.Schedule, error) { return g.svc.AddSchedule(ctx, name, req) })
 }

@@ -1,12 +1,15 @@
 // Package runs is the Runs tab: a session's agent runs, newest first, each
 // with its executions under it and, for a run that kept its starting
 // point, what it changed; enter on an execution opens its output, d on a
-// run its diff (added lines green, removed red). The tab is shown once the
-// session has a run.
+// run its diff: the files changed on the left (A/M/D/R), the selected
+// one's diff beside it (added lines green, removed red), u to undo that
+// file and U the whole run (the root asks the typed confirmation). The
+// tab is shown once the session has a run.
 package runs
 
 import (
 	"context"
+	"io/fs"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,17 +35,35 @@ type KeyMap struct {
 	Refresh key.Binding
 	Diff    key.Binding
 	Close   key.Binding
+	// In the diff view: up/down (NavKeys) move in the file list, these
+	// scroll the selected file's diff, and undo.
+	ScrollUp   key.Binding
+	ScrollDown key.Binding
+	Undo       key.Binding
+	UndoAll    key.Binding
 }
 
 // DefaultKeyMap returns the bindings.
 func DefaultKeyMap() KeyMap {
 	return KeyMap{
-		NavKeys: common.NewNavKeys(),
-		Open:    key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "show output")),
-		Refresh: key.NewBinding(key.WithKeys("r"), key.WithHelp("r", "reload")),
-		Diff:    key.NewBinding(key.WithKeys("d"), key.WithHelp("d", "what the run changed")),
-		Close:   key.NewBinding(key.WithKeys("esc", "d", "q"), key.WithHelp("esc", "back to the runs")),
+		NavKeys:    common.NewNavKeys(),
+		Open:       key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "show output")),
+		Refresh:    key.NewBinding(key.WithKeys("r"), key.WithHelp("r", "reload")),
+		Diff:       key.NewBinding(key.WithKeys("d"), key.WithHelp("d", "what the run changed")),
+		Close:      key.NewBinding(key.WithKeys("esc", "d", "q"), key.WithHelp("esc", "back to the runs")),
+		ScrollUp:   key.NewBinding(key.WithKeys("ctrl+u", "pgup", "K"), key.WithHelp("ctrl+u/K", "scroll the diff up")),
+		ScrollDown: key.NewBinding(key.WithKeys("ctrl+d", "pgdown", "J", "space"), key.WithHelp("ctrl+d/J", "scroll the diff down")),
+		// u is the file under the cursor: in a list of files, the one
+		// pointed at is what an operator means; the whole run is the
+		// bigger step, so it takes the shifted key.
+		Undo:    key.NewBinding(key.WithKeys("u"), key.WithHelp("u", "undo this file")),
+		UndoAll: key.NewBinding(key.WithKeys("U"), key.WithHelp("U", "undo the whole run")),
 	}
+}
+
+// fileKeys are the diff view's file list moves.
+func (k KeyMap) fileKeys() []key.Binding {
+	return []key.Binding{k.Up, k.Down, k.Top, k.Bottom}
 }
 
 // entry is one run with its executions.
@@ -79,11 +100,17 @@ type Model struct {
 	loading bool
 	err     string
 
-	// The diff shown over the list (d), while diffOn.
-	diffOn    bool
-	diffGen   int
-	diffLines []string // rendered
-	diffOff   int
+	// The diff shown over the list (d), while diffOn: the files changed
+	// on the left, the selected one's diff on the right.
+	diffOn   bool
+	diffGen  int
+	diffRun  session.Run
+	diff     *session.Diff // nil until loaded
+	diffText string        // while loading, or why there is no diff
+	fileCur  int
+	fileOff  int
+	patch    []string // the selected file's diff, rendered
+	patchOff int
 }
 
 type diffMsg struct {
@@ -96,16 +123,28 @@ var _ common.Component = (*Model)(nil)
 
 // New returns an empty tab; it shows nothing unless svc keeps runs.
 func New(c *common.Common, svc session.Service) *Model {
-	return &Model{c: c, svc: svc, keys: DefaultKeyMap()}
+	m := &Model{c: c, svc: svc, keys: DefaultKeyMap()}
+	if c.ReadOnly {
+		// Undo changes the workspace: a viewer is not offered it.
+		m.keys.Undo.SetEnabled(false)
+		m.keys.UndoAll.SetEnabled(false)
+	}
+	return m
 }
 
 // SetSize implements common.Component.
-func (m *Model) SetSize(w, h int) { m.w, m.h = w, h; m.clampScroll() }
+func (m *Model) SetSize(w, h int) {
+	m.w, m.h = w, h
+	m.clampScroll()
+	if m.diff != nil {
+		m.selectFile(m.fileCur)
+	}
+}
 
 // ShortHelp implements help.KeyMap.
 func (m *Model) ShortHelp() []key.Binding {
 	if m.diffOn {
-		return []key.Binding{m.keys.Close}
+		return common.Enabled(m.keys.Down, m.keys.ScrollDown, m.keys.Undo, m.keys.UndoAll, m.keys.Close)
 	}
 	return []key.Binding{m.keys.Open, m.keys.Diff}
 }
@@ -113,7 +152,7 @@ func (m *Model) ShortHelp() []key.Binding {
 // FullHelp implements help.KeyMap.
 func (m *Model) FullHelp() [][]key.Binding {
 	if m.diffOn {
-		return [][]key.Binding{m.keys.NavKeys.List(), {m.keys.Close}}
+		return [][]key.Binding{m.keys.fileKeys(), {m.keys.ScrollUp, m.keys.ScrollDown}, common.Enabled(m.keys.Undo, m.keys.UndoAll, m.keys.Close)}
 	}
 	return [][]key.Binding{m.keys.NavKeys.List(), {m.keys.Open, m.keys.Diff, m.keys.Refresh}}
 }
@@ -236,20 +275,24 @@ func (m *Model) Update(msg tea.Msg) tea.Cmd {
 			return nil
 		}
 		if msg.err != nil {
-			m.diffLines = []string{m.c.Styles.FlashErr.Render(common.ErrorText(msg.err))}
+			m.diff, m.diffText = nil, m.c.Styles.FlashErr.Render(common.ErrorText(msg.err))
 			return nil
 		}
-		m.diffLines = m.renderDiff(msg.diff)
+		d := msg.diff
+		m.diff, m.diffText = &d, ""
+		m.fileCur = common.Clamp(m.fileCur, 0, len(d.Changes)-1)
+		m.selectFile(m.fileCur)
+	case common.RunUndoneMsg:
+		// What it changed is different now: the list's counts and, if
+		// it is shown, the diff.
+		cmds := []tea.Cmd{m.Reload()}
+		if m.diffOn && m.diffRun.ID == msg.Run {
+			cmds = append(cmds, m.loadDiff())
+		}
+		return tea.Batch(cmds...)
 	case tea.KeyPressMsg:
 		if m.diffOn {
-			if key.Matches(msg, m.keys.Close) {
-				m.diffOn = false
-				return nil
-			}
-			if c, ok := m.keys.Move(msg, m.diffOff, m.page(), len(m.diffLines)); ok {
-				m.diffOff = c
-			}
-			return nil
+			return m.diffKey(msg)
 		}
 		if c, ok := m.keys.Move(msg, m.cursor, m.page(), len(m.rows)); ok {
 			m.cursor = c
@@ -270,19 +313,27 @@ func (m *Model) Update(msg tea.Msg) tea.Cmd {
 	return nil
 }
 
-// openDiff loads the diff of the run under the cursor.
+// openDiff opens the diff of the run under the cursor.
 func (m *Model) openDiff() tea.Cmd {
 	if m.cursor >= len(m.rows) {
 		return nil
 	}
-	run := m.entries[m.rows[m.cursor].run].run
-	m.diffOn, m.diffOff = true, 0
+	m.diffRun = m.entries[m.rows[m.cursor].run].run
+	m.diffOn, m.diff, m.fileCur, m.fileOff, m.patch, m.patchOff = true, nil, 0, 0, nil, 0
+	return m.loadDiff()
+}
+
+// loadDiff (re)loads the diff shown, keeping the file selected.
+func (m *Model) loadDiff() tea.Cmd {
+	run := m.diffRun
 	m.diffGen++
 	if run.Checkpoint == "" {
-		m.diffLines = []string{m.c.Styles.Muted.Render("Run " + run.ID + " kept no starting point, so there is nothing to compare it with (start runs with 'berth run start --keep').")}
+		m.diffText = m.c.Styles.Muted.Render("Run " + run.ID + " kept no starting point, so there is nothing to compare it with (start runs with 'berth run start --keep').")
 		return nil
 	}
-	m.diffLines = []string{m.c.Styles.Muted.Render("comparing run " + run.ID + " with its starting point…")}
+	if m.diff == nil {
+		m.diffText = m.c.Styles.Muted.Render("comparing run " + run.ID + " with its starting point…")
+	}
 	gen, svc, id := m.diffGen, m.svc, run.ID
 	ctx, cancel := m.c.Call()
 	return func() tea.Msg {
@@ -292,47 +343,194 @@ func (m *Model) openDiff() tea.Cmd {
 	}
 }
 
-// renderDiff lays a diff out: its heading, the list of changed paths,
-// then each patch with added lines green and removed ones red.
-func (m *Model) renderDiff(d session.Diff) []string {
-	st := m.c.Styles
-	out := []string{st.Bold.Render("Run " + d.Run + ": checkpoint " + d.From + " → now — " + d.Summary()), ""}
-	if d.Note != "" {
-		out = append(out, st.Muted.Render(common.SanitizeLine(d.Note)), "")
+// diffKey handles a key in the diff view.
+func (m *Model) diffKey(k tea.KeyPressMsg) tea.Cmd {
+	var n int
+	if m.diff != nil {
+		n = len(m.diff.Changes)
 	}
-	letter := map[session.ChangeKind]string{session.ChangeAdded: "A", session.ChangeModified: "M", session.ChangeRemoved: "D", session.ChangeRenamed: "R"}
-	for _, c := range d.Changes {
-		name := common.SanitizeLine(c.Path)
+	switch {
+	case key.Matches(k, m.keys.Close):
+		m.diffOn = false
+	case key.Matches(k, m.keys.ScrollUp):
+		m.patchOff = max(0, m.patchOff-m.patchPage()/2)
+	case key.Matches(k, m.keys.ScrollDown):
+		m.patchOff = common.Clamp(m.patchOff+m.patchPage()/2, 0, max(0, len(m.patch)-m.patchPage()))
+	case key.Matches(k, m.keys.Undo):
+		if n == 0 {
+			return nil
+		}
+		c := m.diff.Changes[m.fileCur]
+		paths := []string{c.Path}
 		if c.From != "" {
-			name = common.SanitizeLine(c.From) + " → " + name
+			paths = []string{c.From, c.Path} // a rename: the old name back, the new one gone
 		}
-		line := "  " + letter[c.Kind] + " " + name
-		if c.Added+c.Removed > 0 {
-			line += "  " + st.FlashOK.Render("+"+strconv.Itoa(c.Added)) + " " + st.FlashErr.Render("-"+strconv.Itoa(c.Removed))
+		return m.undo(paths)
+	case key.Matches(k, m.keys.UndoAll):
+		if m.diffRun.Checkpoint == "" {
+			return nil
 		}
-		out = append(out, line)
-	}
-	for _, c := range d.Changes {
-		if c.Patch == "" {
-			continue
-		}
-		out = append(out, "")
-		for _, l := range strings.Split(strings.TrimSuffix(c.Patch, "\n"), "\n") {
-			t := common.SanitizeLine(l)
-			switch {
-			case strings.HasPrefix(l, "+++"), strings.HasPrefix(l, "---"):
-				t = st.Bold.Render(t)
-			case strings.HasPrefix(l, "@@"):
-				t = st.Accent.Render(t)
-			case strings.HasPrefix(l, "+"):
-				t = st.FlashOK.Render(t)
-			case strings.HasPrefix(l, "-"):
-				t = st.FlashErr.Render(t)
+		return m.undo(nil)
+	default:
+		if key.Matches(k, m.keys.fileKeys()...) && n > 0 {
+			if c, ok := m.keys.Move(k, m.fileCur, m.listPage(), n); ok {
+				m.selectFile(c)
 			}
-			out = append(out, t)
 		}
+	}
+	return nil
+}
+
+func (m *Model) undo(paths []string) tea.Cmd {
+	msg := common.UndoRunMsg{Session: m.diffRun.Session, Run: m.diffRun.ID, Paths: paths}
+	if msg.Session == "" {
+		msg.Session = m.name
+	}
+	return func() tea.Msg { return msg }
+}
+
+// SelectedFile returns the path of the file selected in the diff view.
+func (m *Model) SelectedFile() (string, bool) {
+	if !m.diffOn || m.diff == nil || m.fileCur >= len(m.diff.Changes) {
+		return "", false
+	}
+	return m.diff.Changes[m.fileCur].Path, true
+}
+
+// DiffShown reports whether the diff view is open.
+func (m *Model) DiffShown() bool { return m.diffOn }
+
+// selectFile moves the file list's cursor to i and renders its diff.
+func (m *Model) selectFile(i int) {
+	if i != m.fileCur {
+		m.patchOff = 0
+	}
+	m.fileCur = i
+	m.fileOff = common.ScrollTo(i, m.fileOff, m.listPage(), len(m.diff.Changes))
+	m.patch = nil
+	if i < len(m.diff.Changes) {
+		m.patch = m.renderChange(m.diff.Changes[i])
+	}
+	m.patchOff = common.Clamp(m.patchOff, 0, max(0, len(m.patch)-m.patchPage()))
+}
+
+var letters = map[session.ChangeKind]string{session.ChangeAdded: "A", session.ChangeModified: "M", session.ChangeRemoved: "D", session.ChangeRenamed: "R"}
+
+// renderChange lays one change out: what happened to it (kind, sizes,
+// modes), then its patch with added lines green and removed ones red.
+func (m *Model) renderChange(c session.FileChange) []string {
+	st := m.c.Styles
+	name := common.SanitizeLine(c.Path)
+	if c.From != "" {
+		name = common.SanitizeLine(c.From) + " → " + name
+	}
+	out := []string{st.Bold.Render(letters[c.Kind] + " " + name)}
+	var facts []string
+	switch c.Kind {
+	case session.ChangeAdded:
+		facts = append(facts, "new "+kindOf(c.NewMode)+", "+c.NewMode.Perm().String())
+	case session.ChangeRemoved:
+		facts = append(facts, "removed "+kindOf(c.OldMode))
+	default:
+		if c.OldMode.Type() != c.NewMode.Type() {
+			facts = append(facts, kindOf(c.OldMode)+" → "+kindOf(c.NewMode))
+		}
+		const bits = fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky
+		if c.OldMode.Type() == c.NewMode.Type() && c.OldMode&bits != c.NewMode&bits {
+			facts = append(facts, "mode "+c.OldMode.String()+" → "+c.NewMode.String())
+		}
+	}
+	if c.OldMode.IsRegular() || c.NewMode.IsRegular() {
+		facts = append(facts, session.FormatBytes(c.OldSize)+" → "+session.FormatBytes(c.NewSize))
+	}
+	if c.OldLink != c.NewLink {
+		facts = append(facts, "link "+common.SanitizeLine(c.OldLink)+" → "+common.SanitizeLine(c.NewLink))
+	}
+	if c.Added+c.Removed > 0 {
+		facts = append(facts, st.FlashOK.Render("+"+strconv.Itoa(c.Added))+" "+st.FlashErr.Render("-"+strconv.Itoa(c.Removed)))
+	}
+	out = append(out, st.Muted.Render(strings.Join(facts, " · ")), "")
+	if c.Patch == "" {
+		if !c.Content {
+			out = append(out, st.Muted.Render("(its content is unchanged)"))
+		}
+		return out
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(c.Patch, "\n"), "\n") {
+		t := common.SanitizeLine(l)
+		switch {
+		case strings.HasPrefix(l, "+++"), strings.HasPrefix(l, "---"):
+			t = st.Bold.Render(t)
+		case strings.HasPrefix(l, "@@"):
+			t = st.Accent.Render(t)
+		case strings.HasPrefix(l, "+"):
+			t = st.FlashOK.Render(t)
+		case strings.HasPrefix(l, "-"):
+			t = st.FlashErr.Render(t)
+		}
+		out = append(out, t)
 	}
 	return out
+}
+
+func kindOf(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m.Type() == fs.ModeSymlink:
+		return "symlink"
+	case m.IsRegular():
+		return "file"
+	}
+	return "special file"
+}
+
+// The diff view's layout: two heading lines, then the file list (listW
+// wide) and the diff beside it.
+const diffHead = 2
+
+func (m *Model) listW() int     { return common.Clamp(m.w/3, 16, 48) }
+func (m *Model) listPage() int  { return max(1, m.h-diffHead) }
+func (m *Model) patchPage() int { return max(1, m.h-diffHead) }
+
+// diffView renders the diff view.
+func (m *Model) diffView() string {
+	st := m.c.Styles
+	run := m.diffRun
+	if m.diff == nil {
+		head := st.Bold.Render("Run " + run.ID)
+		return common.Block(head+"\n\n"+m.diffText, m.w, m.h)
+	}
+	d := m.diff
+	head := st.Bold.Render("Run "+d.Run+": checkpoint "+d.From+" → now") + " — " + d.Summary()
+	sub := ""
+	if d.Note != "" {
+		sub = st.Muted.Render(common.SanitizeLine(d.Note))
+	}
+	lines := []string{common.Fit(head, m.w), common.Fit(sub, m.w)}
+	if len(d.Changes) == 0 {
+		lines = append(lines, "", "  "+st.Muted.Render("Nothing changed since the run started."))
+		return common.Block(strings.Join(lines, "\n"), m.w, m.h)
+	}
+	lw := m.listW()
+	pw := max(0, m.w-lw-3)
+	for i := range m.listPage() {
+		left := ""
+		if fi := m.fileOff + i; fi < len(d.Changes) {
+			c := d.Changes[fi]
+			left = " " + letters[c.Kind] + " " + common.SanitizeLine(c.Path)
+			left = common.Fit(left, lw)
+			if fi == m.fileCur {
+				left = st.Selected.Render(left)
+			}
+		}
+		right := ""
+		if pi := m.patchOff + i; pi < len(m.patch) {
+			right = m.patch[pi]
+		}
+		lines = append(lines, common.Fit(left, lw)+" "+st.Muted.Render("│")+" "+common.Fit(right, pw))
+	}
+	return common.Block(strings.Join(lines, "\n"), m.w, m.h)
 }
 
 // Column widths; the title or command takes the rest.
@@ -356,11 +554,7 @@ func changes(r session.Run) string {
 func (m *Model) View() string {
 	st := m.c.Styles
 	if m.diffOn {
-		var lines []string
-		for i := m.diffOff; i < len(m.diffLines) && i < m.diffOff+m.h; i++ {
-			lines = append(lines, common.Fit(m.diffLines[i], m.w))
-		}
-		return common.Block(strings.Join(lines, "\n"), m.w, m.h)
+		return m.diffView()
 	}
 	// The CHANGES column is there once a run shown kept its start.
 	kept := slices.ContainsFunc(m.entries, func(e entry) bool { return e.run.Checkpoint != "" })
