@@ -39,6 +39,12 @@ type File struct {
 	CheckpointBytes string `toml:"checkpoint_bytes"`
 	Net             string `toml:"net"`
 	NetMaxConns     int    `toml:"net_max_conns"`
+	// The fleet this host joins (serve's --fleet, --host-id, --listen,
+	// --fleet-ttl); no fleet: a berth of its own.
+	Fleet    string `toml:"fleet"`
+	HostID   string `toml:"host_id"`
+	Listen   string `toml:"listen"`
+	FleetTTL string `toml:"fleet_ttl"`
 }
 
 // Config is the parsed configuration. Sizes are read by session.ParseSize
@@ -63,6 +69,19 @@ type Config struct {
 	// session's open egress connections.
 	Net         string
 	NetMaxConns int
+	// Fleet is the fleet to join; its Endpoints "" means none.
+	Fleet FleetConfig
+}
+
+// FleetConfig is how a host joins a fleet (see session/fleet).
+type FleetConfig struct {
+	// Endpoints are etcd's client URLs, comma-separated.
+	Endpoints string
+	// HostID names this host in the fleet; Listen is the address others
+	// will reach it on (recorded; nothing listens there yet).
+	HostID, Listen string
+	// TTL is the host lease's time to live (0: fleet.DefaultTTL).
+	TTL time.Duration
 }
 
 // LoadConfig reads <data>/config.toml, writing the documented defaults
@@ -172,6 +191,12 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		}
 	} else {
 		c.IdleTimeout = session.DefaultIdleTimeout
+	}
+	c.Fleet = FleetConfig{Endpoints: f.Fleet, HostID: f.HostID, Listen: f.Listen}
+	if f.FleetTTL != "" {
+		if c.Fleet.TTL, err = time.ParseDuration(f.FleetTTL); err != nil || c.Fleet.TTL < time.Second {
+			return c, fmt.Errorf("%s: fleet_ttl = %q: want a duration of at least 1s, such as 10s", path, f.FleetTTL)
+		}
 	}
 	c.RunCheckpoint = f.RunCheckpoint == nil || *f.RunCheckpoint
 	c.RunTimeout = engine.DefaultRunTimeout
