@@ -154,7 +154,7 @@ func (h *Host) register(ctx context.Context) error {
 	for range 2 {
 		g, err := h.cli.Grant(ctx, int64((h.cfg.TTL+time.Second-1)/time.Second))
 		if err != nil {
-			return fmt.Errorf("join the fleet: etcd lease: %w (is etcd at --fleet reachable?)", err)
+			return fmt.Errorf("join the fleet: grant a lease: %w", err)
 		}
 		r, err := h.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(hostKey(h.cfg.ID)), "=", 0)).

@@ -46,7 +46,7 @@ func Start(ctx context.Context, c Config) (_ *Node, err error) {
 	h, err := Join(ctx, cli, c.HostConfig)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
-			return nil, fmt.Errorf("join the fleet at %s: etcd did not answer: %w", c.Endpoints, err)
+			return nil, fmt.Errorf("join the fleet: etcd at %s did not answer (is it running? berth etcd runs one): %w", c.Endpoints, context.DeadlineExceeded)
 		}
 		return nil, err
 	}

@@ -101,8 +101,8 @@ is not built yet.`,
 			var c member.Config
 			fs.StringVar(&c.Name, "name", "", "the member's `NAME`, unique in its cluster")
 			fs.StringVar(&c.Dir, "data", "", "keep the member's data in `DIR`")
-			fs.StringVar(&c.ListenClient, "listen-client", "http://127.0.0.1:2379", "serve clients on `URL`")
-			fs.StringVar(&c.ListenPeer, "listen-peer", "http://127.0.0.1:2380", "serve other members on `URL`")
+			fs.StringVar(&c.ListenClient, "listen-client", "http://127.0.0.1:2379", "serve clients on `URL` (default http://127.0.0.1:2379)")
+			fs.StringVar(&c.ListenPeer, "listen-peer", "http://127.0.0.1:2380", "serve other members on `URL` (default http://127.0.0.1:2380)")
 			fs.StringVar(&c.InitialCluster, "initial-cluster", "", "a new cluster's members, `N=URL,…` (default: this one alone)")
 			fs.BoolVar(&c.Verbose, "v", false, "etcd's own log on stderr")
 			return func(ctx context.Context, call *cli.Call, _ []string) error {
