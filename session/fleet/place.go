@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"sort"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -126,10 +125,9 @@ func (v *view) fits(id string, o session.CreateOptions) string {
 	return ""
 }
 
-// pick chooses the host: among those with room, those with the image
-// first, then the least promised (the larger of its CPU and memory
-// shares); a random one of the best two, so that front doors placing at
-// once collide less.
+// pick chooses the host among those with room: those with the image
+// first, then the less promised (the larger of its CPU and memory
+// shares) of two drawn at random.
 func (v *view) pick(req Request) (string, error) {
 	o := req.Opts
 	if req.On != "" {
@@ -166,20 +164,17 @@ func (v *view) pick(req Request) (string, error) {
 		return "", &session.Error{Class: session.ErrNoSpace, Msg: fmt.Sprintf("no host of the fleet has room for %s (%d CPUs, %d MiB, a %s disk above its floor; %d hosts live)",
 			o.Name, o.CPUs, o.MemoryMiB, session.FormatBytes(o.DiskBytes), len(v.live))}
 	}
-	sort.Slice(cs, func(i, j int) bool {
-		if cs[i].image != cs[j].image {
-			return cs[i].image
-		}
-		if cs[i].load != cs[j].load {
-			return cs[i].load < cs[j].load
-		}
-		return cs[i].id < cs[j].id
-	})
-	n := 1
-	if len(cs) > 1 && cs[1].image == cs[0].image {
-		n = 2
+	// Those with the image, if any has it; then the less promised of two
+	// drawn at random (the power of two choices): near the least
+	// promised, and front doors placing at once seldom pick the same host.
+	if slices.ContainsFunc(cs, func(c cand) bool { return c.image }) {
+		cs = slices.DeleteFunc(cs, func(c cand) bool { return !c.image })
 	}
-	return cs[rand.N(n)].id, nil
+	a, b := cs[rand.N(len(cs))], cs[rand.N(len(cs))]
+	if b.load < a.load || (b.load == a.load && b.id < a.id) {
+		a = b
+	}
+	return a.id, nil
 }
 
 // Release forgets a session placed by Place: its keys go and its host's
