@@ -45,6 +45,7 @@ type File struct {
 	HostID   string `toml:"host_id"`
 	Listen   string `toml:"listen"`
 	FleetTTL string `toml:"fleet_ttl"`
+	FleetCA  string `toml:"fleet_ca"`
 }
 
 // Config is the parsed configuration. Sizes are read by session.ParseSize
@@ -82,6 +83,10 @@ type FleetConfig struct {
 	HostID, Listen string
 	// TTL is the host lease's time to live (0: fleet.DefaultTTL).
 	TTL time.Duration
+	// CA is the fleet CA's directory (berth fleet init): the host's
+	// certificate is issued from it (or loaded) and etcd is reached over
+	// mutual TLS. "": plain text.
+	CA string
 }
 
 // LoadConfig reads <data>/config.toml, writing the documented defaults
@@ -192,7 +197,7 @@ func ParseConfig(path string, b []byte) (Config, error) {
 	} else {
 		c.IdleTimeout = session.DefaultIdleTimeout
 	}
-	c.Fleet = FleetConfig{Endpoints: f.Fleet, HostID: f.HostID, Listen: f.Listen}
+	c.Fleet = FleetConfig{Endpoints: f.Fleet, HostID: f.HostID, Listen: f.Listen, CA: f.FleetCA}
 	if f.FleetTTL != "" {
 		if c.Fleet.TTL, err = time.ParseDuration(f.FleetTTL); err != nil || c.Fleet.TTL < time.Second {
 			return c, fmt.Errorf("%s: fleet_ttl = %q: want a duration of at least 1s, such as 10s", path, f.FleetTTL)

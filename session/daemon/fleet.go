@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/fleet"
+	"github.com/berthvm/berth/session/fleet/pki"
 )
 
 // fleetConfig is the config file's fleet keys with o's set fields over
@@ -36,6 +38,9 @@ func fleetConfig(file, o FleetConfig) FleetConfig {
 	}
 	if o.TTL != 0 {
 		file.TTL = o.TTL
+	}
+	if o.CA != "" {
+		file.CA = o.CA
 	}
 	return file
 }
@@ -54,6 +59,27 @@ func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64,
 	inst, err := instanceID(dataDir)
 	if err != nil {
 		return nil, err
+	}
+	var tlsCfg *tls.Config
+	if fc.CA != "" {
+		// The host's certificate, issued once into the data directory,
+		// names it and the address it records.
+		out := filepath.Join(dataDir, "fleet-tls")
+		var dns []string
+		var ips []net.IP
+		if h, _, err := net.SplitHostPort(fc.Listen); err == nil && h != "" {
+			if ip := net.ParseIP(h); ip != nil {
+				ips = append(ips, ip)
+			} else {
+				dns = append(dns, h)
+			}
+		}
+		if err := pki.Ensure(fc.CA, out, fc.HostID, dns, ips); err != nil {
+			return nil, fmt.Errorf("--fleet-ca: %w", err)
+		}
+		if tlsCfg, err = pki.ClientConfig(out); err != nil {
+			return nil, fmt.Errorf("--fleet-ca: %w", err)
+		}
 	}
 	facts := func(ctx context.Context) (fleet.Facts, error) {
 		f := fleet.Facts{CPUs: runtime.NumCPU(), Floor: floor}
@@ -76,7 +102,7 @@ func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64,
 	}
 	jctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return fleet.Start(jctx, fleet.Config{Endpoints: fc.Endpoints, HostConfig: fleet.HostConfig{
+	return fleet.Start(jctx, fleet.Config{Endpoints: fc.Endpoints, TLS: tlsCfg, HostConfig: fleet.HostConfig{
 		ID: fc.HostID, Addr: fc.Listen, Instance: inst, TTL: fc.TTL, Facts: facts, Logger: log,
 	}})
 }

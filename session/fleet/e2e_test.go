@@ -18,10 +18,14 @@ import (
 
 // startEtcd runs `berth etcd` on ports of its choosing and returns its
 // client URL, from the line it prints.
-func startEtcd(t *testing.T, berth string) (string, *exec.Cmd) {
+func startEtcd(t *testing.T, berth string, args ...string) (string, *exec.Cmd) {
 	t.Helper()
-	cmd := exec.Command(berth, "etcd", "--name", "e1", "--data", filepath.Join(t.TempDir(), "etcd"),
-		"--listen-client", "http://127.0.0.1:0", "--listen-peer", "http://127.0.0.1:0")
+	scheme := "http"
+	if len(args) > 0 {
+		scheme = "https"
+	}
+	cmd := exec.Command(berth, append([]string{"etcd", "--name", "e1", "--data", filepath.Join(t.TempDir(), "etcd"),
+		"--listen-client", scheme + "://127.0.0.1:0", "--listen-peer", scheme + "://127.0.0.1:0"}, args...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +52,7 @@ func startEtcd(t *testing.T, berth string) (string, *exec.Cmd) {
 	}()
 	select {
 	case l := <-line:
-		m := regexp.MustCompile(`clients on (http://[0-9.:]+)`).FindStringSubmatch(l)
+		m := regexp.MustCompile(`clients on (https?://[0-9.:]+)`).FindStringSubmatch(l)
 		if m == nil {
 			t.Fatalf("berth etcd said %q (stderr %q)", l, stderr.String())
 		}
@@ -173,5 +177,26 @@ func TestFleetEndToEnd(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Errorf("berth etcd did not stop within 15s of SIGINT")
+	}
+}
+
+// berth fleet init, berth etcd --fleet-ca and berth serve --fleet-ca:
+// the host joins over mutual TLS with a certificate it issued itself.
+func TestFleetTLSEndToEnd(t *testing.T) {
+	a := daemontest.New(t, t.TempDir())
+	ca := filepath.Join(t.TempDir(), "ca")
+	if out := a.OK("fleet", "init", "--dir", ca); !strings.HasPrefix(out, "made the fleet CA in ") {
+		t.Errorf("fleet init said %q", out)
+	}
+	if r := a.Run("fleet", "init", "--dir", ca); r.Code != 1 || !strings.Contains(r.Stderr, "holds a fleet CA already") {
+		t.Errorf("second fleet init: %+v", r)
+	}
+	url, _ := startEtcd(t, a.Berth, "--fleet-ca", ca)
+	if !strings.HasPrefix(url, "https://") {
+		t.Fatalf("berth etcd --fleet-ca serves %s", url)
+	}
+	a.StartDaemon("--fleet", url, "--host-id", "a", "--fleet-ca", ca, "--fleet-ttl", "2s")
+	if l := hostLs(t, a); !l.Fleet || stateOf(l, "a").State != session.HostReady {
+		t.Errorf("host ls over mutual TLS: %+v", l)
 	}
 }

@@ -17,7 +17,7 @@ import (
 
 func dial(t *testing.T, eps []string) *clientv3.Client {
 	t.Helper()
-	cli, err := Dial(eps[0])
+	cli, err := Dial(eps[0], nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,20 +24,32 @@ const DefaultTTL = 10 * time.Second
 // DialTimeout bounds the first contact with etcd.
 const DialTimeout = 5 * time.Second
 
-// Dial returns an etcd client of endpoints (comma-separated URLs). It
-// does not wait for etcd: the first call does, bounded by its context.
-func Dial(endpoints string) (*clientv3.Client, error) {
+// Dial returns an etcd client of endpoints (comma-separated URLs),
+// over mutual TLS when tlsCfg is set (pki.ClientConfig): then every URL
+// must be https, else http. It does not wait for etcd: the first call
+// does, bounded by its context.
+func Dial(endpoints string, tlsCfg *tls.Config) (*clientv3.Client, error) {
 	var eps []string
 	for _, e := range strings.Split(endpoints, ",") {
-		if e = strings.TrimSpace(e); e != "" {
-			eps = append(eps, e)
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
 		}
+		switch {
+		case tlsCfg != nil && !strings.HasPrefix(e, "https://"):
+			return nil, fmt.Errorf("--fleet %s: with a fleet CA every etcd URL must be https://", e)
+		case tlsCfg == nil && strings.HasPrefix(e, "https://"):
+			return nil, fmt.Errorf("--fleet %s: an https etcd needs the fleet's CA (--fleet-ca DIR)", e)
+		case tlsCfg == nil && !strings.HasPrefix(e, "http://"):
+			return nil, fmt.Errorf("--fleet %s: want http://HOST:PORT (or https:// with --fleet-ca)", e)
+		}
+		eps = append(eps, e)
 	}
 	if len(eps) == 0 {
 		return nil, errors.New("--fleet: no etcd URL given (want URL[,URL…], such as http://127.0.0.1:2379)")
 	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: eps, DialTimeout: DialTimeout, Logger: zap.NewNop(),
+		Endpoints: eps, DialTimeout: DialTimeout, Logger: zap.NewNop(), TLS: tlsCfg,
 		// Bounds what a peer (an etcd member) can send in one reply.
 		MaxCallRecvMsgSize: 64 << 20,
 	})

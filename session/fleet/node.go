@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -15,6 +16,9 @@ import (
 type Config struct {
 	// Endpoints are etcd's client URLs, comma-separated.
 	Endpoints string
+	// TLS, if set, makes every etcd connection mutual TLS
+	// (pki.ClientConfig).
+	TLS *tls.Config
 	HostConfig
 }
 
@@ -34,7 +38,7 @@ const callTimeout = 5 * time.Second
 
 // Start dials etcd and joins the host; ctx bounds the first contact.
 func Start(ctx context.Context, c Config) (_ *Node, err error) {
-	cli, err := Dial(c.Endpoints)
+	cli, err := Dial(c.Endpoints, c.TLS)
 	if err != nil {
 		return nil, err
 	}

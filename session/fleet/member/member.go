@@ -21,8 +21,11 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/berthvm/berth/session/fleet/pki"
 )
 
 // Config is one member. Zero fields take the defaults said on each.
@@ -38,6 +41,10 @@ type Config struct {
 	// InitialCluster is "NAME=PEER_URL,…" for a new cluster of several
 	// members; default: this member alone.
 	InitialCluster string
+	// CA, if set, is the fleet's CA directory (berth fleet init): the
+	// member gets a certificate of it (issued into Dir/tls on first start)
+	// and serves clients and peers over mutual TLS only, on https URLs.
+	CA string
 	// Verbose passes etcd's own log (info and up) to stderr; default:
 	// etcd logs nothing.
 	Verbose bool
@@ -59,10 +66,10 @@ type Member struct {
 	close sync.Once
 }
 
-// ParseURL checks a listen URL as Start takes it: http, an IP literal
-// (etcd binds it), a port, nothing else; plain text only on loopback.
-// flag names it in the error ("--listen-client").
-func ParseURL(flag, s string) (*url.URL, error) {
+// ParseURL checks a listen URL as Start takes it: an IP literal (etcd
+// binds it), a port, nothing else; https with TLS, else http on loopback
+// only. flag names it in the error ("--listen-client").
+func ParseURL(flag, s string, withTLS bool) (*url.URL, error) {
 	u, err := url.Parse(s)
 	bad := func(why string) error {
 		return fmt.Errorf("%s %q: %s: want http://IP:PORT, such as http://127.0.0.1:2379", flag, s, why)
@@ -71,9 +78,11 @@ func ParseURL(flag, s string) (*url.URL, error) {
 		return nil, bad("not a URL")
 	}
 	switch {
-	case u.Scheme == "https":
-		return nil, bad("TLS between members is not built yet (plain http on loopback only)")
-	case u.Scheme != "http":
+	case withTLS && u.Scheme != "https":
+		return nil, fmt.Errorf("%s %q: with a fleet CA the scheme must be https", flag, s)
+	case !withTLS && u.Scheme == "https":
+		return nil, bad("https needs the fleet's CA (--fleet-ca DIR)")
+	case !withTLS && u.Scheme != "http":
 		return nil, bad("the scheme must be http")
 	case u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "":
 		return nil, bad("only a scheme, an address and a port")
@@ -86,8 +95,8 @@ func ParseURL(flag, s string) (*url.URL, error) {
 	if ip == nil {
 		return nil, bad("the host must be an IP address")
 	}
-	if !ip.IsLoopback() {
-		return nil, bad("plain text is for loopback only until fleet TLS exists")
+	if !withTLS && !ip.IsLoopback() {
+		return nil, bad("plain text is for loopback only: give --fleet-ca DIR and https URLs")
 	}
 	u.Path = ""
 	return u, nil
@@ -102,11 +111,12 @@ func Start(ctx context.Context, c Config) (_ *Member, err error) {
 	if c.Dir == "" {
 		return nil, errors.New("--data: a data directory is needed")
 	}
-	cu, err := ParseURL("--listen-client", c.ListenClient)
+	withTLS := c.CA != ""
+	cu, err := ParseURL("--listen-client", c.ListenClient, withTLS)
 	if err != nil {
 		return nil, err
 	}
-	pu, err := ParseURL("--listen-peer", c.ListenPeer)
+	pu, err := ParseURL("--listen-peer", c.ListenPeer, withTLS)
 	if err != nil {
 		return nil, err
 	}
@@ -114,12 +124,28 @@ func Start(ctx context.Context, c Config) (_ *Member, err error) {
 	if initial == "" {
 		initial = c.Name + "=" + pu.String()
 	}
-	if err := checkInitialCluster(initial, c.Name, pu.String()); err != nil {
+	if err := checkInitialCluster(initial, c.Name, pu.String(), withTLS); err != nil {
 		return nil, err
 	}
 	old, err := checkDir(c.Dir, c.Name, c.InitialCluster)
 	if err != nil {
 		return nil, err
+	}
+
+	var tlsFiles pki.Files
+	if withTLS {
+		// Start makes Dir; the certificate goes inside it.
+		if err := os.MkdirAll(c.Dir, 0o700); err != nil {
+			return nil, fmt.Errorf("--data %s: %w", c.Dir, err)
+		}
+		out := filepath.Join(c.Dir, "tls")
+		ips := []net.IP{net.ParseIP(cu.Hostname()), net.ParseIP(pu.Hostname())}
+		if err := pki.Ensure(c.CA, out, c.Name, nil, ips); err != nil {
+			return nil, err
+		}
+		if tlsFiles, err = pki.Load(out); err != nil {
+			return nil, err
+		}
 	}
 
 	cfg := embed.NewConfig()
@@ -130,6 +156,10 @@ func Start(ctx context.Context, c Config) (_ *Member, err error) {
 	cfg.InitialClusterToken = "berth"
 	// No metrics listener, no HTTP gateway: the client URL serves gRPC.
 	cfg.EnableGRPCGateway = false
+	if withTLS {
+		ti := transport.TLSInfo{CertFile: tlsFiles.Cert, KeyFile: tlsFiles.Key, TrustedCAFile: tlsFiles.CA, ClientCertAuth: true}
+		cfg.ClientTLSInfo, cfg.PeerTLSInfo = ti, ti
+	}
 	if c.Verbose {
 		cfg.LogLevel = "info"
 	} else {
@@ -169,14 +199,14 @@ func Start(ctx context.Context, c Config) (_ *Member, err error) {
 
 // checkInitialCluster checks "NAME=URL,…" names this member at its peer
 // URL.
-func checkInitialCluster(s, name, peer string) error {
+func checkInitialCluster(s, name, peer string, withTLS bool) error {
 	found := false
 	for _, m := range strings.Split(s, ",") {
 		n, u, ok := strings.Cut(m, "=")
 		if !ok || n == "" {
 			return fmt.Errorf("--initial-cluster %q: want NAME=PEER_URL,… such as a=http://127.0.0.1:2380,b=http://127.0.0.1:2382", s)
 		}
-		if _, err := ParseURL("--initial-cluster "+n, u); err != nil {
+		if _, err := ParseURL("--initial-cluster "+n, u, withTLS); err != nil {
 			return err
 		}
 		if n == name {
@@ -226,16 +256,23 @@ func checkDir(dir, name, initial string) (*marker, error) {
 func (m *Member) ClientURLs() []string {
 	var out []string
 	for _, l := range m.e.Clients {
-		out = append(out, "http://"+l.Addr().String())
+		out = append(out, m.scheme()+"://"+l.Addr().String())
 	}
 	return out
+}
+
+func (m *Member) scheme() string {
+	if m.cfg.CA != "" {
+		return "https"
+	}
+	return "http"
 }
 
 // PeerURLs are the URLs other members reach it on, ports resolved.
 func (m *Member) PeerURLs() []string {
 	var out []string
 	for _, l := range m.e.Peers {
-		out = append(out, "http://"+l.Addr().String())
+		out = append(out, m.scheme()+"://"+l.Addr().String())
 	}
 	return out
 }

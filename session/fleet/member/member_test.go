@@ -11,21 +11,25 @@ import (
 func TestParseURL(t *testing.T) {
 	for _, c := range []struct {
 		in, err string
+		tls     bool
 	}{
-		{"http://127.0.0.1:2379", ""},
-		{"http://[::1]:2379", ""},
-		{"http://127.0.0.1:0", ""},
-		{"https://127.0.0.1:2379", "TLS"},
-		{"ftp://127.0.0.1:2379", "scheme"},
-		{"http://127.0.0.1", "no port"},
-		{"http://localhost:2379", "IP address"},
-		{"http://10.1.2.3:2379", "loopback only"},
-		{"http://127.0.0.1:2379/x", "only a scheme"},
-		{"http://u@127.0.0.1:2379", "only a scheme"},
-		{"127.0.0.1:2379", "not a URL"},
-		{"%%", "not a URL"},
+		{in: "https://10.1.2.3:2379", tls: true},
+		{in: "https://127.0.0.1:0", tls: true},
+		{in: "http://127.0.0.1:2379", err: "must be https", tls: true},
+		{in: "http://127.0.0.1:2379", err: ""},
+		{in: "http://[::1]:2379", err: ""},
+		{in: "http://127.0.0.1:0", err: ""},
+		{in: "https://127.0.0.1:2379", err: "fleet-ca"},
+		{in: "ftp://127.0.0.1:2379", err: "scheme"},
+		{in: "http://127.0.0.1", err: "no port"},
+		{in: "http://localhost:2379", err: "IP address"},
+		{in: "http://10.1.2.3:2379", err: "loopback only"},
+		{in: "http://127.0.0.1:2379/x", err: "only a scheme"},
+		{in: "http://u@127.0.0.1:2379", err: "only a scheme"},
+		{in: "127.0.0.1:2379", err: "not a URL"},
+		{in: "%%", err: "not a URL"},
 	} {
-		_, err := ParseURL("--listen-client", c.in)
+		_, err := ParseURL("--listen-client", c.in, c.tls)
 		switch {
 		case c.err == "" && err != nil:
 			t.Errorf("ParseURL(%q) = %v, want nil", c.in, err)
