@@ -14,8 +14,9 @@ func TestFleetConfig(t *testing.T) {
 		err        string
 	}{
 		{name: "none", want: FleetConfig{}},
-		{name: "file", file: "fleet = \"http://127.0.0.1:2379\"\nhost_id = \"h1\"\nlisten = \"127.0.0.1:7443\"\nfleet_ttl = \"3s\"\n",
-			want: FleetConfig{Endpoints: "http://127.0.0.1:2379", HostID: "h1", Listen: "127.0.0.1:7443", TTL: 3 * time.Second}},
+		{name: "file", file: "fleet = \"https://127.0.0.1:2379\"\nhost_id = \"h1\"\nlisten = \"127.0.0.1:7443\"\nfleet_ttl = \"3s\"\nfleet_ca = \"/ca\"\n",
+			want: FleetConfig{Endpoints: "https://127.0.0.1:2379", HostID: "h1", Listen: "127.0.0.1:7443", TTL: 3 * time.Second, CA: "/ca"}},
+		{name: "ca flag", file: "fleet_ca = \"/a\"\n", flags: FleetConfig{CA: "/b"}, want: FleetConfig{CA: "/b"}},
 		{name: "flags over the file", file: "fleet = \"http://127.0.0.1:2379\"\nhost_id = \"h1\"\n",
 			flags: FleetConfig{HostID: "h2", TTL: 2 * time.Second},
 			want:  FleetConfig{Endpoints: "http://127.0.0.1:2379", HostID: "h2", TTL: 2 * time.Second}},

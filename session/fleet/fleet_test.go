@@ -369,3 +369,17 @@ func TestPlaceChoosesAndPins(t *testing.T) {
 		t.Errorf("after release, imaged uses %+v", h.Used)
 	}
 }
+
+// A host that leaves after losing its lease is still recorded as left.
+func TestLeaveAfterLostLease(t *testing.T) {
+	cli := dial(t, fleettest.Etcd(t))
+	h := join(t, cli, "a", big)
+	h.crash() // the keeper ends; nothing keeps the lease
+	waitState(t, cli, "a", session.HostGone, 10*time.Second)
+	if err := h.leaveOnce(ctxT(t)); err != nil {
+		t.Fatalf("leave after the lease expired: %v", err)
+	}
+	if got := states(t, cli)["a"]; got.State != session.HostGone || !got.Left {
+		t.Errorf("after leave: %+v", got)
+	}
+}

@@ -303,7 +303,9 @@ func (h *Host) leave(ctx context.Context) error {
 		rec = HostRecord{ID: h.cfg.ID, Addr: h.cfg.Addr}
 	}
 	rec.Left = true
-	if _, err := h.cli.Revoke(ctx, lease); err != nil {
+	// A lease already lost (the keeper was registering again) is gone
+	// as leaving wants it.
+	if _, err := h.cli.Revoke(ctx, lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return fmt.Errorf("leave the fleet: revoke host %s's lease: %w", h.cfg.ID, err)
 	}
 	if _, err := h.cli.Put(ctx, seenKey(h.cfg.ID), mustJSON(rec)); err != nil {
