@@ -168,6 +168,17 @@ func TestFleetEndToEnd(t *testing.T) {
 	}
 
 	etcd.Process.Signal(syscall.SIGINT)
+	defer func() {
+		// With etcd gone, host ls answers in one line within its bound.
+		start := time.Now()
+		r := a.Run("host", "ls")
+		if r.Code != 1 || !strings.HasPrefix(r.Stderr, "berth: the fleet's etcd did not answer") || strings.Count(r.Stderr, "\n") != 1 {
+			t.Errorf("host ls without etcd: %+v", r)
+		}
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("host ls without etcd took %s", took)
+		}
+	}()
 	done := make(chan error, 1)
 	go func() { done <- etcd.Wait() }()
 	select {

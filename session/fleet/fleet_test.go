@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -75,6 +76,7 @@ func waitState(t *testing.T, cli *clientv3.Client, id string, want session.HostS
 var big = Facts{CPUs: 64, MemoryMiB: 1 << 20, DiskFree: 1 << 40, Floor: 1 << 30}
 
 func TestJoinListLeave(t *testing.T) {
+	t.Parallel()
 	cli := dial(t, fleettest.Etcd(t))
 	a := join(t, cli, "a", Facts{CPUs: 4, MemoryMiB: 8192, DiskFree: 100 << 30, Floor: 1 << 30, Images: []string{"mini"}})
 	join(t, cli, "b", Facts{CPUs: 2, MemoryMiB: 4096, Draining: true})
@@ -98,6 +100,7 @@ func TestJoinListLeave(t *testing.T) {
 // A host whose daemon dies (no revoke) goes gone after its lease's TTL,
 // and is remembered, not left.
 func TestCrashedHostGoesGone(t *testing.T) {
+	t.Parallel()
 	cli := dial(t, fleettest.Etcd(t))
 	h := join(t, cli, "a", big)
 	h.crash()
@@ -113,6 +116,7 @@ func TestCrashedHostGoesGone(t *testing.T) {
 // A lost lease (revoked, or expired while etcd was out of reach) is
 // followed by a new registration.
 func TestLostLeaseRegistersAgain(t *testing.T) {
+	t.Parallel()
 	cli := dial(t, fleettest.Etcd(t))
 	h := join(t, cli, "a", big)
 	h.mu.Lock()
@@ -140,6 +144,7 @@ func TestLostLeaseRegistersAgain(t *testing.T) {
 // One host id, one live berth: another is refused, while a daemon
 // restarted on the same data directory (same instance) takes over.
 func TestHostIDHeldOnce(t *testing.T) {
+	t.Parallel()
 	cli := dial(t, fleettest.Etcd(t))
 	join(t, cli, "a", big)
 	_, err := Join(ctxT(t), cli, HostConfig{ID: "a", Instance: "other", TTL: time.Second})
@@ -232,6 +237,7 @@ func checkAllocs(t *testing.T, cli *clientv3.Client) map[string]int {
 // 3 front doors create the same 50 names at once: each is made exactly
 // once, the others are told it exists.
 func TestPlaceSameNameOnce(t *testing.T) {
+	t.Parallel()
 	eps := fleettest.Etcd(t)
 	cli := dial(t, eps)
 	for _, id := range []string{"a", "b", "c"} {
@@ -277,6 +283,7 @@ func TestPlaceSameNameOnce(t *testing.T) {
 // exactly 16 are placed, the rest refused for room, and no host is
 // promised more than it has.
 func TestPlaceNeverOverpromises(t *testing.T) {
+	t.Parallel()
 	eps := fleettest.Etcd(t)
 	cli := dial(t, eps)
 	small := Facts{CPUs: 8, MemoryMiB: 64 << 10, DiskFree: 1 << 40}
@@ -314,6 +321,7 @@ func TestPlaceNeverOverpromises(t *testing.T) {
 }
 
 func TestPlaceChoosesAndPins(t *testing.T) {
+	t.Parallel()
 	cli := dial(t, fleettest.Etcd(t))
 	join(t, cli, "empty", Facts{CPUs: 16, MemoryMiB: 32 << 10, DiskFree: 1 << 40})
 	join(t, cli, "imaged", Facts{CPUs: 16, MemoryMiB: 32 << 10, DiskFree: 1 << 40, Images: []string{"debian"}})
@@ -372,6 +380,7 @@ func TestPlaceChoosesAndPins(t *testing.T) {
 
 // A host that leaves after losing its lease is still recorded as left.
 func TestLeaveAfterLostLease(t *testing.T) {
+	t.Parallel()
 	cli := dial(t, fleettest.Etcd(t))
 	h := join(t, cli, "a", big)
 	h.crash() // the keeper ends; nothing keeps the lease
@@ -381,5 +390,39 @@ func TestLeaveAfterLostLease(t *testing.T) {
 	}
 	if got := states(t, cli)["a"]; got.State != session.HostGone || !got.Left {
 		t.Errorf("after leave: %+v", got)
+	}
+}
+
+// Close ends the keeper and the client's lease goroutines: nothing of
+// the node outlives it.
+func TestNodeCloseLeavesNoGoroutine(t *testing.T) {
+	eps := fleettest.Etcd(t)
+	n, err := Start(ctxT(t), Config{Endpoints: eps[0], HostConfig: HostConfig{ID: "a", TTL: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := n.Hosts(ctxT(t)); err != nil || !l.Fleet || l.Self != "a" || len(l.Hosts) != 1 {
+		t.Fatalf("hosts: %+v, %v", l, err)
+	}
+	if err := n.Close(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		buf := make([]byte, 1<<20)
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		left := ""
+		for _, f := range []string{"fleet.(*Host).keep", "client/v3.(*lessor)"} {
+			if strings.Contains(stacks, f) {
+				left = f
+			}
+		}
+		if left == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a goroutine in %s outlives Close", left)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
