@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +25,7 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/berthvm/berth/session/fleet/pki"
 )
@@ -63,6 +65,7 @@ type marker struct {
 type Member struct {
 	e     *embed.Etcd
 	cfg   Config
+	lock  *os.File // Dir's lock, held while the member runs
 	close sync.Once
 }
 
@@ -131,6 +134,16 @@ func Start(ctx context.Context, c Config) (_ *Member, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// etcd itself would wait for a running member's file locks for ever.
+	lock, err := lockDir(c.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
 
 	var tlsFiles pki.Files
 	if withTLS {
@@ -194,7 +207,7 @@ func Start(ctx context.Context, c Config) (_ *Member, err error) {
 			return nil, fmt.Errorf("record the member in %s: %w", c.Dir, err)
 		}
 	}
-	return &Member{e: e, cfg: c}, nil
+	return &Member{e: e, cfg: c, lock: lock}, nil
 }
 
 // checkInitialCluster checks "NAME=URL,…" names this member at its peer
@@ -282,7 +295,29 @@ func (m *Member) Err() <-chan error { return m.e.Err() }
 
 // Close stops the member; in-flight requests get etcd's request timeout.
 // A second Close does nothing (etcd's own panics).
-func (m *Member) Close() { m.close.Do(m.e.Close) }
+func (m *Member) Close() {
+	m.close.Do(func() {
+		m.e.Close()
+		m.lock.Close() // closing the file releases its lock
+	})
+}
+
+// lockDir takes dir's lock, or says which process holds it.
+func lockDir(dir string) (*os.File, error) {
+	path := filepath.Join(dir, "berth-member.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("--data %s: %w", dir, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		b, _ := io.ReadAll(io.LimitReader(f, 32))
+		f.Close()
+		return nil, fmt.Errorf("data directory %s is in use by another etcd member (pid %s): stop it, or use another --data directory", dir, strings.TrimSpace(string(b)))
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return f, nil
+}
 
 // Run starts the member, says in one line on out what it listens on,
 // and runs until ctx ends (SIGINT, SIGTERM) or the member fails.

@@ -123,3 +123,25 @@ func TestInitialClusterChecked(t *testing.T) {
 		}
 	}
 }
+
+// A data directory a running member holds is refused at once, not
+// waited on.
+func TestDataDirInUse(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := start(t, Config{Name: "a", Dir: dir}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := start(t, Config{Name: "a", Dir: dir})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "in use by another etcd member") {
+			t.Errorf("second member on a directory in use: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a second member on a directory in use waited")
+	}
+}
