@@ -219,7 +219,7 @@ func checkAllocs(t *testing.T, cli *clientv3.Client) map[string]int {
 	if len(specs) != len(owners) {
 		t.Errorf("%d specs, %d owners", len(specs), len(owners))
 	}
-	v, _, err := read(ctx, cli)
+	v, _, err := read(ctx, cli, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,13 +30,18 @@ type allocAt struct {
 	rev int64 // alloc/H's mod revision (0: none yet)
 }
 
-// read reads hosts/, seen/ and alloc/ in one transaction, plus extra
-// operations' responses returned as they are.
-func read(ctx context.Context, cli *clientv3.Client, extra ...clientv3.Op) (*view, []*pb.ResponseOp, error) {
+// read reads hosts/, alloc/ and (with seen) seen/ in one transaction,
+// plus extra operations' responses returned as they are. Placement
+// leaves seen/ out: gone hosts take no sessions.
+func read(ctx context.Context, cli *clientv3.Client, seen bool, extra ...clientv3.Op) (*view, []*pb.ResponseOp, error) {
 	lim := clientv3.WithLimit(MaxHosts)
+	seenOp := clientv3.OpGet(seenDir, clientv3.WithPrefix(), lim)
+	if !seen {
+		seenOp = clientv3.OpGet(seenDir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	}
 	ops := append([]clientv3.Op{
 		clientv3.OpGet(hostsDir, clientv3.WithPrefix(), lim),
-		clientv3.OpGet(seenDir, clientv3.WithPrefix(), lim),
+		seenOp,
 		clientv3.OpGet(allocDir, clientv3.WithPrefix(), lim),
 	}, extra...)
 	r, err := cli.Txn(ctx).Then(ops...).Commit()
@@ -77,7 +82,7 @@ func read(ctx context.Context, cli *clientv3.Client, extra ...clientv3.Op) (*vie
 // List returns the fleet's hosts, by id: live ones ready or draining,
 // remembered ones gone.
 func List(ctx context.Context, cli *clientv3.Client) ([]session.HostInfo, error) {
-	v, _, err := read(ctx, cli)
+	v, _, err := read(ctx, cli, true)
 	if err != nil {
 		return nil, err
 	}

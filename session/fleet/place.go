@@ -52,12 +52,19 @@ func Place(ctx context.Context, cli *clientv3.Client, req Request) (Placement, e
 	}
 	spec := mustJSON(o)
 	for try := 1; ; try++ {
-		v, extra, err := read(ctx, cli, clientv3.OpGet(ownerKey(o.Name)))
+		ops := []clientv3.Op{clientv3.OpGet(ownerKey(o.Name))}
+		if req.On != "" {
+			ops = append(ops, clientv3.OpGet(seenKey(req.On), clientv3.WithCountOnly()))
+		}
+		v, extra, err := read(ctx, cli, false, ops...)
 		if err != nil {
 			return Placement{}, err
 		}
 		if kvs := extra[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			return Placement{}, exists(o.Name, kvs[0].Value)
+		}
+		if req.On != "" && extra[1].GetResponseRange().Count > 0 {
+			v.seen[req.On] = HostRecord{ID: req.On} // remembered: gone, not unknown
 		}
 		host, err := v.pick(req)
 		if err != nil {
