@@ -92,9 +92,6 @@ FUZZ_TARGETS := \
 	guest/image/oci:FuzzParseJSON guest/image/oci:FuzzParseEntry guest/image/oci:FuzzApplyLayer guest/image/ext4:FuzzRead \
 	ui/common:FuzzSanitizeLine ui/components/output:FuzzOutputWindow \
 	session/engine/extfs:FuzzImage guest/agent:FuzzFanotifyEvents
-# The fleet's record parsers (host, allocation and owner records read back
-# from etcd).
-FUZZ_TARGETS += session/fleet:FuzzRecords
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
@@ -122,3 +119,7 @@ soak: deps build
 
 clean:
 	rm -rf $(BIN)
+
+# The fleet's record parsers (host, allocation and owner records read back
+# from etcd), fuzzed by make fuzz with the others.
+FUZZ_TARGETS += session/fleet:FuzzRecords
