@@ -14,6 +14,7 @@ import (
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/engine"
 	"github.com/berthvm/berth/session/engine/egress"
+	"github.com/berthvm/berth/session/fleet"
 	"github.com/berthvm/berth/vmm"
 )
 
@@ -81,7 +82,7 @@ type FleetConfig struct {
 	// HostID names this host in the fleet; Listen is the address others
 	// will reach it on (recorded; nothing listens there yet).
 	HostID, Listen string
-	// TTL is the host lease's time to live (0: fleet.DefaultTTL).
+	// TTL is the host lease's time to live (default fleet.DefaultTTL).
 	TTL time.Duration
 	// CA is the fleet CA's directory (berth fleet init): the host's
 	// certificate is issued from it (or loaded) and etcd is reached over
@@ -198,6 +199,7 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		c.IdleTimeout = session.DefaultIdleTimeout
 	}
 	c.Fleet = FleetConfig{Endpoints: f.Fleet, HostID: f.HostID, Listen: f.Listen, CA: f.FleetCA}
+	c.Fleet.TTL = fleet.DefaultTTL
 	if f.FleetTTL != "" {
 		if c.Fleet.TTL, err = time.ParseDuration(f.FleetTTL); err != nil || c.Fleet.TTL < time.Second {
 			return c, fmt.Errorf("%s: fleet_ttl = %q: want a duration of at least 1s, such as 10s", path, f.FleetTTL)

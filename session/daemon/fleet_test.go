@@ -13,15 +13,15 @@ func TestFleetConfig(t *testing.T) {
 		want       FleetConfig
 		err        string
 	}{
-		{name: "none", want: FleetConfig{}},
+		{name: "none", want: FleetConfig{TTL: 10 * time.Second}},
 		{name: "file", file: "fleet = \"https://127.0.0.1:2379\"\nhost_id = \"h1\"\nlisten = \"127.0.0.1:7443\"\nfleet_ttl = \"3s\"\nfleet_ca = \"/ca\"\n",
 			want: FleetConfig{Endpoints: "https://127.0.0.1:2379", HostID: "h1", Listen: "127.0.0.1:7443", TTL: 3 * time.Second, CA: "/ca"}},
-		{name: "ca flag", file: "fleet_ca = \"/a\"\n", flags: FleetConfig{CA: "/b"}, want: FleetConfig{CA: "/b"}},
+		{name: "ca flag", file: "fleet_ca = \"/a\"\n", flags: FleetConfig{CA: "/b"}, want: FleetConfig{CA: "/b", TTL: 10 * time.Second}},
 		{name: "flags over the file", file: "fleet = \"http://127.0.0.1:2379\"\nhost_id = \"h1\"\n",
 			flags: FleetConfig{HostID: "h2", TTL: 2 * time.Second},
 			want:  FleetConfig{Endpoints: "http://127.0.0.1:2379", HostID: "h2", TTL: 2 * time.Second}},
 		{name: "flags alone", flags: FleetConfig{Endpoints: "http://127.0.0.1:1", HostID: "x"},
-			want: FleetConfig{Endpoints: "http://127.0.0.1:1", HostID: "x"}},
+			want: FleetConfig{Endpoints: "http://127.0.0.1:1", HostID: "x", TTL: 10 * time.Second}},
 		{name: "short ttl", file: "fleet_ttl = \"500ms\"\n", err: "fleet_ttl"},
 		{name: "bad ttl", file: "fleet_ttl = \"soon\"\n", err: "fleet_ttl"},
 	} {
