@@ -119,3 +119,7 @@ soak: deps build
 
 clean:
 	rm -rf $(BIN)
+
+# The fleet's record parsers (host, allocation and owner records read back
+# from etcd), fuzzed by make fuzz with the others.
+FUZZ_TARGETS += session/fleet:FuzzRecords

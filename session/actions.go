@@ -57,6 +57,8 @@ const (
 	// nothing on the host (the caller says where the bytes go), so it is
 	// a read, and every read is a viewer's, as reading sessions' files is.
 	ActionImageExport Action = "image-export"
+	// ActionHosts reads a fleet's hosts (berth host ls).
+	ActionHosts Action = "hosts"
 )
 
 // Role is what a caller may do; roles are ordered, each allowed all the
@@ -168,6 +170,7 @@ var verbs = []Verb{
 	{Action: ActionCommitImage, States: []State{StateRunning, StateStopped, StateCrashed, StateSleeping}, Role: Admin, Mutates: true,
 		What: "commit sessions as images", Refusal: "commit"},
 	{Action: ActionImageExport, Role: Viewer, What: "export images"},
+	{Action: ActionHosts, Role: Viewer, What: "list fleet hosts"},
 }
 
 // Lookup returns the row of action.

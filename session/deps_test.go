@@ -28,6 +28,16 @@ func TestDependenciesPointOneWay(t *testing.T) {
 		}
 	}
 	forbidden := []string{"github.com/dgraph-io/badger", "github.com/berthvm/berth/store", "github.com/berthvm/berth/vmm", "github.com/berthvm/berth/session/engine"}
+	// The fleet links etcd and none of the engine; front ends reach the
+	// fleet through the contract (session.HostLister), linking no etcd.
+	for _, dep := range list("github.com/berthvm/berth/session/fleet/...") {
+		for _, f := range forbidden {
+			if strings.HasPrefix(dep, f) {
+				t.Errorf("the fleet links %s", dep)
+			}
+		}
+	}
+	forbidden = append(forbidden, "go.etcd.io/", "github.com/berthvm/berth/session/fleet")
 	for _, fe := range []string{
 		"github.com/berthvm/berth/ui", "github.com/berthvm/berth/ui/cli", "github.com/berthvm/berth/ui/sshd",
 		"github.com/berthvm/berth/ui/mcpserver", "github.com/berthvm/berth/ui/components/...", "github.com/berthvm/berth/session/api",

@@ -33,6 +33,7 @@
 //	GET    /v1/version                                {"api":"v1","version":...}
 //	GET    /v1/watch                                  NDJSON session.Event stream
 //	GET    /v1/host                                   HostStatus
+//	GET    /v1/hosts                                  HostList (the fleet's hosts; fleet false: not in one)
 //	GET    /v1/sessions                               []Session
 //	POST   /v1/sessions                               CreateOptions → 201 Session
 //	GET    /v1/sessions/{name}                        Session

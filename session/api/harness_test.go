@@ -27,7 +27,7 @@ type harness struct {
 }
 
 // start serves svc (a new fake when nil) until the test ends.
-func start(t testing.TB, svc session.Service) *harness {
+func start(t testing.TB, svc session.Service, opts ...api.ServerOption) *harness {
 	t.Helper()
 	h := &harness{}
 	if svc == nil {
@@ -47,7 +47,7 @@ func start(t testing.TB, svc session.Service) *harness {
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	base, stopStreams := context.WithCancel(context.Background())
 	srv := &http.Server{
-		Handler:     api.NewServer(svc, logger, api.WithVersion("v9.9.9-test")),
+		Handler:     api.NewServer(svc, logger, append([]api.ServerOption{api.WithVersion("v9.9.9-test")}, opts...)...),
 		BaseContext: func(net.Listener) context.Context { return base },
 	}
 	served := make(chan struct{})

@@ -23,6 +23,7 @@ func (s *server) routes() []route {
 		{"GET", "/v1/version", `{"api":"v1","version":...}`, s.getVersion},
 		{"GET", "/v1/watch", "NDJSON session.Event stream", s.watch},
 		{"GET", "/v1/host", "HostStatus", s.host},
+		{"GET", "/v1/hosts", "HostList (the fleet's hosts; fleet false: not in one)", s.hosts},
 
 		{"GET", "/v1/sessions", "[]Session", s.list},
 		{"POST", "/v1/sessions", "CreateOptions → 201 Session", s.create},

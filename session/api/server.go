@@ -25,11 +25,18 @@ func WithVersion(v string) ServerOption {
 	return func(s *server) { s.version = v }
 }
 
+// WithHosts has GET /v1/hosts answer from h, the daemon's fleet; nil
+// (the default) answers that this berth is not in a fleet.
+func WithHosts(h session.HostLister) ServerOption {
+	return func(s *server) { s.hostList = h }
+}
+
 type server struct {
-	svc     session.Service
-	log     *slog.Logger
-	version string
-	mux     *http.ServeMux
+	svc      session.Service
+	log      *slog.Logger
+	version  string
+	mux      *http.ServeMux
+	hostList session.HostLister
 }
 
 // NewServer returns the API handler for svc. A nil logger discards logs.

@@ -14,6 +14,7 @@ import (
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/engine"
 	"github.com/berthvm/berth/session/engine/egress"
+	"github.com/berthvm/berth/session/fleet"
 	"github.com/berthvm/berth/vmm"
 )
 
@@ -41,6 +42,13 @@ type File struct {
 	RunRecordLimit int    `toml:"run_record_limit"`
 	Net            string `toml:"net"`
 	NetMaxConns    int    `toml:"net_max_conns"`
+	// The fleet this host joins (serve's --fleet, --host-id, --listen,
+	// --fleet-ttl); no fleet: a berth of its own.
+	Fleet    string `toml:"fleet"`
+	HostID   string `toml:"host_id"`
+	Listen   string `toml:"listen"`
+	FleetTTL string `toml:"fleet_ttl"`
+	FleetCA  string `toml:"fleet_ca"`
 }
 
 // Config is the parsed configuration. Sizes are read by session.ParseSize
@@ -68,6 +76,23 @@ type Config struct {
 	// session's open egress connections.
 	Net         string
 	NetMaxConns int
+	// Fleet is the fleet to join; its Endpoints "" means none.
+	Fleet FleetConfig
+}
+
+// FleetConfig is how a host joins a fleet (see session/fleet).
+type FleetConfig struct {
+	// Endpoints are etcd's client URLs, comma-separated.
+	Endpoints string
+	// HostID names this host in the fleet; Listen is the address others
+	// will reach it on (recorded; nothing listens there yet).
+	HostID, Listen string
+	// TTL is the host lease's time to live (default fleet.DefaultTTL).
+	TTL time.Duration
+	// CA is the fleet CA's directory (berth fleet init): the host's
+	// certificate is issued from it (or loaded) and etcd is reached over
+	// mutual TLS. "": plain text.
+	CA string
 }
 
 // LoadConfig reads <data>/config.toml, writing the documented defaults
@@ -177,6 +202,13 @@ func ParseConfig(path string, b []byte) (Config, error) {
 		}
 	} else {
 		c.IdleTimeout = session.DefaultIdleTimeout
+	}
+	c.Fleet = FleetConfig{Endpoints: f.Fleet, HostID: f.HostID, Listen: f.Listen, CA: f.FleetCA}
+	c.Fleet.TTL = fleet.DefaultTTL
+	if f.FleetTTL != "" {
+		if c.Fleet.TTL, err = time.ParseDuration(f.FleetTTL); err != nil || c.Fleet.TTL < time.Second {
+			return c, fmt.Errorf("%s: fleet_ttl = %q: want a duration of at least 1s, such as 10s", path, f.FleetTTL)
+		}
 	}
 	c.RunCheckpoint = f.RunCheckpoint == nil || *f.RunCheckpoint
 	if f.RunRecordLimit < 0 || f.RunRecordLimit > engine.DefaultRunRecordLimit {

@@ -27,6 +27,7 @@ import (
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/api"
 	"github.com/berthvm/berth/session/engine"
+	"github.com/berthvm/berth/session/fleet"
 	"github.com/berthvm/berth/session/metrics"
 	"github.com/berthvm/berth/store"
 	"github.com/berthvm/berth/vmm"
@@ -69,6 +70,10 @@ type Options struct {
 	// LockWatch, when positive, logs every hold of the engine's locks
 	// longer than it, with the holder's stack (berth serve -v).
 	LockWatch time.Duration
+
+	// Fleet overrides config.toml's fleet keys where a field is set
+	// (serve's --fleet, --host-id, --listen, --fleet-ttl).
+	Fleet FleetConfig
 
 	// Test knobs, passed to session.Config as they are.
 	CrashAt     string // a step at which the daemon kills itself
@@ -227,6 +232,26 @@ func Run(ctx context.Context, o Options) (err error) {
 		}
 	}()
 
+	// The fleet after the Manager (its facts come from it) and before the
+	// API: its deferred leave runs after the listeners stop and before
+	// the Manager closes.
+	var hostList session.HostLister
+	if fc := fleetConfig(cfg.Fleet, o.Fleet); fc.Endpoints != "" {
+		var node *fleet.Node
+		if node, err = joinFleet(ctx, fc, o.DataDir, cfg.Floor, mgr, log); err != nil {
+			return err
+		}
+		defer func() {
+			lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if cerr := node.Close(lctx); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+		}()
+		hostList = node
+		fmt.Fprintf(o.Out, "joined the fleet at %s as host %s\n", fc.Endpoints, fc.HostID)
+	}
+
 	life, stop := context.WithCancel(context.Background())
 	defer stop()
 	sock := SocketPath(o.DataDir)
@@ -235,7 +260,7 @@ func Run(ctx context.Context, o Options) (err error) {
 		return err
 	}
 	srv := &http.Server{
-		Handler:           api.NewServer(mgr, log, api.WithVersion(o.Version)),
+		Handler:           api.NewServer(mgr, log, api.WithVersion(o.Version), api.WithHosts(hostList)),
 		BaseContext:       func(net.Listener) context.Context { return life },
 		ReadHeaderTimeout: 10 * time.Second,
 	}

@@ -42,7 +42,7 @@ func Main(args []string, version string) int {
 // Commands are the commands only the daemon's host runs, for cli.Run's
 // table. They read the global flags from Env.Globals, which must be set.
 func Commands(version string) []*cli.Command {
-	return []*cli.Command{tuiCmd(), serveCmd(version), portForwardCmd(), imageBuildCmd(), imageImportCmd(), imageCommitCmd(), imageExportCmd(), imageLsCmd(), imageRmCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
+	return []*cli.Command{tuiCmd(), serveCmd(version), portForwardCmd(), imageBuildCmd(), imageImportCmd(), imageCommitCmd(), imageExportCmd(), imageLsCmd(), imageRmCmd(), hostLsCmd(), etcdCmd(), fleetInitCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
 }
 
 // The daemon's log in the background is rotated at logMax, logKeep old
@@ -224,9 +224,9 @@ func tuiCmd() *cli.Command {
 
 func serveCmd(version string) *cli.Command {
 	return &cli.Command{
-		Name: "serve", Group: local, Usage: "[--ssh ADDR] [--metrics ADDR [--metrics-public]] [--ch-binary PATH] [--log FILE] [-v]",
+		Name: "serve", Group: local, Usage: "[--ssh ADDR] [--metrics ADDR [--metrics-public]] [--fleet URLS --host-id H [--listen ADDR] [--fleet-ca DIR]] [--ch-binary PATH] [--log FILE] [-v]",
 		Summary: "run the daemon in the foreground",
-		Help:    "Runs the daemon in the foreground: it owns the store and the VMs and serves\nthe API on <data>/berth.sock. SIGTERM stops it; VMs keep running. SIGQUIT\nwrites every goroutine's stack to its log and exits (VMs keep running): attach it\nto a bug report about a daemon that stopped answering.\nWith --metrics it also serves /metrics (Prometheus text format: per-session CPU,\nmemory, disk and execution figures, and the daemon's own) and /healthz over HTTP.",
+		Help:    "Runs the daemon in the foreground: it owns the store and the VMs and serves\nthe API on <data>/berth.sock. SIGTERM stops it; VMs keep running. SIGQUIT\nwrites every goroutine's stack to its log and exits (VMs keep running): attach it\nto a bug report about a daemon that stopped answering.\nWith --metrics it also serves /metrics (Prometheus text format: per-session CPU,\nmemory, disk and execution figures, and the daemon's own) and /healthz over HTTP.\nWith --fleet it joins the fleet whose etcd answers there as host --host-id (in\nprogress: registration and berth host ls; sessions stay on the host they are made on).",
 		Example: "berth serve --ssh :2222",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
 			sshAddr := fs.String("ssh", "", "also serve the TUI, commands and sftp over SSH on `ADDR` (e.g. :2222)")
@@ -235,6 +235,12 @@ func serveCmd(version string) *cli.Command {
 			ch := fs.String("ch-binary", "", "run cloud-hypervisor from `PATH` (default: cloud-hypervisor on PATH)")
 			verbose := fs.Bool("v", false, "debug logging, and a line with the holder's stack for every engine lock held over 1 s")
 			logPath := fs.String("log", "", "write the log to `FILE`, also the process's stderr, rotated at 16 MiB with three old ones kept (FILE.1 …)")
+			var fc daemon.FleetConfig
+			fs.StringVar(&fc.Endpoints, "fleet", "", "join the fleet whose etcd answers on `URLS` (comma-separated; or fleet in config.toml)")
+			fs.StringVar(&fc.HostID, "host-id", "", "this host's `ID` in the fleet (or host_id in config.toml)")
+			fs.StringVar(&fc.Listen, "listen", "", "the `ADDR` (HOST:PORT) recorded for other hosts to reach this one (or listen in config.toml)")
+			fs.StringVar(&fc.CA, "fleet-ca", "", "reach etcd over mutual TLS with a certificate issued from (or loaded beside) the fleet CA in `DIR` (or fleet_ca in config.toml)")
+			fs.DurationVar(&fc.TTL, "fleet-ttl", 0, "the host lease's time to live, `D` (default 10s; or fleet_ttl in config.toml)")
 			return func(ctx context.Context, c *cli.Call, _ []string) error {
 				g, stderr := globals(c), c.Env().Stderr
 				if *logPath != "" {
@@ -253,7 +259,7 @@ func serveCmd(version string) *cli.Command {
 				log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 				o := daemon.Options{
 					DataDir: g.Data, CacheDir: g.Cache, CHBinary: *ch, Version: version, Logger: log, Out: stderr,
-					Metrics: *metricsAddr, MetricsPublic: *metricsPublic, LockWatch: lockWatch,
+					Metrics: *metricsAddr, MetricsPublic: *metricsPublic, LockWatch: lockWatch, Fleet: fc,
 					// The end-to-end tests set these on the berth serve they start.
 					CrashAt: os.Getenv("BERTH_CRASH_AT"), NoTemplates: os.Getenv("BERTH_NO_TEMPLATES") != "",
 					Hosts: os.Getenv("BERTH_TEST_HOSTS"),

@@ -262,7 +262,7 @@ func TestHelp(t *testing.T) {
 	}
 	for _, name := range []string{"create", "ls", "info", "pause", "resume", "stop", "start", "flush", "delete", "events", "stats",
 		"exec", "shell", "logs", "ps", "cancel", "files", "cat", "put", "get", "rm", "mkdir",
-		"serve", "image build", "image import", "image commit", "image export", "image ls", "image rm", "doctor", "ssh add-key", "version",
+		"serve", "image build", "image import", "image commit", "image export", "image ls", "image rm", "host ls", "etcd", "fleet init", "doctor", "ssh add-key", "version",
 		"run start", "run end", "runs", "schedule add", "schedule ls", "schedule rm", "mcp"} {
 		t.Run(name, func(t *testing.T) {
 			args := strings.Fields(name)

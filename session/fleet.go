@@ -1,0 +1,64 @@
+package session
+
+import (
+	"context"
+	"time"
+)
+
+// HostState is a fleet host's state as `berth host ls` shows it.
+type HostState string
+
+const (
+	// HostReady: registered under a live lease, taking new sessions.
+	HostReady HostState = "ready"
+	// HostDraining: registered, but placement puts nothing new there.
+	HostDraining HostState = "draining"
+	// HostGone: remembered from its last registration, its lease gone
+	// (expired, or revoked by a clean stop: see HostInfo.Left).
+	HostGone HostState = "gone"
+)
+
+// HostInfo is one host of a fleet: what it registered and what
+// placement has promised of it.
+type HostInfo struct {
+	ID    string    `json:"id"`
+	Addr  string    `json:"addr"`
+	State HostState `json:"state"`
+	// Capacity as the host registered it.
+	CPUs      int   `json:"cpus"`
+	MemoryMiB int64 `json:"memory_mib"`
+	DiskFree  int64 `json:"disk_free"`
+	Floor     int64 `json:"floor"`
+	// Images are the names of the images the host has.
+	Images []string `json:"images,omitempty"`
+	// Used is what placement has promised of it.
+	Used HostUse `json:"used"`
+	// Since is when it registered (ready, draining), or when it was last
+	// heard of (gone).
+	Since time.Time `json:"since"`
+	// Left: it deregistered in a clean stop rather than losing its lease.
+	Left bool `json:"left,omitempty"`
+}
+
+// HostUse is what placement promised a host: the sum of the sessions
+// placed there.
+type HostUse struct {
+	CPUs      int   `json:"cpus"`
+	MemoryMiB int64 `json:"memory_mib"`
+	Sessions  int   `json:"sessions"`
+}
+
+// HostList answers `berth host ls`. Fleet is false where the daemon is
+// one host on its own (no --fleet): then there are no hosts to list.
+type HostList struct {
+	Fleet bool `json:"fleet"`
+	// Self is the answering host's id.
+	Self  string     `json:"self,omitempty"`
+	Hosts []HostInfo `json:"hosts"`
+}
+
+// HostLister lists a fleet's hosts. The socket client implements it;
+// the daemon answers from etcd.
+type HostLister interface {
+	Hosts(ctx context.Context) (HostList, error)
+}

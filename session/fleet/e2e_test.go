@@ -1,0 +1,213 @@
+package fleet_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/daemon/daemontest"
+)
+
+// startEtcd runs `berth etcd` on ports of its choosing and returns its
+// client URL, from the line it prints.
+func startEtcd(t *testing.T, berth string, args ...string) (string, *exec.Cmd) {
+	t.Helper()
+	scheme := "http"
+	if len(args) > 0 {
+		scheme = "https"
+	}
+	cmd := exec.Command(berth, append([]string{"etcd", "--name", "e1", "--data", filepath.Join(t.TempDir(), "etcd"),
+		"--listen-client", scheme + "://127.0.0.1:0", "--listen-peer", scheme + "://127.0.0.1:0"}, args...)...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	line := make(chan string, 1)
+	go func() {
+		s := bufio.NewScanner(out)
+		if s.Scan() {
+			line <- s.Text()
+		}
+		close(line)
+		io.Copy(io.Discard, out)
+	}()
+	select {
+	case l := <-line:
+		m := regexp.MustCompile(`clients on (https?://[0-9.:]+)`).FindStringSubmatch(l)
+		if m == nil {
+			t.Fatalf("berth etcd said %q (stderr %q)", l, stderr.String())
+		}
+		return m[1], cmd
+	case <-time.After(30 * time.Second):
+		t.Fatalf("berth etcd said nothing in 30s (stderr %q)", stderr.String())
+	}
+	return "", nil
+}
+
+func hostLs(t *testing.T, e *daemontest.Env) session.HostList {
+	t.Helper()
+	var l session.HostList
+	if err := json.Unmarshal([]byte(e.OK("host", "ls", "--json")), &l); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func stateOf(l session.HostList, id string) session.HostInfo {
+	for _, h := range l.Hosts {
+		if h.ID == id {
+			return h
+		}
+	}
+	return session.HostInfo{}
+}
+
+// waitHost polls e's host ls until host id is in state want.
+func waitHost(t *testing.T, e *daemontest.Env, id string, want session.HostState, within time.Duration) session.HostInfo {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		h := stateOf(hostLs(t, e), id)
+		if h.State == want {
+			return h
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("host %s is %q, not %s within %s", id, h.State, want, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Two `berth serve --fleet` daemons on one `berth etcd`: each lists both;
+// one killed with SIGKILL goes gone after its lease's TTL; restarted, it
+// is ready again; the other, stopped cleanly, is gone at once; a berth
+// without --fleet says it is in none; berth etcd stops on SIGINT.
+func TestFleetEndToEnd(t *testing.T) {
+	const ttl = 2 * time.Second
+	a := daemontest.New(t, t.TempDir())
+	b := daemontest.New(t, t.TempDir())
+	url, etcd := startEtcd(t, a.Berth)
+	serve := func(e *daemontest.Env, id, addr string) {
+		e.StartDaemon("--fleet", url, "--host-id", id, "--listen", addr, "--fleet-ttl", ttl.String())
+	}
+	serve(a, "a", "127.0.0.1:7001")
+	serve(b, "b", "127.0.0.1:7002")
+
+	for _, c := range []struct {
+		e    *daemontest.Env
+		self string
+	}{{a, "a"}, {b, "b"}} {
+		l := hostLs(t, c.e)
+		if !l.Fleet || l.Self != c.self || len(l.Hosts) != 2 {
+			t.Fatalf("host ls from %s: %+v", c.self, l)
+		}
+		for _, h := range l.Hosts {
+			if h.State != session.HostReady || h.CPUs <= 0 || h.MemoryMiB <= 0 || h.DiskFree <= 0 {
+				t.Errorf("host ls from %s lists %+v", c.self, h)
+			}
+		}
+		table := c.e.OK("host", "ls")
+		if !strings.Contains(table, c.self+" (this)") || !strings.Contains(table, "127.0.0.1:7001") {
+			t.Errorf("host ls from %s:\n%s", c.self, table)
+		}
+	}
+
+	// SIGKILL: still ready while the lease lives, gone after it.
+	killed := time.Now()
+	a.KillDaemon()
+	if h := stateOf(hostLs(t, b), "a"); h.State != session.HostReady {
+		t.Errorf("host a just after SIGKILL: %q, want still ready", h.State)
+	}
+	h := waitHost(t, b, "a", session.HostGone, ttl+5*time.Second)
+	if h.Left {
+		t.Errorf("a killed host is listed as left")
+	}
+	if took := time.Since(killed); took < ttl-500*time.Millisecond {
+		t.Errorf("host a gone %s after SIGKILL, before its %s TTL", took, ttl)
+	}
+	// Restarted on its data directory it is the same host, ready again.
+	serve(a, "a", "127.0.0.1:7001")
+	if h := stateOf(hostLs(t, b), "a"); h.State != session.HostReady {
+		t.Errorf("host a after its restart: %q", h.State)
+	}
+
+	// A clean stop deregisters at once.
+	b.Daemon.Process.Signal(syscall.SIGTERM)
+	if err := b.Daemon.Wait(); err != nil {
+		t.Errorf("berth serve b on SIGTERM: %v; log:\n%s", err, b.DaemonLog())
+	}
+	b.Daemon = nil
+	if h := stateOf(hostLs(t, a), "b"); h.State != session.HostGone || !h.Left {
+		t.Errorf("host b right after a clean stop: %+v, want gone, left", h)
+	}
+
+	// Without --fleet, nothing of it.
+	solo := daemontest.New(t, t.TempDir())
+	solo.StartDaemon()
+	if out := solo.OK("host", "ls"); out != "this berth is not in a fleet (berth serve --fleet ETCD_URLS --host-id H joins one)\n" {
+		t.Errorf("host ls without a fleet: %q", out)
+	}
+
+	etcd.Process.Signal(syscall.SIGINT)
+	defer func() {
+		// With etcd gone, host ls answers in one line within its bound.
+		start := time.Now()
+		r := a.Run("host", "ls")
+		if r.Code != 1 || !strings.HasPrefix(r.Stderr, "berth: the fleet's etcd did not answer") || strings.Count(r.Stderr, "\n") != 1 {
+			t.Errorf("host ls without etcd: %+v", r)
+		}
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("host ls without etcd took %s", took)
+		}
+	}()
+	done := make(chan error, 1)
+	go func() { done <- etcd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("berth etcd on SIGINT: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Errorf("berth etcd did not stop within 15s of SIGINT")
+	}
+}
+
+// berth fleet init, berth etcd --fleet-ca and berth serve --fleet-ca:
+// the host joins over mutual TLS with a certificate it issued itself.
+func TestFleetTLSEndToEnd(t *testing.T) {
+	a := daemontest.New(t, t.TempDir())
+	ca := filepath.Join(t.TempDir(), "ca")
+	if out := a.OK("fleet", "init", "--dir", ca); !strings.HasPrefix(out, "made the fleet CA in ") {
+		t.Errorf("fleet init said %q", out)
+	}
+	if r := a.Run("fleet", "init", "--dir", ca); r.Code != 1 || !strings.Contains(r.Stderr, "holds a fleet CA already") {
+		t.Errorf("second fleet init: %+v", r)
+	}
+	url, _ := startEtcd(t, a.Berth, "--fleet-ca", ca)
+	if !strings.HasPrefix(url, "https://") {
+		t.Fatalf("berth etcd --fleet-ca serves %s", url)
+	}
+	a.StartDaemon("--fleet", url, "--host-id", "a", "--fleet-ca", ca, "--fleet-ttl", "2s")
+	if l := hostLs(t, a); !l.Fleet || stateOf(l, "a").State != session.HostReady {
+		t.Errorf("host ls over mutual TLS: %+v", l)
+	}
+}

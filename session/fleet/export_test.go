@@ -1,0 +1,8 @@
+package fleet
+
+// crash ends the keeper without revoking the lease, as a SIGKILL of the
+// daemon would.
+func (h *Host) crash() {
+	h.stop()
+	<-h.done
+}

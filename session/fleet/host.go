@@ -1,0 +1,316 @@
+package fleet
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/berthvm/berth/session"
+)
+
+// DefaultTTL is a host lease's time to live: how long a host that stops
+// answering stays listed as ready.
+const DefaultTTL = 10 * time.Second
+
+// DialTimeout bounds the first contact with etcd.
+const DialTimeout = 5 * time.Second
+
+// Dial returns an etcd client of endpoints (comma-separated URLs),
+// over mutual TLS when tlsCfg is set (pki.ClientConfig): then every URL
+// must be https, else http. It does not wait for etcd: the first call
+// does, bounded by its context.
+func Dial(endpoints string, tlsCfg *tls.Config) (*clientv3.Client, error) {
+	var eps []string
+	for _, e := range strings.Split(endpoints, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		switch {
+		case tlsCfg != nil && !strings.HasPrefix(e, "https://"):
+			return nil, fmt.Errorf("--fleet %s: with a fleet CA every etcd URL must be https://", e)
+		case tlsCfg == nil && strings.HasPrefix(e, "https://"):
+			return nil, fmt.Errorf("--fleet %s: an https etcd needs the fleet's CA (--fleet-ca DIR)", e)
+		case tlsCfg == nil && !strings.HasPrefix(e, "http://"):
+			return nil, fmt.Errorf("--fleet %s: want http://HOST:PORT (or https:// with --fleet-ca)", e)
+		}
+		eps = append(eps, e)
+	}
+	if len(eps) == 0 {
+		return nil, errors.New("--fleet: no etcd URL given (want URL[,URL…], such as http://127.0.0.1:2379)")
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: eps, DialTimeout: DialTimeout, Logger: zap.NewNop(), TLS: tlsCfg,
+		// Bounds what a peer (an etcd member) can send in one reply.
+		MaxCallRecvMsgSize: 64 << 20,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--fleet %s: %w", endpoints, err)
+	}
+	return cli, nil
+}
+
+// Facts are what a host says of itself when it registers.
+type Facts struct {
+	CPUs      int
+	MemoryMiB int64
+	DiskFree  int64
+	Floor     int64
+	Images    []string
+	Draining  bool
+}
+
+// HostConfig is one host's membership.
+type HostConfig struct {
+	ID   string
+	Addr string
+	// Instance is the data directory's own id (see HostRecord.Instance).
+	Instance string
+	// TTL is the lease's time to live; 0: DefaultTTL.
+	TTL time.Duration
+	// Refresh is how often the record is rewritten with fresh Facts;
+	// 0: TTL.
+	Refresh time.Duration
+	// Facts reports the host's capacity, images and draining flag; it is
+	// called at each registration and refresh.
+	Facts  func(ctx context.Context) (Facts, error)
+	Logger *slog.Logger
+}
+
+// Host is one host's registration in the fleet. Join starts it; its
+// keeper goroutine keeps the lease alive and registers again after a
+// lost lease until Leave, which ends the goroutine and then revokes the
+// lease.
+type Host struct {
+	cli  *clientv3.Client
+	cfg  HostConfig
+	log  *slog.Logger
+	stop context.CancelFunc
+	done chan struct{}
+	left sync.Once
+
+	mu    sync.Mutex
+	lease clientv3.LeaseID // guarded by mu
+	since time.Time        // guarded by mu
+}
+
+// Join registers the host under a new lease and starts keeping it. It
+// fails when etcd does not answer within ctx or another live berth holds
+// the host id.
+func Join(ctx context.Context, cli *clientv3.Client, cfg HostConfig) (*Host, error) {
+	if err := ValidateHostID(cfg.ID); err != nil {
+		return nil, err
+	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.TTL < time.Second {
+		return nil, fmt.Errorf("fleet lease TTL %s: want at least 1s", cfg.TTL)
+	}
+	if cfg.Refresh <= 0 {
+		cfg.Refresh = cfg.TTL
+	}
+	if cfg.Facts == nil {
+		cfg.Facts = func(context.Context) (Facts, error) { return Facts{}, nil }
+	}
+	h := &Host{cli: cli, cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	h.log = h.log.With("component", "fleet", "host", cfg.ID)
+	if err := h.register(ctx); err != nil {
+		return nil, err
+	}
+	life, stop := context.WithCancel(context.Background())
+	h.stop = stop
+	go h.keep(life)
+	return h, nil
+}
+
+// ID is the host's id.
+func (h *Host) ID() string { return h.cfg.ID }
+
+// record is the host's record now.
+func (h *Host) record(ctx context.Context) (HostRecord, error) {
+	f, err := h.cfg.Facts(ctx)
+	if err != nil {
+		return HostRecord{}, fmt.Errorf("host facts: %w", err)
+	}
+	h.mu.Lock()
+	since := h.since
+	h.mu.Unlock()
+	r := HostRecord{ID: h.cfg.ID, Addr: h.cfg.Addr, CPUs: f.CPUs, MemoryMiB: f.MemoryMiB, DiskFree: f.DiskFree, Floor: f.Floor,
+		Images: f.Images, Draining: f.Draining, Instance: h.cfg.Instance, Since: since, At: time.Now().UTC()}
+	return r, r.check()
+}
+
+// register grants a lease and writes hosts/H under it and seen/H, unless
+// another live berth holds hosts/H. One that was this data directory's
+// (a daemon killed and restarted) is taken over: its lease is revoked.
+func (h *Host) register(ctx context.Context) error {
+	h.mu.Lock()
+	h.since = time.Now().UTC()
+	h.mu.Unlock()
+	rec, err := h.record(ctx)
+	if err != nil {
+		return err
+	}
+	for range 2 {
+		g, err := h.cli.Grant(ctx, int64((h.cfg.TTL+time.Second-1)/time.Second))
+		if err != nil {
+			return fmt.Errorf("join the fleet: grant a lease: %w", err)
+		}
+		r, err := h.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(hostKey(h.cfg.ID)), "=", 0)).
+			Then(clientv3.OpPut(hostKey(h.cfg.ID), mustJSON(rec), clientv3.WithLease(g.ID)), clientv3.OpPut(seenKey(h.cfg.ID), mustJSON(rec))).
+			Else(clientv3.OpGet(hostKey(h.cfg.ID))).Commit()
+		if err != nil {
+			h.revoke(g.ID)
+			return fmt.Errorf("join the fleet: register host %s: %w", h.cfg.ID, err)
+		}
+		if r.Succeeded {
+			h.mu.Lock()
+			h.lease = g.ID
+			h.mu.Unlock()
+			h.log.Info("registered", "lease", fmt.Sprintf("%x", int64(g.ID)), "ttl", h.cfg.TTL)
+			return nil
+		}
+		h.revoke(g.ID)
+		kvs := r.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue // it just expired
+		}
+		old, perr := ParseHostRecord(h.cfg.ID, kvs[0].Value)
+		if perr != nil || h.cfg.Instance == "" || old.Instance != h.cfg.Instance {
+			return fmt.Errorf("host id %s is registered by another live berth (at %q): pick another --host-id, or stop that one: %w",
+				h.cfg.ID, old.Addr, session.ErrConflict)
+		}
+		// Our own data directory's previous daemon: it is dead (we hold the
+		// directory's lock), its lease just not expired yet.
+		h.revoke(clientv3.LeaseID(kvs[0].Lease))
+	}
+	return fmt.Errorf("host id %s: registration kept conflicting: %w", h.cfg.ID, session.ErrConflict)
+}
+
+func (h *Host) revoke(id clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.Background(), DialTimeout)
+	defer cancel()
+	h.cli.Revoke(ctx, id)
+}
+
+// keep keeps the lease alive and rewrites the record every Refresh;
+// after a lost lease it registers again, retrying until ctx ends.
+func (h *Host) keep(ctx context.Context) {
+	defer close(h.done)
+	for ctx.Err() == nil {
+		h.mu.Lock()
+		lease := h.lease
+		h.mu.Unlock()
+		h.keepLease(ctx, lease)
+		if ctx.Err() != nil {
+			return
+		}
+		h.log.Warn("fleet lease lost; registering again")
+		backoff := 200 * time.Millisecond
+		for ctx.Err() == nil {
+			rctx, cancel := context.WithTimeout(ctx, h.cfg.TTL)
+			err := h.register(rctx)
+			cancel()
+			if err == nil {
+				break
+			}
+			h.log.Warn("register again", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, h.cfg.TTL)
+		}
+	}
+}
+
+// keepLease returns when the lease is lost or ctx ends.
+func (h *Host) keepLease(ctx context.Context, lease clientv3.LeaseID) {
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ka, err := h.cli.KeepAlive(kctx, lease)
+	if err != nil {
+		return
+	}
+	t := time.NewTicker(h.cfg.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ka:
+			if !ok {
+				return // expired, revoked, or etcd unreachable past the TTL
+			}
+		case <-t.C:
+			if err := h.refresh(ctx, lease); err != nil {
+				h.log.Warn("refresh the host record", "err", err)
+				if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// refresh rewrites the record with fresh facts, under the lease.
+func (h *Host) refresh(ctx context.Context, lease clientv3.LeaseID) error {
+	rctx, cancel := context.WithTimeout(ctx, h.cfg.TTL)
+	defer cancel()
+	rec, err := h.record(rctx)
+	if err != nil {
+		return err
+	}
+	_, err = h.cli.Txn(rctx).Then(
+		clientv3.OpPut(hostKey(h.cfg.ID), mustJSON(rec), clientv3.WithLease(lease)),
+		clientv3.OpPut(seenKey(h.cfg.ID), mustJSON(rec))).Commit()
+	return err
+}
+
+// Leave ends the keeper, then deregisters: the lease is revoked (hosts/H
+// goes at once) and seen/H says the host left. Only the first call does
+// anything; ctx bounds the etcd calls.
+func (h *Host) Leave(ctx context.Context) error { return h.leaveOnce(ctx) }
+
+func (h *Host) leaveOnce(ctx context.Context) error {
+	var err error
+	h.left.Do(func() { err = h.leave(ctx) })
+	return err
+}
+
+func (h *Host) leave(ctx context.Context) error {
+	h.stop()
+	<-h.done
+	h.mu.Lock()
+	lease := h.lease
+	h.mu.Unlock()
+	rec, err := h.record(ctx)
+	if err != nil {
+		rec = HostRecord{ID: h.cfg.ID, Addr: h.cfg.Addr}
+	}
+	rec.Left = true
+	// A lease already lost (the keeper was registering again) is gone
+	// as leaving wants it.
+	if _, err := h.cli.Revoke(ctx, lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("leave the fleet: revoke host %s's lease: %w", h.cfg.ID, err)
+	}
+	if _, err := h.cli.Put(ctx, seenKey(h.cfg.ID), mustJSON(rec)); err != nil {
+		return fmt.Errorf("leave the fleet: record host %s as left: %w", h.cfg.ID, err)
+	}
+	h.log.Info("left the fleet")
+	return nil
+}

@@ -1,0 +1,66 @@
+// Package fleet is berth across hosts on etcd: a host's registration
+// under a lease (Join), the fleet's hosts as `berth host ls` shows them
+// (List), and the placement of a new session by one transaction (Place).
+// The daemon uses it only through Host and List; it imports no engine.
+//
+// # Keys
+//
+// Every key is under Prefix, "/berth/v1/"; values are JSON of at most
+// MaxRecord bytes, read back through the parsers in records.go (every
+// peer is untrusted, etcd's contents included). Names are short because
+// every placement reads them all.
+//
+//	hosts/H            HostRecord  under H's lease: present while H is alive
+//	seen/H             Seen        no lease: H's last registration, so a host whose
+//	                               lease expired is remembered as gone
+//	alloc/H            Alloc       no lease: what placement promised H (CPUs, memory,
+//	                               sessions); its mod revision guards placement
+//	sessions/S/spec    Spec        S's create options, desired state (a Session CRD's .spec)
+//	sessions/S/owner   Owner       the host that holds S; its mod revision is S's epoch
+//	sessions/S/status  (reserved)  S's state, written only by the owner at the
+//	                               current epoch (a CRD's .status); nothing writes it yet
+//
+// alloc/H is not under hosts/H/ so that a prefix read of hosts/ yields
+// host records only. A session's keys are together under sessions/S/ so
+// that one prefix read or delete takes the whole session, as a CRD
+// object holds .spec and .status together.
+//
+// # Placement
+//
+// Place reads hosts/, alloc/ and S's owner at one revision, picks a live,
+// non-draining host with room (CPUs and memory against what alloc/H has
+// promised; free disk above the host's floor), preferring hosts that
+// have the image, then the least promised, and commits spec, owner and
+// alloc/H in one transaction guarded by S's owner being absent, alloc/H's
+// mod revision being the one read, and hosts/H still being the
+// registration read. A guard that fails on the owner is ErrExists; on the
+// host, the read is retried. So concurrent creates of one name from many
+// front doors make it once, and no host is promised more than it has.
+package fleet
+
+import "strings"
+
+// Prefix is where every key of a fleet lives.
+const Prefix = "/berth/v1/"
+
+// MaxRecord bounds a value read back from etcd.
+const MaxRecord = 64 << 10
+
+// MaxHosts bounds the hosts one read returns.
+const MaxHosts = 10000
+
+const (
+	hostsDir    = Prefix + "hosts/"
+	seenDir     = Prefix + "seen/"
+	allocDir    = Prefix + "alloc/"
+	sessionsDir = Prefix + "sessions/"
+)
+
+func hostKey(h string) string  { return hostsDir + h }
+func seenKey(h string) string  { return seenDir + h }
+func allocKey(h string) string { return allocDir + h }
+func specKey(s string) string  { return sessionsDir + s + "/spec" }
+func ownerKey(s string) string { return sessionsDir + s + "/owner" }
+
+// idOf is the last segment of a key under dir.
+func idOf(dir, key string) string { return strings.TrimPrefix(key, dir) }

@@ -1,0 +1,85 @@
+package fleet
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/berthvm/berth/session"
+)
+
+// Config is a daemon's membership of a fleet.
+type Config struct {
+	// Endpoints are etcd's client URLs, comma-separated.
+	Endpoints string
+	// TLS, if set, makes every etcd connection mutual TLS
+	// (pki.ClientConfig).
+	TLS *tls.Config
+	HostConfig
+}
+
+// Node is what the daemon holds of the fleet: its host's registration
+// and an etcd client for reads and placements. It implements
+// session.HostLister.
+type Node struct {
+	cli  *clientv3.Client
+	host *Host
+}
+
+var _ session.HostLister = (*Node)(nil)
+
+// callTimeout bounds one etcd read for a caller: a fleet whose etcd is
+// out of reach answers in one line, not never.
+const callTimeout = 5 * time.Second
+
+// Start dials etcd and joins the host; ctx bounds the first contact.
+func Start(ctx context.Context, c Config) (_ *Node, err error) {
+	cli, err := Dial(c.Endpoints, c.TLS)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			cli.Close()
+		}
+	}()
+	h, err := Join(ctx, cli, c.HostConfig)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("join the fleet: etcd at %s did not answer (is it running? berth etcd runs one): %w", c.Endpoints, context.DeadlineExceeded)
+		}
+		return nil, err
+	}
+	return &Node{cli: cli, host: h}, nil
+}
+
+// Hosts lists the fleet's hosts as etcd has them now.
+func (n *Node) Hosts(ctx context.Context) (session.HostList, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	hs, err := List(ctx, n.cli)
+	if err != nil {
+		return session.HostList{}, &session.Error{Class: session.ErrUnavailable, Msg: fmt.Sprintf("the fleet's etcd did not answer: %v", err),
+			Hint: "check that the fleet's etcd members are up", Err: err}
+	}
+	if hs == nil {
+		hs = []session.HostInfo{}
+	}
+	return session.HostList{Fleet: true, Self: n.host.ID(), Hosts: hs}, nil
+}
+
+// Place places a new session (see the package doc).
+func (n *Node) Place(ctx context.Context, req Request) (Placement, error) {
+	return Place(ctx, n.cli, req)
+}
+
+// Close leaves the fleet (the lease revoked, the host recorded as left)
+// and closes the etcd client; ctx bounds the leave.
+func (n *Node) Close(ctx context.Context) error {
+	err := n.host.Leave(ctx)
+	return errors.Join(err, n.cli.Close())
+}

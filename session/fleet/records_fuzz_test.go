@@ -1,0 +1,41 @@
+package fleet
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+// Records read back from etcd come from peers: the parsers take any
+// bytes without panicking, and what they accept survives a round trip
+// and stays within the bounds.
+func FuzzRecords(f *testing.F) {
+	f.Add("a", []byte(`{"id":"a","addr":"10.0.0.1:7000","cpus":4,"mem_mib":8192,"disk_free":1,"floor":0,"images":["mini"],"since":"2026-01-01T00:00:00Z","at":"2026-01-01T00:00:00Z"}`))
+	f.Add("a", []byte(`{"id":"b"}`))
+	f.Add("a", []byte(`{"cpus":1,"mem_mib":2,"sessions":3}`))
+	f.Add("a", []byte(`{"host":"a"}`))
+	f.Add("a", []byte(`{"id":"a","cpus":-1}{}`))
+	f.Add("a", []byte(`{"id":"a","images":[""]}`))
+	f.Fuzz(func(t *testing.T, key string, b []byte) {
+		if r, err := ParseHostRecord(key, b); err == nil {
+			if r.ID != key || r.CPUs < 0 || len(r.Images) > maxImages || r.check() != nil {
+				t.Fatalf("accepted %+v", r)
+			}
+			again, err := ParseHostRecord(key, []byte(mustJSON(r)))
+			if err != nil {
+				t.Fatalf("round trip: %v", err)
+			}
+			x, _ := json.Marshal(again)
+			y, _ := json.Marshal(r)
+			if !bytes.Equal(x, y) {
+				t.Fatalf("round trip changed %s to %s", y, x)
+			}
+		}
+		if a, err := ParseAlloc(b); err == nil && (a.CPUs < 0 || a.MemoryMiB < 0 || a.Sessions < 0) {
+			t.Fatalf("accepted %+v", a)
+		}
+		if o, err := ParseOwner(b); err == nil && ValidateHostID(o.Host) != nil {
+			t.Fatalf("accepted owner %+v", o)
+		}
+	})
+}

@@ -1,0 +1,149 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/fleet/member"
+	"github.com/berthvm/berth/session/fleet/pki"
+	"github.com/berthvm/berth/ui/cli"
+)
+
+func hostLsCmd() *cli.Command {
+	return &cli.Command{
+		Name: "host ls", Action: session.ActionHosts, Group: local, Usage: "[--json]",
+		Summary: "list the hosts of this berth's fleet: state, capacity, what is promised",
+		Help: `Asks this host's daemon, which reads the fleet's etcd. STATE is ready, draining (placement
+puts nothing new there) or gone (its lease expired, or it left in a clean stop: NOTE says
+which). CPUS and MEMORY are promised/has. A berth started without --fleet says it is
+not in a fleet.`,
+		Example: "berth host ls\nberth host ls --json | jq -r '.hosts[] | select(.state==\"ready\") | .id'",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			asJSON := fs.Bool("json", false, "print JSON")
+			return func(ctx context.Context, c *cli.Call, _ []string) error {
+				cl, err := Connect(ctx, globals(c), "cli", false)
+				if err != nil {
+					return err
+				}
+				defer cl.Close()
+				list, err := cl.Hosts(ctx)
+				if err != nil {
+					return err
+				}
+				out := c.Env().Stdout
+				if *asJSON {
+					if list.Hosts == nil {
+						list.Hosts = []session.HostInfo{}
+					}
+					enc := json.NewEncoder(out)
+					enc.SetIndent("", "  ")
+					return enc.Encode(list)
+				}
+				if !list.Fleet {
+					fmt.Fprintln(out, "this berth is not in a fleet (berth serve --fleet ETCD_URLS --host-id H joins one)")
+					return nil
+				}
+				return writeHosts(out, list, time.Local)
+			}
+		},
+	}
+}
+
+// writeHosts prints host ls's table.
+func writeHosts(w io.Writer, list session.HostList, loc *time.Location) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOST\tSTATE\tADDRESS\tCPUS\tMEMORY\tDISK FREE\tSESSIONS\tIMAGES\tSINCE\tNOTE")
+	for _, h := range list.Hosts {
+		id := h.ID
+		if id == list.Self {
+			id += " (this)"
+		}
+		note := ""
+		if h.State == session.HostGone {
+			note = "lease expired"
+			if h.Left {
+				note = "left"
+			}
+		}
+		images := strings.Join(h.Images, ",")
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s/%s\t%s\t%d\t%s\t%s\t%s\n", id, h.State, dash(h.Addr),
+			h.Used.CPUs, h.CPUs, session.FormatBytesShort(h.Used.MemoryMiB<<20), session.FormatBytesShort(h.MemoryMiB<<20),
+			session.FormatBytesShort(h.DiskFree), h.Used.Sessions, dash(images), h.Since.In(loc).Format("2006-01-02 15:04:05"), dash(note))
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func etcdCmd() *cli.Command {
+	return &cli.Command{
+		Name: "etcd", Group: local, Usage: "--name N --data DIR [--listen-client URL] [--listen-peer URL] [--initial-cluster N=URL,…] [--fleet-ca DIR] [-v]",
+		Summary: "run an embedded etcd member for a fleet, in the foreground",
+		Help: `Runs one etcd member (etcd v3.7.3, built into berth) for people who have no etcd yet;
+berth serve --fleet joins a fleet on its client URLs. Alone it is a cluster of one; for
+three, start each with the same --initial-cluster naming all three. SIGINT or SIGTERM
+stops it. The data directory remembers which member and cluster it belongs to, and
+another is refused. Without --fleet-ca, URLs are http://IP:PORT on loopback only;
+with it, https://IP:PORT anywhere, and every client and peer must present a
+certificate of the fleet's CA (the member's own is issued into DIR/tls).`,
+		Example: "berth etcd --name e1 --data /var/lib/berth-etcd",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			var c member.Config
+			fs.StringVar(&c.Name, "name", "", "the member's `NAME`, unique in its cluster")
+			fs.StringVar(&c.Dir, "data", "", "keep the member's data in `DIR`")
+			fs.StringVar(&c.ListenClient, "listen-client", "http://127.0.0.1:2379", "serve clients on `URL` (default http://127.0.0.1:2379)")
+			fs.StringVar(&c.ListenPeer, "listen-peer", "http://127.0.0.1:2380", "serve other members on `URL` (default http://127.0.0.1:2380)")
+			fs.StringVar(&c.InitialCluster, "initial-cluster", "", "a new cluster's members, `N=URL,…` (default: this one alone)")
+			fs.StringVar(&c.CA, "fleet-ca", "", "serve over mutual TLS with a certificate of the fleet CA in `DIR` (berth fleet init)")
+			fs.BoolVar(&c.Verbose, "v", false, "etcd's own log on stderr")
+			return func(ctx context.Context, call *cli.Call, _ []string) error {
+				if c.Name == "" || c.Dir == "" {
+					return cli.UsageErrorf("--name and --data are needed")
+				}
+				if err := member.Run(ctx, c, call.Env().Stdout); err != nil {
+					return cli.Exit(cli.ExitFailed, strings.ReplaceAll(err.Error(), "\n", "; "))
+				}
+				return nil
+			}
+		},
+	}
+}
+
+func fleetInitCmd() *cli.Command {
+	return &cli.Command{
+		Name: "fleet init", Group: local, Usage: "--dir DIR [--name NAME]",
+		Summary: "make a fleet's certificate authority, for mutual TLS between hosts and etcd",
+		Help: `Makes DIR/ca.crt and DIR/ca.key (ECDSA P-256, ten years; the key 0600). berth etcd
+--fleet-ca DIR and berth serve --fleet-ca DIR issue their own certificates from it on first
+start (two years, server and client use) and from then on accept only peers with a
+certificate of this CA. A directory that holds a CA already is refused. Keep ca.key
+where only the fleet's operators can read it.`,
+		Example: "berth fleet init --dir /etc/berth/fleet-ca",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			dir := fs.String("dir", "", "make the CA in `DIR`")
+			name := fs.String("name", "fleet", "the CA's `NAME`, in its subject")
+			return func(_ context.Context, c *cli.Call, _ []string) error {
+				if *dir == "" {
+					return cli.UsageErrorf("--dir is needed")
+				}
+				if err := pki.Init(*dir, *name); err != nil {
+					return cli.Exit(cli.ExitFailed, err.Error())
+				}
+				fmt.Fprintf(c.Env().Stdout, "made the fleet CA in %s (%s, %s)\n", *dir, pki.CACert, pki.CAKey)
+				return nil
+			}
+		},
+	}
+}
