@@ -30,6 +30,7 @@ deps:
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/berth .
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w -X main.build=$(VERSION)' -o $(BIN)/berth-agent ./guest/cmd/berth-agent
+	$(GO) build -o $(BIN)/berth-etcd ./session/fleet/member/cmd/berth-etcd
 
 image: deps build
 	$(BIN)/berth image build mini
@@ -70,7 +71,7 @@ PREFIX ?= /usr/local
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
 		$(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
-	install -m 0755 $(BIN)/berth $(BIN)/berth-agent $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BIN)/berth $(BIN)/berth-agent $(BIN)/berth-etcd $(DESTDIR)$(PREFIX)/bin/
 	$(BIN)/berth completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/berth
 	$(BIN)/berth completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_berth
 	$(BIN)/berth completion fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/berth.fish

@@ -37,6 +37,13 @@ func TestDependenciesPointOneWay(t *testing.T) {
 			}
 		}
 	}
+	// berth itself links etcd's client, not its server: the server's
+	// start-up would cost every command about 5 ms (berth-etcd has it).
+	for _, dep := range list("github.com/berthvm/berth") {
+		if strings.HasPrefix(dep, "go.etcd.io/etcd/server/") || dep == "github.com/berthvm/berth/session/fleet/member" {
+			t.Errorf("berth links %s; etcd's server belongs in berth-etcd", dep)
+		}
+	}
 	forbidden = append(forbidden, "go.etcd.io/", "github.com/berthvm/berth/session/fleet")
 	for _, fe := range []string{
 		"github.com/berthvm/berth/ui", "github.com/berthvm/berth/ui/cli", "github.com/berthvm/berth/ui/sshd",

@@ -14,12 +14,14 @@ import (
 
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/daemon/daemontest"
+	"github.com/berthvm/berth/vmm/vmmtest"
 )
 
 // startEtcd runs `berth etcd` on ports of its choosing and returns its
 // client URL, from the line it prints.
 func startEtcd(t *testing.T, berth string, args ...string) (string, *exec.Cmd) {
 	t.Helper()
+	vmmtest.BerthEtcd(t) // berth-etcd next to berth, which berth etcd becomes
 	scheme := "http"
 	if len(args) > 0 {
 		scheme = "https"

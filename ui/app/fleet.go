@@ -6,12 +6,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/session/fleet/member"
+	"github.com/berthvm/berth/session/fleet/memberconf"
 	"github.com/berthvm/berth/session/fleet/pki"
 	"github.com/berthvm/berth/ui/cli"
 )
@@ -91,7 +94,7 @@ func etcdCmd() *cli.Command {
 	return &cli.Command{
 		Name: "etcd", Group: local, Usage: "--name N --data DIR [--listen-client URL] [--listen-peer URL] [--initial-cluster N=URL,…] [--fleet-ca DIR] [-v]",
 		Summary: "run an embedded etcd member for a fleet, in the foreground",
-		Help: `Runs one etcd member (etcd v3.7.3, built into berth) for people who have no etcd yet;
+		Help: `Runs one etcd member (etcd v3.7.3, from berth-etcd next to berth) for people who have no etcd yet;
 berth serve --fleet joins a fleet on its client URLs. Alone it is a cluster of one; for
 three, start each with the same --initial-cluster naming all three. SIGINT or SIGTERM
 stops it. The data directory remembers which member and cluster it belongs to, and
@@ -100,25 +103,32 @@ with it, https://IP:PORT anywhere, and every client and peer must present a
 certificate of the fleet's CA (the member's own is issued into DIR/tls).`,
 		Example: "berth etcd --name e1 --data /var/lib/berth-etcd",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
-			var c member.Config
-			fs.StringVar(&c.Name, "name", "", "the member's `NAME`, unique in its cluster")
-			fs.StringVar(&c.Dir, "data", "", "keep the member's data in `DIR`")
-			fs.StringVar(&c.ListenClient, "listen-client", "http://127.0.0.1:2379", "serve clients on `URL` (default http://127.0.0.1:2379)")
-			fs.StringVar(&c.ListenPeer, "listen-peer", "http://127.0.0.1:2380", "serve other members on `URL` (default http://127.0.0.1:2380)")
-			fs.StringVar(&c.InitialCluster, "initial-cluster", "", "a new cluster's members, `N=URL,…` (default: this one alone)")
-			fs.StringVar(&c.CA, "fleet-ca", "", "serve over mutual TLS with a certificate of the fleet CA in `DIR` (berth fleet init)")
-			fs.BoolVar(&c.Verbose, "v", false, "etcd's own log on stderr")
+			var c memberconf.Config
+			c.Bind(fs)
 			return func(ctx context.Context, call *cli.Call, _ []string) error {
-				if c.Name == "" || c.Dir == "" {
-					return cli.UsageErrorf("--name and --data are needed")
+				if err := c.Check(); err != nil {
+					return cli.UsageErrorf("%v", err)
 				}
-				if err := member.Run(ctx, c, call.Env().Stdout); err != nil {
-					return cli.Exit(cli.ExitFailed, strings.ReplaceAll(err.Error(), "\n", "; "))
-				}
-				return nil
+				return execEtcd(c)
 			}
 		},
 	}
+}
+
+// execEtcd becomes berth-etcd, found next to berth as berth-agent is:
+// etcd's server is linked there, not here (see its package doc), and
+// the member then gets berth's signals itself.
+func execEtcd(c memberconf.Config) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return cli.Exit(cli.ExitFailed, fmt.Sprintf("find berth-etcd: %v", err))
+	}
+	path := filepath.Join(filepath.Dir(exe), "berth-etcd")
+	if _, err := os.Stat(path); err != nil {
+		return cli.Exit(cli.ExitFailed, fmt.Sprintf("berth-etcd is not next to berth (%s): build it with make build, or install it with make install", path))
+	}
+	err = syscall.Exec(path, append([]string{"berth-etcd"}, c.Args()...), os.Environ())
+	return cli.Exit(cli.ExitFailed, fmt.Sprintf("run %s: %v", path, err))
 }
 
 func fleetInitCmd() *cli.Command {

@@ -2,10 +2,13 @@ package app
 
 import (
 	"bytes"
+	"flag"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/fleet/memberconf"
 )
 
 func TestWriteHosts(t *testing.T) {
@@ -29,5 +32,38 @@ d         gone      -               0/0   0/0       0          0         -      
 `
 	if b.String() != want {
 		t.Errorf("host ls table:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// TestEtcdNeedsBerthEtcd: berth etcd becomes berth-etcd, found next to
+// berth; without it (this test binary has none beside it) one line says
+// where it was looked for and how to build it, and a missing name is a
+// usage error before that.
+func TestEtcdNeedsBerthEtcd(t *testing.T) {
+	code, _, errb := run(t, t.TempDir(), "", "etcd", "--name", "e1", "--data", t.TempDir())
+	if code != 1 || !strings.Contains(errb, "berth-etcd is not next to berth") || !strings.Contains(errb, "make build") || strings.Count(strings.TrimSpace(errb), "\n") != 0 {
+		t.Errorf("exit %d, stderr %q; want one line naming berth-etcd and make build", code, errb)
+	}
+	if code, _, errb := run(t, t.TempDir(), "", "etcd", "--data", t.TempDir()); code != 2 || !strings.Contains(errb, "--name and --data are needed") {
+		t.Errorf("without --name: exit %d, stderr %q", code, errb)
+	}
+}
+
+// TestMemberArgsRoundTrip: the flags berth hands berth-etcd parse back
+// to the member berth parsed.
+func TestMemberArgsRoundTrip(t *testing.T) {
+	for _, c := range []memberconf.Config{
+		{Name: "e1", Dir: "/d", ListenClient: "http://127.0.0.1:2379", ListenPeer: "http://127.0.0.1:2380"},
+		{Name: "e2", Dir: "/x y", ListenClient: "https://10.0.0.1:2379", ListenPeer: "https://10.0.0.1:2380", InitialCluster: "e1=https://10.0.0.1:2380,e2=https://10.0.0.2:2380", CA: "/ca", Verbose: true},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		var got memberconf.Config
+		got.Bind(fs)
+		if err := fs.Parse(c.Args()); err != nil {
+			t.Fatal(err)
+		}
+		if got != c {
+			t.Errorf("%+v came back as %+v", c, got)
+		}
 	}
 }

@@ -197,7 +197,29 @@ var (
 	berthOnce sync.Once
 	berthPath string
 	berthErr  error
+	etcdOnce  sync.Once
+	etcdErr   error
 )
+
+// BerthEtcd is Berth with berth-etcd built next to it, for the tests
+// that run `berth etcd`.
+func BerthEtcd(t testing.TB) string {
+	t.Helper()
+	berth := Berth(t)
+	etcdOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(filepath.Dir(berth), "berth-etcd"), "./session/fleet/member/cmd/berth-etcd")
+		cmd.Dir = RepoRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			etcdErr = &buildError{err: err, out: string(out)}
+		}
+	})
+	if etcdErr != nil {
+		t.Fatalf("build berth-etcd: %v", etcdErr)
+	}
+	return berth
+}
 
 // shareImage links a test image the shared cache holds into a data
 // directory, with the layer cache, so recipes built on it reuse its layers.

@@ -27,30 +27,14 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/berthvm/berth/session/fleet/memberconf"
 	"github.com/berthvm/berth/session/fleet/pki"
 )
 
-// Config is one member. Zero fields take the defaults said on each.
-type Config struct {
-	// Name is the member's name, unique in its cluster.
-	Name string
-	// Dir is the member's data directory.
-	Dir string
-	// ListenClient and ListenPeer are http://IP:PORT URLs. Plain text is
-	// allowed on loopback only (TLS between members is not built yet);
-	// port 0 picks a free port (tests), ClientURLs says which.
-	ListenClient, ListenPeer string
-	// InitialCluster is "NAME=PEER_URL,…" for a new cluster of several
-	// members; default: this member alone.
-	InitialCluster string
-	// CA, if set, is the fleet's CA directory (berth fleet init): the
-	// member gets a certificate of it (issued into Dir/tls on first start)
-	// and serves clients and peers over mutual TLS only, on https URLs.
-	CA string
-	// Verbose passes etcd's own log (info and up) to stderr; default:
-	// etcd logs nothing.
-	Verbose bool
-}
+// Config is one member; see memberconf.Config, where it is declared so
+// that berth's own binary can parse `berth etcd` without linking etcd's
+// server.
+type Config = memberconf.Config
 
 // markerFile, in Dir, says which member and cluster Dir belongs to.
 const markerFile = "berth-member.json"
