@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -60,7 +61,8 @@ type tracker struct {
 	records map[string]*record
 	order   []string // ids, oldest first
 	done    chan struct{}
-	limit   int // entries a record may hold: maxRecord (tests lower it)
+	limit   int    // entries a record may hold: maxRecord (tests lower it)
+	key     []byte // feedLocked's key, room for the longest (handle and name)
 }
 
 func (a *Agent) trackerFor() *tracker {
@@ -174,20 +176,29 @@ func (t *tracker) feed(b []byte) {
 }
 
 func (t *tracker) feedLocked(b []byte) {
-	evs, overflow := parseEvents(b)
-	for _, r := range t.records {
-		if overflow {
-			r.drop()
-			continue
-		}
-		for _, k := range evs {
+	// A file written in many calls has many events of one key: looked up
+	// as bytes, only a key new to a record is allocated (the agent's
+	// share of a tracked untar's cost is mostly this loop).
+	if t.key == nil {
+		t.key = make([]byte, 0, 5+128+256)
+	}
+	overflow := eachEvent(b, t.key, func(k []byte) {
+		for _, r := range t.records {
 			if r.overflow {
-				break
+				continue
 			}
-			r.keys[k] = struct{}{}
+			if _, ok := r.keys[string(k)]; ok {
+				continue
+			}
+			r.keys[string(k)] = struct{}{}
 			if len(r.keys) > r.limit {
 				r.drop()
 			}
+		}
+	})
+	if overflow {
+		for _, r := range t.records {
+			r.drop()
 		}
 	}
 }
@@ -356,17 +367,24 @@ func handlePath(mount *os.File, hk string) (string, error) {
 // parseEvents reads a buffer of fanotify events (FAN_REPORT_DFID_NAME):
 // each event's key (its directory's handle: a length byte, the type and
 // the bytes; then the entry's name, none for an event on a directory
-// itself), and
-// whether the kernel's queue overflowed. The kernel's bytes are checked
-// as any peer's: a malformed event ends the parse.
+// itself), and whether the kernel's queue overflowed.
 func parseEvents(b []byte) (keys []string, overflow bool) {
+	overflow = eachEvent(b, nil, func(k []byte) { keys = append(keys, string(k)) })
+	return keys, overflow
+}
+
+// eachEvent calls fn with each event's key (see parseEvents), built in
+// buf's storage and valid only during the call, and reports whether the
+// kernel's queue overflowed. The kernel's bytes are checked as any
+// peer's: a malformed event ends the parse.
+func eachEvent(b, buf []byte, fn func(key []byte)) (overflow bool) {
 	le := binary.LittleEndian
 	for len(b) >= 24 {
 		evLen := int(le.Uint32(b[0:]))
 		metaLen := int(le.Uint16(b[6:]))
 		mask := le.Uint64(b[8:])
 		if evLen < 24 || evLen > len(b) || metaLen < 24 || metaLen > evLen {
-			return keys, overflow
+			return overflow
 		}
 		if mask&unix.FAN_Q_OVERFLOW != 0 {
 			overflow = true
@@ -390,25 +408,28 @@ func parseEvents(b []byte) (keys []string, overflow bool) {
 			if hb > 128 || 20+hb > len(rec) {
 				continue
 			}
-			hk := string([]byte{byte(hb)}) + string(rec[16:20]) + string(rec[20:20+hb])
-			name := ""
+			var name []byte
 			if typ == unix.FAN_EVENT_INFO_TYPE_DFID_NAME {
 				rest := rec[20+hb:]
-				if i := indexNUL(rest); i >= 0 {
-					name = string(rest[:i])
-				} else {
+				i := indexNUL(rest)
+				if i < 0 {
 					continue
 				}
-				if strings.Contains(name, "/") {
+				name = rest[:i]
+				if bytes.IndexByte(name, '/') >= 0 {
 					continue
 				}
 			}
-			keys = append(keys, hk+name)
+			buf = append(buf[:0], byte(hb))
+			buf = append(buf, rec[16:20]...)
+			buf = append(buf, rec[20:20+hb]...)
+			buf = append(buf, name...)
+			fn(buf)
 			break // one key per event: the first record names it
 		}
 		b = b[evLen:]
 	}
-	return keys, overflow
+	return overflow
 }
 
 func indexNUL(b []byte) int {
