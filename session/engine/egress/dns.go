@@ -40,6 +40,17 @@ const (
 // cut to whole records with the TC bit set, so the client asks again over
 // TCP. A query too short to hold a header gets no reply (nil).
 func (p *Proxy) AnswerDNS(ctx context.Context, s Session, q []byte, tr Transport) []byte {
+	return p.answerDNS(ctx, s, q, tr, netip.Addr{})
+}
+
+// AnswerNICDNS answers a query that came through the guest's NIC, as
+// AnswerDNS does, and host.berth.internal with hostAddr (its address on
+// the guest's network) when the policy names the host on some port.
+func (p *Proxy) AnswerNICDNS(ctx context.Context, s Session, q []byte, tr Transport, hostAddr netip.Addr) []byte {
+	return p.answerDNS(ctx, s, q, tr, hostAddr)
+}
+
+func (p *Proxy) answerDNS(ctx context.Context, s Session, q []byte, tr Transport, hostAddr netip.Addr) []byte {
 	if len(q) < 12 {
 		return nil
 	}
@@ -99,6 +110,12 @@ func (p *Proxy) AnswerDNS(ctx context.Context, s Session, q []byte, tr Transport
 	}
 	name := strings.ToLower(strings.TrimSuffix(question.Name.String(), "."))
 	pol := s.Policy()
+	if name == session.HostName && hostAddr.IsValid() && namesHost(pol) {
+		if question.Type == dnsmessage.TypeA && hostAddr.Is4() || question.Type == dnsmessage.TypeAAAA && hostAddr.Is6() {
+			r.addrs = []netip.Addr{hostAddr}
+		}
+		return r.build()
+	}
 	if name == session.HostName || !pol.AllowsName(name, 0) {
 		r.rcode = dnsmessage.RCodeRefused
 		return r.build()
@@ -127,6 +144,8 @@ func (p *Proxy) AnswerDNS(ctx context.Context, s Session, q []byte, tr Transport
 			r.addrs = append(r.addrs, a)
 		}
 	}
+	// What the guest learns here is what its NIC may reach by name.
+	s.Counters().Resolved.Record(name, r.addrs)
 	return r.build()
 }
 
@@ -205,4 +224,15 @@ func formErr(q []byte) []byte {
 	flags := binary.BigEndian.Uint16(q[2:])&0x7900 | 0x8080 | 1 // QR, opcode, RD; RA; FORMERR
 	binary.BigEndian.PutUint16(out[2:], flags)
 	return out
+}
+
+// namesHost reports whether the policy names host.berth.internal on any
+// port.
+func namesHost(pol session.Policy) bool {
+	for _, e := range pol.Entries {
+		if e.Host {
+			return true
+		}
+	}
+	return false
 }

@@ -66,6 +66,10 @@ type Counters struct {
 	// RX and TX are bytes received from and sent to the network.
 	RX, TX atomic.Int64
 
+	// Resolved is what berth's DNS answered the guest: the NIC's flows
+	// are allowed by name through it.
+	Resolved Resolved
+
 	mu         lock.Mutex // a leaf
 	lastNote   time.Time
 	suppressed int
