@@ -56,6 +56,8 @@ const (
 	// NICDNS is berth's DNS on the guest's network, named in
 	// /etc/resolv.conf when eth0 is up.
 	NICDNS = "10.0.2.3"
+	// NICMAC is the guest NIC's MAC address (QEMU's -device mac=).
+	NICMAC = "52:54:00:12:34:56"
 	// NICName is the interface the agent configures.
 	NICName = "eth0"
 	// NICMTU is the link's MTU. The stream netdev carries no offloads,

@@ -39,6 +39,7 @@ type File struct {
 	CheckpointBytes string `toml:"checkpoint_bytes"`
 	Net             string `toml:"net"`
 	NetMaxConns     int    `toml:"net_max_conns"`
+	NetNIC          bool   `toml:"net_nic"`
 }
 
 // Config is the parsed configuration. Sizes are read by session.ParseSize
@@ -63,6 +64,9 @@ type Config struct {
 	// session's open egress connections.
 	Net         string
 	NetMaxConns int
+	// NetNIC gives guests a NIC served by berth's network stack
+	// (engine.Config.NIC).
+	NetNIC bool
 }
 
 // LoadConfig reads <data>/config.toml, writing the documented defaults
@@ -153,7 +157,7 @@ func ParseConfig(path string, b []byte) (Config, error) {
 			return c, err
 		}
 	}
-	c.Net, c.NetMaxConns = session.DefaultNet, egress.DefaultMaxConns
+	c.Net, c.NetMaxConns, c.NetNIC = session.DefaultNet, egress.DefaultMaxConns, f.NetNIC
 	if f.Net != "" {
 		p, err := session.ParsePolicy(f.Net)
 		if err != nil {

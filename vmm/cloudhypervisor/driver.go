@@ -400,6 +400,10 @@ func validate(cfg vmm.Config) error {
 		return errors.New("no kernel given: set Config.Kernel")
 	case cfg.CPUs < 0 || cfg.MemoryMiB < 0:
 		return fmt.Errorf("invalid size: %d CPUs, %d MiB", cfg.CPUs, cfg.MemoryMiB)
+	case cfg.NIC:
+		// Its API's NetConfig is a tap (or a vhost-user socket), not a
+		// stream of frames berth's stack could serve unprivileged.
+		return errors.New("a guest NIC is not supported by the cloud-hypervisor driver yet: use the qemu driver, or leave the engine's NIC off")
 	case cfg.Incoming != "" && !filepath.IsAbs(cfg.Incoming):
 		return fmt.Errorf("snapshot path %q must be absolute", cfg.Incoming)
 	}

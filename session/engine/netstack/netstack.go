@@ -86,12 +86,10 @@ var (
 	dnsAddr     = netip.MustParseAddr(guest.NICDNS)
 )
 
-// MAC addresses on the guest's network: the stack's (the gateway's and
-// the DNS server's), and the guest's (QEMU's -device mac=).
-const (
-	StackMAC = "5a:94:ef:e4:0c:dd"
-	GuestMAC = "52:54:00:12:34:56"
-)
+// StackMAC is the stack's MAC address on the guest's network (the
+// gateway's and the DNS server's).
+const StackMAC = "5a:94:ef:e4:0c:dd"
+
 
 // Serve runs the guest's network on conn (the stream netdev's socket)
 // until ctx ends or conn fails, then stops every flow and returns. It
