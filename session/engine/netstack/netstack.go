@@ -90,7 +90,6 @@ var (
 // gateway's and the DNS server's).
 const StackMAC = "5a:94:ef:e4:0c:dd"
 
-
 // Serve runs the guest's network on conn (the stream netdev's socket)
 // until ctx ends or conn fails, then stops every flow and returns. It
 // returns nil when ctx ended it.
