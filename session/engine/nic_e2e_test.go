@@ -111,7 +111,7 @@ func TestNetNIC(t *testing.T) {
 
 	e.Subtest(t, "eth0 with its address, berth's DNS, the proxy variables kept", func(t *testing.T) {
 		out, errs, code, _ := run("ifaces")
-		if code != 0 || !strings.Contains(out, "eth0 65520 [10.0.2.15/24]") {
+		if code != 0 || !strings.Contains(out, "eth0 65520 [10.0.2.15/24") {
 			t.Fatalf("interfaces (exit %d): %s %s", code, out, errs)
 		}
 		env := e.OK("exec", "n1", "--", "sh", "-c", "cat /etc/resolv.conf; echo $http_proxy")
