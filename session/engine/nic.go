@@ -46,15 +46,17 @@ func (s *sess) serveNIC(ctx context.Context, vm vmm.VM) {
 		if errors.Is(err, fs.ErrNotExist) {
 			return
 		}
-		if err != nil && ctx.Err() == nil {
-			s.m.log.Warn("guest NIC", "session", s.name, "err", err)
-		}
+		// The socket ends with the VM: only a failure while it runs on is
+		// worth a line in the log.
 		select {
 		case <-ctx.Done():
 			return
 		case <-vm.Done():
 			return
 		case <-time.After(200 * time.Millisecond):
+		}
+		if err != nil {
+			s.m.log.Warn("guest NIC: serving it again", "session", s.name, "err", err)
 		}
 	}
 }

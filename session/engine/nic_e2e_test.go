@@ -3,7 +3,6 @@ package engine_test
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -114,6 +113,10 @@ func TestNetNIC(t *testing.T) {
 		if code != 0 || !strings.Contains(out, "eth0 65520 [10.0.2.15/24") {
 			t.Fatalf("interfaces (exit %d): %s %s", code, out, errs)
 		}
+		// The default route: destination 0, gateway 10.0.2.2 (little endian hex).
+		if route := e.OK("exec", "n1", "--", "cat", "/proc/net/route"); !strings.Contains(route, "eth0\t00000000\t0202000A") {
+			t.Errorf("no default route via 10.0.2.2:\n%s", route)
+		}
 		env := e.OK("exec", "n1", "--", "sh", "-c", "cat /etc/resolv.conf; echo $http_proxy")
 		if !strings.Contains(env, "nameserver 10.0.2.3") || !strings.Contains(env, "http://127.0.0.1:3128") {
 			t.Errorf("guest resolver and proxy:\n%s", env)
@@ -195,5 +198,4 @@ func TestNetNIC(t *testing.T) {
 			t.Fatalf("after a wake, exit %d: %q %q", code, out, errs)
 		}
 	})
-	_ = io.Discard
 }

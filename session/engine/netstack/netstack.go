@@ -101,6 +101,7 @@ func Serve(ctx context.Context, conn net.Conn, peer Peer, cfg Config) error {
 		d := net.Dialer{Timeout: dialWait}
 		cfg.Dial = d.DialContext
 	}
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	n := &netw{peer: peer, cfg: cfg, ctx: ctx}
@@ -132,10 +133,13 @@ func Serve(ctx context.Context, conn net.Conn, peer Peer, cfg Config) error {
 	n.dnsUDP.Close()
 	n.dnsTCP.Close()
 	wg.Wait()
-	if ferr != nil && !errors.Is(ferr, net.ErrClosed) && !errors.Is(ferr, io.EOF) && ctx.Err() == nil {
-		return ferr
+	if parent.Err() != nil {
+		return nil // the session's end, not a failure
 	}
-	return ferr
+	if errors.Is(ferr, io.EOF) || errors.Is(ferr, io.ErrClosedPipe) || errors.Is(ferr, net.ErrClosed) {
+		return fmt.Errorf("QEMU closed the NIC's socket: %w", ferr)
+	}
+	return fmt.Errorf("the NIC's socket: %w", ferr)
 }
 
 // netw is one running stack.
