@@ -191,6 +191,27 @@ func TestNetNIC(t *testing.T) {
 		}
 	})
 
+	e.Subtest(t, "a daemon restart serves the NIC again", func(t *testing.T) {
+		e.KillDaemon()
+		e.StartDaemon()
+		out, errs, code, _ := run("tcp", hostTCP, "restarted")
+		if code != 0 || out != "host got restarted" {
+			t.Fatalf("after a daemon restart, exit %d: %q %q", code, out, errs)
+		}
+	})
+
+	e.Subtest(t, "a fork has a NIC of its own", func(t *testing.T) {
+		e.OK("fork", "n1", "f1")
+		r := e.Run("exec", "f1", "--", "/workspace/nicprobe", "tcp", hostTCP, "forked")
+		if r.Code != 0 || r.Stdout != "host got forked" {
+			t.Fatalf("in the fork, exit %d: %q %q", r.Code, r.Stdout, r.Stderr)
+		}
+		out, errs, code, _ := run("tcp", hostTCP, "source")
+		if code != 0 || out != "host got source" {
+			t.Fatalf("in the source after the fork, exit %d: %q %q", code, out, errs)
+		}
+	})
+
 	e.Subtest(t, "sleep and wake keep the NIC", func(t *testing.T) {
 		e.OK("sleep", "n1")
 		out, errs, code, _ := run("tcp", hostTCP, "awake")
