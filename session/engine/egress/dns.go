@@ -135,9 +135,16 @@ func (p *Proxy) answerDNS(ctx context.Context, s Session, q []byte, tr Transport
 		}
 		return r.build()
 	}
+	var reserved netip.Addr // the first address held back as reserved
 	for _, a := range found {
 		a = a.Unmap()
-		if a.Is4() != (question.Type == dnsmessage.TypeA) || !pol.AllowsAddr(a, 0, true) {
+		if a.Is4() != (question.Type == dnsmessage.TypeA) {
+			continue
+		}
+		if !pol.AllowsAddr(a, 0, true) {
+			if !reserved.IsValid() && session.Reserved(a) {
+				reserved = a
+			}
 			continue
 		}
 		if len(r.addrs) < maxAnswers {
@@ -146,6 +153,12 @@ func (p *Proxy) answerDNS(ctx context.Context, s Session, q []byte, tr Transport
 	}
 	// What the guest learns here is what its NIC may reach by name.
 	s.Counters().Resolved.Record(name, r.addrs)
+	if len(r.addrs) == 0 && reserved.IsValid() {
+		// The guest sees only a name without addresses: the timeline
+		// says why, and what allows it.
+		rng, _ := session.ReservedRange(reserved)
+		p.note(s, session.EgressRefusedReserved(name, s.Name(), pol.String(), name, reserved, rng), "")
+	}
 	return r.build()
 }
 

@@ -87,3 +87,22 @@ func TestEgressResolvedBounded(t *testing.T) {
 		t.Fatalf("names %v: want the last %d, newest last", names, maxNamesPerAddr)
 	}
 }
+
+// A name allowed by the policy whose addresses are all reserved answers
+// with none, and the timeline says which address, its range, and that
+// naming it allows it (a mirror resolving to TEST-NET).
+func TestDNSReservedNoted(t *testing.T) {
+	s := egressSess(t, "allow:ten.test", Config{})
+	r := s.answer(t.Context(), dnsQuery("ten.test", dnsTypeA))
+	if len(r) < 12 || r[3]&0x0f != rcodeOK || r[7] != 0 {
+		t.Fatalf("reply %x: want NOERROR with no answers", r)
+	}
+	notes := s.Notes()
+	want := "ten.test resolves to 10.0.0.1, a reserved address (10.0.0.0/8); naming 10.0.0.1 or 10.0.0.0/8 in the policy allows it"
+	if len(notes) != 1 || !strings.Contains(notes[0], want) {
+		t.Fatalf("notes %q, want one saying %q", notes, want)
+	}
+	if n := s.c.Refused.Load(); n != 0 {
+		t.Errorf("%d refusals counted for an answer", n)
+	}
+}
