@@ -198,6 +198,9 @@ func (n *netw) build() error {
 		if len(h) < header.TCPMinimumSize || h.Flags()&(header.TCPFlagSyn|header.TCPFlagAck) != header.TCPFlagSyn {
 			return false
 		}
+		if virtual(dst(id).Addr()) {
+			return false // nothing else listens on the guest's network
+		}
 		if v := n.peer.Decide(egress.Flow{Dst: dst(id)}); !v.Allow {
 			n.peer.Refused(v)
 			return false
@@ -208,6 +211,9 @@ func (n *netw) build() error {
 	n.st.SetTransportProtocolHandler(udp.ProtocolNumber, func(id stack.TransportEndpointID, pkt *stack.PacketBuffer) bool {
 		// Returning false leaves the datagram to the stack, which answers
 		// with ICMP port unreachable.
+		if virtual(dst(id).Addr()) {
+			return false
+		}
 		v := n.peer.Decide(egress.Flow{UDP: true, Dst: dst(id)})
 		if !v.Allow {
 			n.peer.Refused(v)
@@ -227,6 +233,14 @@ func (n *netw) build() error {
 	}
 	return nil
 }
+
+// nicNet is the guest's network: its addresses other than the gateway
+// are virtual (the DNS server, answered by the stack itself, the guest,
+// the rest nobody's) and never dialled on the host, whatever the policy
+// names.
+var nicNet = netip.MustParsePrefix(guest.NICAddr).Masked()
+
+func virtual(a netip.Addr) bool { return nicNet.Contains(a) && a != gatewayAddr }
 
 // dst is a flow's destination: the local end of the stack's endpoint.
 func dst(id stack.TransportEndpointID) netip.AddrPort {
