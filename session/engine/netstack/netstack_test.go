@@ -3,6 +3,7 @@ package netstack
 import (
 	"context"
 	"net"
+	"net/netip"
 	"runtime"
 	"testing"
 	"time"
@@ -57,5 +58,20 @@ func TestNetstackServeStops(t *testing.T) {
 				t.Errorf("%d goroutines after Serve returned, %d before", n, before)
 			}
 		})
+	}
+}
+
+func TestNetstackVirtual(t *testing.T) {
+	for a, want := range map[string]bool{
+		"10.0.2.2":  false, // the gateway: host.berth.internal
+		"10.0.2.3":  true,  // berth's DNS, answered by the stack
+		"10.0.2.15": true,  // the guest itself
+		"10.0.2.99": true,
+		"10.0.3.1":  false, // beyond: the policy decides
+		"8.8.8.8":   false,
+	} {
+		if got := virtual(netip.MustParseAddr(a)); got != want {
+			t.Errorf("virtual(%s) = %v, want %v", a, got, want)
+		}
 	}
 }
