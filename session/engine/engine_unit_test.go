@@ -54,6 +54,7 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		CkptBytes   string `toml:"checkpoint_bytes"`
 		Net         string `toml:"net"`
 		NetMaxConns int    `toml:"net_max_conns"`
+		NetNIC      bool   `toml:"net_nic"`
 	}
 	md, err := toml.Decode(assets.DefaultConfig(), &f)
 	if err != nil {
@@ -119,6 +120,7 @@ func TestDefaultConfigDocumentsDefaults(t *testing.T) {
 		{"output_budget", budget, int64(session.DefaultOutputBudget)},
 		{"net", f.Net, session.DefaultNet},
 		{"net_max_conns", f.NetMaxConns, egress.DefaultMaxConns},
+		{"net_nic", f.NetNIC, Config{}.NIC},
 	} {
 		if c.doc != c.code {
 			t.Errorf("config.toml documents %s = %v (%T), session defaults to %v (%T)", c.key, c.doc, c.doc, c.code, c.code)
