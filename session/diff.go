@@ -184,6 +184,45 @@ func Under(rel string, paths []string) bool {
 	return false
 }
 
+// CleanDiffPaths cleans each path with CleanDiffPath.
+func CleanDiffPaths(paths []string) ([]string, error) {
+	var out []string
+	for _, p := range paths {
+		rel, err := CleanDiffPath(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rel)
+	}
+	return out, nil
+}
+
+// KeepUnder drops from m every path that is not under paths (see Under).
+func KeepUnder[E any](m map[string]E, paths []string) {
+	for p := range m {
+		if !Under(p, paths) {
+			delete(m, p)
+		}
+	}
+}
+
+// BuildDiff is the one way a diff is made from two states, whoever read
+// them: the entries under paths compared (CompareEntries), their lines
+// counted and, with patch, their patches written (FillLines, with readOld
+// and readNew). Its Changes is never nil, so an empty diff encodes as [].
+func BuildDiff(old, new map[string]DiffEntry, paths []string, patch bool, readOld, readNew func(p string) ([]byte, error)) (Diff, error) {
+	KeepUnder(old, paths)
+	KeepUnder(new, paths)
+	d := Diff{Changes: CompareEntries(old, new)}
+	if err := FillLines(&d, patch, readOld, readNew); err != nil {
+		return Diff{}, err
+	}
+	if d.Changes == nil {
+		d.Changes = []FileChange{}
+	}
+	return d, nil
+}
+
 // DiffEntry is one path's state in a tree, as a diff compares it.
 type DiffEntry struct {
 	Path string      // relative to /workspace

@@ -140,23 +140,11 @@ func outV1ToV2(*badger.Txn) error { return nil }
 // records' starter as "unknown". The overwritten values linger in badger's
 // value log until compaction and GC reclaim it.
 func execV1ToV2(txn *badger.Txn) error {
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix(ownerExec)})
-	defer it.Close()
-	for it.Rewind(); it.Valid(); it.Next() {
-		item := it.Item()
-		k := item.KeyCopy(nil)
-		v, err := item.ValueCopy(nil)
-		if err != nil {
-			return err
-		}
-		var rec map[string]json.RawMessage
-		if err := json.Unmarshal(v, &rec); err != nil {
-			return fmt.Errorf("record %q: %w", k, err)
-		}
+	return rewriteRecords(txn, ownerExec, func(k []byte, rec map[string]json.RawMessage) (bool, error) {
 		if raw, ok := rec["env"]; ok {
 			var env []string
 			if err := json.Unmarshal(raw, &env); err != nil {
-				return fmt.Errorf("record %q: env: %w", k, err)
+				return false, fmt.Errorf("record %q: env: %w", k, err)
 			}
 			names := make([]string, 0, len(env))
 			for _, kv := range env {
@@ -165,23 +153,17 @@ func execV1ToV2(txn *badger.Txn) error {
 			}
 			delete(rec, "env")
 			if _, ok := rec["env_names"]; !ok && len(names) > 0 {
+				var err error
 				if rec["env_names"], err = json.Marshal(names); err != nil {
-					return err
+					return false, err
 				}
 			}
 		}
 		if _, ok := rec["by"]; !ok {
 			rec["by"] = json.RawMessage(`"unknown"`)
 		}
-		nv, err := json.Marshal(rec)
-		if err != nil {
-			return err
-		}
-		if err := txn.Set(k, nv); err != nil {
-			return err
-		}
-	}
-	return nil
+		return true, nil
+	})
 }
 
 // sessionV1ToV2: v1 session records kept the workspace UUID, the session's
@@ -198,26 +180,14 @@ func execV1ToV2(txn *badger.Txn) error {
 // "extra" is not an object, fails the migration (v1 could not load it
 // either).
 func sessionV1ToV2(txn *badger.Txn) error {
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix(ownerSession)})
-	defer it.Close()
-	for it.Rewind(); it.Valid(); it.Next() {
-		item := it.Item()
-		k := item.KeyCopy(nil)
-		v, err := item.ValueCopy(nil)
-		if err != nil {
-			return err
-		}
-		var rec map[string]json.RawMessage
-		if err := json.Unmarshal(v, &rec); err != nil {
-			return fmt.Errorf("record %q: %w", k, err)
-		}
+	return rewriteRecords(txn, ownerSession, func(k []byte, rec map[string]json.RawMessage) (bool, error) {
 		raw, ok := rec["extra"]
 		if !ok {
-			continue
+			return false, nil
 		}
 		var extra map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &extra); err != nil {
-			return fmt.Errorf("record %q: extra: %w", k, err)
+			return false, fmt.Errorf("record %q: extra: %w", k, err)
 		}
 		str := func(key string) (string, bool) {
 			var s string
@@ -253,6 +223,35 @@ func sessionV1ToV2(txn *badger.Txn) error {
 			}
 		}
 		delete(rec, "extra")
+		return true, nil
+	})
+}
+
+// rewriteRecords calls fn with each JSON record under owner's prefix,
+// decoded as a map so that fields a migration does not know are kept, and
+// stores the record again where fn reports a change. A record that is not
+// a JSON object fails the migration.
+func rewriteRecords(txn *badger.Txn, owner string, fn func(k []byte, rec map[string]json.RawMessage) (bool, error)) error {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix(owner)})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		item := it.Item()
+		k := item.KeyCopy(nil)
+		v, err := item.ValueCopy(nil)
+		if err != nil {
+			return err
+		}
+		var rec map[string]json.RawMessage
+		if err := json.Unmarshal(v, &rec); err != nil {
+			return fmt.Errorf("record %q: %w", k, err)
+		}
+		changed, err := fn(k, rec)
+		if err != nil {
+			return err
+		}
+		if !changed {
+			continue
+		}
 		nv, err := json.Marshal(rec)
 		if err != nil {
 			return err

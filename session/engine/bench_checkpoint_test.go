@@ -12,12 +12,8 @@ import (
 // TestBenchCheckpoints prints issue 17's figures against limits measured
 // in the same run. It runs only under `make bench`.
 func TestBenchCheckpoints(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\nidle_timeout = \"0\"\ncheckpoint_limit = 100\n"), 0o644)
-	e.StartDaemon()
+	needBench(t)
+	e := newBenchEnv(t, "memory = \"256M\"\nidle_timeout = \"0\"\ncheckpoint_limit = 100\n")
 	e.OK("create", "bench", "--disk", "4G")
 	e.OK("exec", "bench", "--", "sh", "-c", "head -c 200000000 /dev/urandom > big.bin")
 	e.OK("flush", "bench")

@@ -21,13 +21,9 @@ import (
 // imported image's template against the same from debian's. It runs only
 // under `make bench`.
 func TestBenchCommit(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
+	needBench(t)
 	deb := vmmtest.Debian(t)
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"512M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.StartDaemon()
+	e := newBenchEnv(t, "memory = \"512M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n")
 
 	e.OK("create", "src", "--image", "debian")
 	e.OK("exec", "src", "--", "sh", "-c", "mkdir -p /opt/big && head -c 200000000 /dev/urandom > /opt/big/blob.bin && sync")

@@ -50,9 +50,7 @@ func traceDur(f map[string]string, key string) time.Duration {
 // table of a traced exec (BERTH_TRACE=1 on the CLI, berth serve -v), each
 // phase's median. It runs only under `make bench`.
 func TestBenchExec(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
+	needBench(t)
 	// The limit: exec true at the agent, on a VM of its own.
 	dir := t.TempDir()
 	b := vmmtest.Boot(t, qemu.New(qemu.Options{}), filepath.Join(dir, "vm"), filepath.Join(dir, "ws.img"), vmm.NewUUID())
@@ -69,9 +67,7 @@ func TestBenchExec(t *testing.T) {
 	b.Agent.Close()
 	b.VM.Kill(t.Context())
 
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.StartDaemon("-v")
+	e := newBenchEnv(t, "memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n", "-v")
 	e.OK("create", "bench")
 	for range 5 { // warm-up: the guest's code paths translated once
 		e.OK("exec", "bench", "--", "true")

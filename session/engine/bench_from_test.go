@@ -13,12 +13,8 @@ import (
 // used of a 4 GiB workspace and resume a VM's memory, then run a first
 // command. It runs only under `make bench`.
 func TestBenchCreateFrom(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.StartDaemon()
+	needBench(t)
+	e := newBenchEnv(t, "memory = \"256M\"\nidle_timeout = \"0\"\n")
 	e.OK("create", "bench", "--disk", "4G")
 	e.OK("exec", "bench", "--", "sh", "-c", "head -c 200000000 /dev/urandom > big.bin")
 	e.OK("checkpoint", "bench", "--memory")

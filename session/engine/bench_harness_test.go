@@ -2,7 +2,6 @@ package engine_test
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"sort"
 	"testing"
@@ -24,13 +23,9 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // and a schedule's start delay after its due time on a running and on a
 // sleeping session (against the wake). It runs only under `make bench`.
 func TestBenchHarness(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
+	needBench(t)
 	ctx := context.Background()
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.StartDaemon()
+	e := newBenchEnv(t, "memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\n")
 	e.OK("create", "bench")
 	client := api.Dial(filepath.Join(e.Data, "berth.sock"))
 	defer client.Close()

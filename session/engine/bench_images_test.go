@@ -42,14 +42,10 @@ func withColdDaemon(e *env, fn func()) {
 // template create and start against cold boots, its build against
 // mmdebstrap and mkfs.ext4 by hand, and what a new system disk takes.
 func TestBenchImages(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
+	needBench(t)
 	ctx := context.Background()
 	deb := vmmtest.Debian(t)
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"512M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.StartDaemon()
+	e := newBenchEnv(t, "memory = \"512M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n")
 
 	ready := func(name string, args ...string) time.Duration {
 		start := time.Now()

@@ -3,7 +3,6 @@ package engine_test
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -35,17 +34,13 @@ func cpuOf(t *testing.T, fn func(), pids ...int) time.Duration {
 // with the sessions asleep (nothing to sample). BERTH_BENCH_SESSIONS
 // overrides n = 50.
 func TestBenchSampling(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
+	needBench(t)
 	n := 50
 	if v, err := strconv.Atoi(os.Getenv("BERTH_BENCH_SESSIONS")); err == nil && v > 0 {
 		n = v
 	}
 	const window = 30 * time.Second
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.StartDaemon()
+	e := newBenchEnv(t, "memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n")
 	e.OK("create", "warm") // builds the image and the template
 	e.OK("delete", "warm", "--yes")
 	d := e.Daemon.Process.Pid

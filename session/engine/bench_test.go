@@ -31,9 +31,7 @@ func median(d []time.Duration) time.Duration {
 // TestBenchSessions prints issue 3's figures against limits measured in
 // the same run. It runs only under `make bench`.
 func TestBenchSessions(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
+	needBench(t)
 	ctx := context.Background()
 
 	// Limits, on a VM of their own: the raw channel's throughput and the
@@ -142,12 +140,8 @@ func rss(pid int) int64 {
 // snapshot's size against the guest memory in use, and what sleeping
 // sessions cost the host.
 func TestBenchSleep(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.StartDaemon()
+	needBench(t)
+	e := newBenchEnv(t, "memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\n")
 	e.OK("create", "zz")
 	var cold, wake []time.Duration
 	// A start restores the template; the cold boot it is measured

@@ -652,16 +652,11 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (session.ForkR
 		t := *rec.IdleTimeout
 		frec.IdleTimeout = &t
 	}
-	f := m.newSess(frec)
-	f.op.Lock()
-	defer f.op.Unlock()
-	m.mu.Lock()
-	if _, ok := m.sessions[newName]; ok {
-		m.mu.Unlock()
-		return res, fmt.Errorf("session %q: %w", newName, session.ErrExists)
+	f, err := m.claim(frec)
+	if err != nil {
+		return res, err
 	}
-	m.sessions[newName] = f
-	m.mu.Unlock()
+	defer f.op.Unlock()
 	by := session.Actor(ctx)
 	// synced, once set, yields the result of syncing the fork's disk
 	// copies, which runs while the fork's VM is restored.

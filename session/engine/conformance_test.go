@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net/http"
 	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/session/api"
 	"github.com/berthvm/berth/session/engine"
 	"github.com/berthvm/berth/session/sessiontest"
 	"github.com/berthvm/berth/store"
@@ -59,16 +57,7 @@ func TestManagerConformance(t *testing.T) {
 	m := newManager(t)
 	t.Run("in-process", func(t *testing.T) { sessiontest.Suite(t, m) })
 	t.Run("socket", func(t *testing.T) {
-		sock := filepath.Join(t.TempDir(), "berth.sock")
-		ln, err := api.Listen(sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := &http.Server{Handler: api.NewServer(m, nil)}
-		go srv.Serve(ln)
-		defer srv.Close()
-		c := api.Dial(sock)
-		defer c.Close()
+		c := serveSocket(t, m)
 		// The Manager is an Imager too, and the socket serves it.
 		list, err := c.Images(t.Context())
 		if err != nil || !slices.ContainsFunc(list, func(im session.ImageInfo) bool { return im.Name == "mini" && im.Current }) {

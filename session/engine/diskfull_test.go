@@ -251,9 +251,7 @@ func TestDiskFull(t *testing.T) {
 // TestBenchDiskFull prints issue 13's figure: the time from space
 // returning to a held command's output being stored again.
 func TestBenchDiskFull(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
+	needBench(t)
 	mnt := smallFS(t, 512<<20)
 	e := newEnvAt(t, vmmtest.DataDirIn(t, filepath.Join(mnt, "data")))
 	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"48M\"\nidle_timeout = \"0\"\nretention = \"1G\"\nfree_space_floor = \"96M\"\noutput_budget = \"0\"\n"), 0o644)

@@ -163,20 +163,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req session.ExecRequest
 			return nil, err
 		}
 	}
-	s, err := m.get(name)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.check(session.ActionExec); err != nil {
-		return nil, err
-	}
-	if err := m.ensureAwake(ctx, s); err != nil {
-		return nil, err
-	}
-	if err := s.check(session.ActionExec); err != nil {
-		return nil, err // changed while waiting
-	}
-	c, err := s.connectedAgent()
+	s, c, err := m.awakeAgent(ctx, name, session.ActionExec)
 	if err != nil {
 		return nil, err
 	}

@@ -122,33 +122,12 @@ func buildahImage(t *testing.T, p *podman, busybox, dir string) string {
 // loads with podman, and imports back to the exact tree. Bad input is
 // refused in one line and leaves nothing at the output path.
 func TestExportEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("boots a VM")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("imports need root: layers keep owners and device nodes")
-	}
-	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Skipf("no busybox to build the image from (Debian's busybox-static): %v", err)
-	}
-	if out, _ := exec.Command("ldd", "/bin/busybox").CombinedOutput(); !strings.Contains(string(out), "not a dynamic") {
-		t.Skip("/bin/busybox is not static (Debian's busybox-static has a static one)")
-	}
+	bb := staticBusybox(t)
 	p := newPodman(t)
 	deb := vmmtest.Debian(t)
 
-	data := t.TempDir()
+	e, data := newImageEnv(t, false, deb)
 	images := filepath.Join(data, "images")
-	os.MkdirAll(images, 0o755)
-	for name, im := range map[string]image.Image{"mini": vmmtest.Image(t), "debian": deb} {
-		if err := os.Symlink(filepath.Dir(im.Dir), filepath.Join(images, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Setenv("BERTH_NO_TEMPLATES", "1")
-	e := newEnvAt(t, data)
-	e.StartDaemon()
 	work := t.TempDir()
 	archive := buildahImage(t, p, string(bb), work)
 	origID, origLayers := p.inspect("localhost/bb:1")

@@ -17,14 +17,24 @@ func (m *Manager) agentFor(name string) (*guest.Client, error) {
 
 // sessAgent is agentFor that returns the session too.
 func (m *Manager) sessAgent(name string) (*sess, *guest.Client, error) {
+	return m.awakeAgent(context.Background(), name, session.ActionFiles)
+}
+
+// awakeAgent is the agent of session name for action, woken first if it
+// sleeps; the action is checked again after the wake, since the state
+// may have changed while it waited.
+func (m *Manager) awakeAgent(ctx context.Context, name string, action session.Action) (*sess, *guest.Client, error) {
 	s, err := m.get(name)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := s.check(session.ActionFiles); err != nil {
+	if err := s.check(action); err != nil {
 		return nil, nil, err
 	}
-	if err := m.ensureAwake(context.Background(), s); err != nil {
+	if err := m.ensureAwake(ctx, s); err != nil {
+		return nil, nil, err
+	}
+	if err := s.check(action); err != nil {
 		return nil, nil, err
 	}
 	s.touch()

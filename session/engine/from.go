@@ -102,16 +102,11 @@ func (m *Manager) createFrom(ctx context.Context, opts session.CreateOptions) (s
 		t := *opts.IdleTimeout
 		rec.IdleTimeout = &t
 	}
-	s := m.newSess(rec)
-	s.op.Lock()
-	defer s.op.Unlock()
-	m.mu.Lock()
-	if _, ok := m.sessions[opts.Name]; ok {
-		m.mu.Unlock()
-		return session.Session{}, fmt.Errorf("session %q: %w", opts.Name, session.ErrExists)
+	s, err := m.claim(rec)
+	if err != nil {
+		return session.Session{}, err
 	}
-	m.sessions[opts.Name] = s
-	m.mu.Unlock()
+	defer s.op.Unlock()
 
 	by := session.Actor(ctx)
 	var steps []any

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,7 +20,6 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/session/api"
 	"github.com/berthvm/berth/session/sessiontest"
 )
 
@@ -102,16 +100,7 @@ func TestManagerHarness(t *testing.T) {
 	m := newManager(t)
 	t.Run("in-process", func(t *testing.T) { sessiontest.HarnessSuite(t, m) })
 	t.Run("socket", func(t *testing.T) {
-		sock := filepath.Join(t.TempDir(), "berth.sock")
-		ln, err := api.Listen(sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := &http.Server{Handler: api.NewServer(m, nil)}
-		go srv.Serve(ln)
-		defer srv.Close()
-		c := api.Dial(sock)
-		defer c.Close()
+		c := serveSocket(t, m)
 		sessiontest.HarnessSuite(t, c)
 	})
 }

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -21,7 +20,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/vmm/vmmtest"
 )
 
 // TestImportEndToEnd imports a busybox image, built here offline as a
@@ -31,38 +29,15 @@ import (
 // refused while the session uses it. A truncated archive fails with one
 // line and leaves nothing behind.
 func TestImportEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("boots a VM")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("imports need root: layers keep owners and device nodes")
-	}
-	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Skipf("no busybox to build the image from (Debian's busybox-static): %v", err)
-	}
-	if out, _ := exec.Command("ldd", "/bin/busybox").CombinedOutput(); !strings.Contains(string(out), "not a dynamic") {
-		t.Skip("/bin/busybox is not static (Debian's busybox-static has a static one)")
-	}
+	bb := staticBusybox(t)
 	img, archive := busyboxImage(t, bb)
 	id, err := img.ConfigName() // a docker archive's image id
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	// A data directory of the test's own (the mini image shared, as
-	// DataDir has it, but not the shared layer cache: imports write
-	// theirs here), and no templates: one boot is all the test pays.
-	data := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(data, "images"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(filepath.Dir(vmmtest.Image(t).Dir), filepath.Join(data, "images", "mini")); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("BERTH_NO_TEMPLATES", "1")
-	e := newEnvAt(t, data)
-	e.StartDaemon()
+	// No templates: one boot is all the test pays.
+	e, data := newImageEnv(t, false)
 	images := filepath.Join(data, "images")
 
 	e.Subtest(t, "truncated archive", func(t *testing.T) {

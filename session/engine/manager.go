@@ -83,7 +83,9 @@ type Defaults struct {
 	Retention   int64 // recorded output per session
 }
 
-func (d Defaults) withFallbacks() Defaults {
+// WithFallbacks fills what d leaves unset with the defaults: the ones a
+// config file that does not name a key gets.
+func (d Defaults) WithFallbacks() Defaults {
 	c := d.create().WithDefaults(session.DefaultCreate())
 	d.Image, d.CPUs, d.MemoryMiB, d.DiskBytes, d.SystemBytes, d.VMM = c.Image, c.CPUs, c.MemoryMiB, c.DiskBytes, c.SystemBytes, c.VMM
 	if d.Accel == "" {
@@ -189,7 +191,7 @@ var _ session.Service = (*Manager)(nil)
 // that still runs: running executions are caught up from the agent, and
 // those whose VM died meanwhile end as lost.
 func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, error) {
-	cfg.Defaults = cfg.Defaults.withFallbacks()
+	cfg.Defaults = cfg.Defaults.WithFallbacks()
 	if cfg.StatsInterval == 0 {
 		cfg.StatsInterval = 2 * time.Second
 	}

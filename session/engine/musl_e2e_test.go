@@ -15,8 +15,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-
-	"github.com/berthvm/berth/vmm/vmmtest"
 )
 
 // TestMuslImageWithoutShell imports an Alpine-style image — a program
@@ -24,12 +22,7 @@ import (
 // it in a session: the agent stays PID 1 whatever libc the image has, and
 // what needs a shell fails in one line instead of hanging.
 func TestMuslImageWithoutShell(t *testing.T) {
-	if testing.Short() {
-		t.Skip("boots a VM")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("imports need root: layers keep owners and device nodes")
-	}
+	needImports(t)
 	dir := t.TempDir()
 	src := filepath.Join(dir, "hello.c")
 	os.WriteFile(src, []byte("#include <stdio.h>\nint main(void){puts(\"hello from musl\");return 0;}\n"), 0o644)
@@ -73,14 +66,7 @@ func TestMuslImageWithoutShell(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	data := t.TempDir()
-	os.MkdirAll(filepath.Join(data, "images"), 0o755)
-	if err := os.Symlink(filepath.Dir(vmmtest.Image(t).Dir), filepath.Join(data, "images", "mini")); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("BERTH_NO_TEMPLATES", "1")
-	e := newEnvAt(t, data)
-	e.StartDaemon()
+	e, _ := newImageEnv(t, false)
 	if r := e.RunIn(archive.String(), "image", "import", "-", "--name", "muslapp"); r.Code != 0 {
 		t.Fatalf("image import: exit %d: %s%s", r.Code, r.Stdout, r.Stderr)
 	}

@@ -53,21 +53,10 @@ func (m *Manager) Forward(ctx context.Context, name string, port int) (net.Conn,
 	if port < 1 || port > 65535 {
 		return nil, fmt.Errorf("port %d: use 1 to 65535: %w", port, session.ErrInvalid)
 	}
-	s, err := m.get(name)
+	s, c, err := m.awakeAgent(ctx, name, session.ActionExec)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.check(session.ActionExec); err != nil {
-		return nil, err
-	}
-	if err := m.ensureAwake(ctx, s); err != nil {
-		return nil, err
-	}
-	c, err := s.connectedAgent()
-	if err != nil {
-		return nil, err
-	}
-	s.touch()
 	sc, err := c.DialGuest(ctx, port)
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {

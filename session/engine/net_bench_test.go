@@ -36,9 +36,7 @@ func daemonCPU(t *testing.T, pid int) time.Duration {
 // TestBenchNet prints issue 15's figures against limits measured in the
 // same run. It runs only under `make bench`.
 func TestBenchNet(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
+	needBench(t)
 	ctx := context.Background()
 	const size = 100 << 20
 	mbs := func(d time.Duration) float64 { return float64(size) / d.Seconds() / 1e6 }

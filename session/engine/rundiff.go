@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/berthvm/berth/guest"
+	"github.com/berthvm/berth/guest/image/ext4"
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/session/engine/extfs"
 	"github.com/berthvm/berth/store"
 )
 
@@ -29,8 +29,8 @@ import (
 // before it (track.go in the agent).
 //
 // How the two states are read: the checkpoint's workspace image is read
-// on the host by package extfs, in user space: no mount (which needs root
-// and would put an image the guest wrote in front of the host's kernel),
+// on the host by guest/image/ext4, in user space: no mount (which needs
+// root and would put an image the guest wrote in front of the host's kernel),
 // no VM booted or disk hot-plugged, so two checkpoints compare in any
 // state and a diff with now costs only the guest's side. The workspace
 // now is read through the agent (a scan, then the files whose bytes a
@@ -160,7 +160,7 @@ type side interface {
 // ckptSide reads a checkpoint's workspace image.
 type ckptSide struct {
 	f  *os.File
-	fs *extfs.FS
+	fs *ext4.FS
 }
 
 func openCkptSide(dir string) (*ckptSide, error) {
@@ -173,7 +173,7 @@ func openCkptSide(dir string) (*ckptSide, error) {
 		f.Close()
 		return nil, err
 	}
-	x, err := extfs.Open(f, fi.Size())
+	x, err := ext4.Open(f, fi.Size())
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("read checkpoint %s: %w", filepath.Base(dir), err)
@@ -183,19 +183,19 @@ func openCkptSide(dir string) (*ckptSide, error) {
 
 func (c *ckptSide) Close() error { return c.f.Close() }
 
-func (c *ckptSide) entry(rel string, in *extfs.Inode, sums bool) (entry, error) {
-	e := entry{DiffEntry: session.DiffEntry{Path: rel, Mode: in.Mode, Size: in.Size, ID: in.ID()}, ctime: in.Ctime.UnixNano()}
+func (c *ckptSide) entry(rel string, in *ext4.Inode, sums bool) (entry, error) {
+	e := entry{DiffEntry: session.DiffEntry{Path: rel, Mode: in.FileMode(), Size: in.Size, ID: in.ID()}, ctime: in.Ctime.UnixNano()}
 	switch {
-	case in.Mode.IsDir():
+	case in.FileMode().IsDir():
 		e.Size = 0
-	case in.Mode.Type() == fs.ModeSymlink:
+	case in.FileMode().Type() == fs.ModeSymlink:
 		l, err := c.fs.Readlink(in)
 		if err != nil {
 			return e, err
 		}
 		e.Link = l
-	case in.Mode.IsRegular() && sums:
-		r, err := c.fs.Reader(in)
+	case in.FileMode().IsRegular() && sums:
+		r, err := c.fs.Open(in)
 		if err != nil {
 			return e, err
 		}
@@ -215,7 +215,7 @@ func (c *ckptSide) stat(ctx context.Context, paths []string, walk, sums bool) (m
 			return nil, err
 		}
 		in, err := c.fs.Lookup(p)
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, extfs.ErrSymlinkOnPath) {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, ext4.ErrSymlinkOnPath) {
 			continue // not there (a path through a symlink names no entry of its own)
 		}
 		if err != nil {
@@ -228,8 +228,8 @@ func (c *ckptSide) stat(ctx context.Context, paths []string, walk, sums bool) (m
 			}
 			out[p] = e
 		}
-		if walk && in.Mode.IsDir() {
-			err := c.fs.Walk(p, in, func(rel string, in *extfs.Inode) error {
+		if walk && in.FileMode().IsDir() {
+			err := c.fs.Walk(p, in, func(rel string, in *ext4.Inode) error {
 				e, err := c.entry(rel, in, sums)
 				out[rel] = e
 				return err
@@ -340,16 +340,8 @@ func compare(ctx context.Context, old, new side, paths, touched []string, patch 
 			return session.Diff{}, err
 		}
 	}
-	for p := range oe {
-		if !session.Under(p, paths) {
-			delete(oe, p)
-		}
-	}
-	for p := range ne {
-		if !session.Under(p, paths) {
-			delete(ne, p)
-		}
-	}
+	session.KeepUnder(oe, paths)
+	session.KeepUnder(ne, paths)
 	// The same file, unchanged, on both sides: nothing to read.
 	var hash []string
 	for p, o := range oe {
@@ -372,17 +364,10 @@ func compare(ctx context.Context, old, new side, paths, touched []string, patch 
 			return session.Diff{}, err
 		}
 	}
-	d := session.Diff{Changes: session.CompareEntries(plain(oe), plain(ne))}
 	read := func(s side) func(string) ([]byte, error) {
 		return func(p string) ([]byte, error) { return s.read(ctx, p) }
 	}
-	if err := session.FillLines(&d, patch, read(old), read(new)); err != nil {
-		return session.Diff{}, err
-	}
-	if d.Changes == nil {
-		d.Changes = []session.FileChange{}
-	}
-	return d, nil
+	return session.BuildDiff(plain(oe), plain(ne), paths, patch, read(old), read(new))
 }
 
 func expand(ctx context.Context, s side, into map[string]entry, dirs []string) error {
@@ -421,21 +406,9 @@ func plain(m map[string]entry) map[string]session.DiffEntry {
 	return out
 }
 
-func cleanPaths(in []string) ([]string, error) {
-	var out []string
-	for _, p := range in {
-		rel, err := session.CleanDiffPath(p)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, rel)
-	}
-	return out, nil
-}
-
 // Diff compares checkpoint from with checkpoint to, or with now.
 func (m *Manager) Diff(ctx context.Context, name, from, to string, opts session.DiffOptions) (session.Diff, error) {
-	paths, err := cleanPaths(opts.Paths)
+	paths, err := session.CleanDiffPaths(opts.Paths)
 	if err != nil {
 		return session.Diff{}, err
 	}
@@ -558,7 +531,7 @@ func (m *Manager) runCheckpoint(runID string) (*sess, ckptMeta, error) {
 
 // RunDiff compares a run's starting point with the workspace now.
 func (m *Manager) RunDiff(ctx context.Context, runID string, opts session.DiffOptions) (session.Diff, error) {
-	paths, err := cleanPaths(opts.Paths)
+	paths, err := session.CleanDiffPaths(opts.Paths)
 	if err != nil {
 		return session.Diff{}, err
 	}
@@ -607,12 +580,7 @@ func (m *Manager) noteRunChanges(name, runID string, d session.Diff) {
 
 // runningIn counts the run's executions still being recorded.
 func (m *Manager) runningIn(runID string) int {
-	m.mu.Lock()
-	ids := make([]string, 0, len(m.runs))
-	for id := range m.runs {
-		ids = append(ids, id)
-	}
-	m.mu.Unlock()
+	ids := m.recording()
 	h := m.hx
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -628,7 +596,7 @@ func (m *Manager) runningIn(runID string) int {
 // UndoRun puts the workspace, or the paths named, back as the run found
 // it.
 func (m *Manager) UndoRun(ctx context.Context, runID string, paths []string) (session.UndoResult, error) {
-	rels, err := cleanPaths(paths)
+	rels, err := session.CleanDiffPaths(paths)
 	if err != nil {
 		return session.UndoResult{}, err
 	}
@@ -744,20 +712,20 @@ func putBack(ctx context.Context, c *guest.Client, old *ckptSide, p string) erro
 	cur, err := c.Stat(ctx, p)
 	exists := err == nil
 	switch {
-	case in.Mode.IsRegular():
+	case in.FileMode().IsRegular():
 		if exists && fs.FileMode(cur.Mode).IsDir() {
 			if err := c.Remove(ctx, p, true); err != nil {
 				return err
 			}
 		}
-		r, err := old.fs.Reader(in)
+		r, err := old.fs.Open(in)
 		if err != nil {
 			return err
 		}
-		if _, err := c.WriteFile(ctx, p, r, in.Mode.Perm()); err != nil {
+		if _, err := c.WriteFile(ctx, p, r, in.FileMode().Perm()); err != nil {
 			return err
 		}
-	case in.Mode.IsDir():
+	case in.FileMode().IsDir():
 		if exists && !fs.FileMode(cur.Mode).IsDir() {
 			if err := c.Remove(ctx, p, true); err != nil {
 				return err
@@ -769,7 +737,7 @@ func putBack(ctx context.Context, c *guest.Client, old *ckptSide, p string) erro
 				return err
 			}
 		}
-	case in.Mode.Type() == fs.ModeSymlink:
+	case in.FileMode().Type() == fs.ModeSymlink:
 		target, err := old.fs.Readlink(in)
 		if err != nil {
 			return err
@@ -781,8 +749,8 @@ func putBack(ctx context.Context, c *guest.Client, old *ckptSide, p string) erro
 		}
 		return c.Symlink(ctx, target, p)
 	default:
-		return fmt.Errorf("%s is a %v, which berth does not put back: %w", p, in.Mode.Type(), session.ErrInvalid)
+		return fmt.Errorf("%s is a %v, which berth does not put back: %w", p, in.FileMode().Type(), session.ErrInvalid)
 	}
-	mode := uint32(in.Mode & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky))
+	mode := uint32(in.FileMode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky))
 	return c.Setstat(ctx, p, guest.Attrs{Mode: &mode})
 }

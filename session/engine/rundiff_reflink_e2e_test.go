@@ -100,9 +100,7 @@ func TestRunKeepReflink(t *testing.T) {
 // image; on the default data directory (ext4 here, no reflink), the run
 // start without --keep, and cp --sparse=always of the same image.
 func TestBenchRunKeep(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
+	needBench(t)
 	bench := func(t *testing.T, e *env, fsName string) {
 		os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\ncheckpoint_limit = 100\n"), 0o644)
 		e.StartDaemon()
@@ -159,12 +157,8 @@ func TestBenchRunKeep(t *testing.T) {
 // of a 1 GiB workspace holding 2,000, against reading just those 10 files
 // in the guest (one exec of cat), measured in the same run.
 func TestBenchRunDiff(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.StartDaemon()
+	needBench(t)
+	e := newBenchEnv(t, "memory = \"256M\"\ndisk = \"1G\"\nidle_timeout = \"0\"\n")
 	e.OK("create", "b")
 	e.OK("exec", "b", "--", "sh", "-c", "head -c 300000000 /dev/urandom > big.bin && for d in $(seq 1 20); do mkdir -p src/$d; for f in $(seq 1 100); do seq 1 200 > src/$d/$f.txt; done; done")
 	id := strings.TrimSpace(e.OK("run", "start", "b", "--keep"))

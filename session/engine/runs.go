@@ -388,17 +388,25 @@ func (m *Manager) GetRun(ctx context.Context, runID string) (session.Run, error)
 	return out, nil
 }
 
+// recording lists the executions being recorded, copied out: Manager.mu
+// is a leaf, and the callers go on to take harness.mu, which ranks above
+// it (see the package doc).
+func (m *Manager) recording() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ids := make([]string, 0, len(m.runs))
+	for id := range m.runs {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
 // endLeftRuns ends runs left open: a schedule's once its command is over (it
 // ended while no daemon was there to see it), anyone else's as abandoned
 // once it has had nothing running and no use for the run timeout.
 func (m *Manager) endLeftRuns() {
 	live := map[string]bool{} // runs with an execution being recorded
-	m.mu.Lock()
-	ids := make([]string, 0, len(m.runs))
-	for id := range m.runs {
-		ids = append(ids, id)
-	}
-	m.mu.Unlock()
+	ids := m.recording()
 	h := m.hx
 	h.mu.Lock()
 	for _, x := range ids {

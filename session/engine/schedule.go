@@ -187,12 +187,7 @@ func (m *Manager) scheduleLoop() {
 
 // liveOf counts, per schedule, its commands being recorded or starting.
 func (m *Manager) liveBySchedule() map[string]int {
-	m.mu.Lock()
-	ids := make([]string, 0, len(m.runs))
-	for id := range m.runs {
-		ids = append(ids, id)
-	}
-	m.mu.Unlock()
+	ids := m.recording()
 	h := m.hx
 	h.mu.Lock()
 	defer h.mu.Unlock()

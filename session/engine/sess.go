@@ -60,6 +60,22 @@ type sess struct {
 	execKey string
 }
 
+// claim lists a new session under rec.Name with its sess.op held, so
+// nothing else acts on it before its maker is done; the caller unlocks
+// op. A name already listed is ErrExists.
+func (m *Manager) claim(rec store.Session) (*sess, error) {
+	s := m.newSess(rec)
+	s.op.Lock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.sessions[rec.Name]; ok {
+		s.op.Unlock()
+		return nil, fmt.Errorf("session %q: %w", rec.Name, session.ErrExists)
+	}
+	m.sessions[rec.Name] = s
+	return s, nil
+}
+
 func (m *Manager) newSess(rec store.Session) *sess {
 	s := &sess{m: m, name: rec.Name, rec: rec}
 	s.mu.Watch(m.locks, "sess.mu "+rec.Name)

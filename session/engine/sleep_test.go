@@ -37,9 +37,7 @@ func (e *env) counter(name string) int {
 }
 
 func TestSleepWake(t *testing.T) {
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.StartDaemon()
+	e := newBenchEnv(t, "memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\n")
 	e.OK("create", "sleepy")
 	e.OK("exec", "sleepy", "--", "sh", "-c", "head -c 2000000 /dev/urandom > data.bin && sha256sum data.bin > data.sum")
 	e.OK("flush", "sleepy")
@@ -113,9 +111,7 @@ func TestSleepWake(t *testing.T) {
 // Afterwards the session is running or cleanly sleeping (never half of
 // each), and the flushed file is intact.
 func TestSleepCrashPoints(t *testing.T) {
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\n"), 0o644)
-	e.StartDaemon()
+	e := newBenchEnv(t, "memory = \"256M\"\ndisk = \"128M\"\nidle_timeout = \"0\"\n")
 	e.OK("create", "crashy")
 	e.OK("exec", "crashy", "--", "sh", "-c", "head -c 1000000 /dev/urandom > data.bin && sha256sum data.bin > data.sum")
 	e.OK("flush", "crashy")
@@ -166,9 +162,7 @@ func TestSleepCrashPoints(t *testing.T) {
 // itself, one with its own timeout of 0 never does, and a snapshot that
 // does not fit on the disk abandons the sleep with the session running.
 func TestIdleSleepAndFullDisk(t *testing.T) {
-	e := newEnv(t)
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"3s\"\n"), 0o644)
-	e.StartDaemon()
+	e := newBenchEnv(t, "memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"3s\"\n")
 	e.OK("create", "dozy")
 	e.OK("create", "awake", "--idle-timeout", "0")
 	e.WaitState("dozy", session.StateSleeping, 60*time.Second)

@@ -339,9 +339,7 @@ func TestSSHRsyncGit(t *testing.T) {
 // TestBenchSSH prints issue 14's figures against berth's own file API and
 // exec, measured in the same run.
 func TestBenchSSH(t *testing.T) {
-	if os.Getenv("BERTH_BENCH") == "" {
-		t.Skip("set BERTH_BENCH=1 (make bench)")
-	}
+	needBench(t)
 	e := newEnv(t)
 	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("disk = \"1G\"\nidle_timeout = \"0\"\n"), 0o644)
 	se := newSSHEnv(t, e)

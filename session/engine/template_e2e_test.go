@@ -2,12 +2,9 @@ package engine_test
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/berthvm/berth/vmm/vmmtest"
 )
 
 // TestImportedImageTemplate: an imported image gets a booted template as
@@ -17,32 +14,12 @@ import (
 // engine records (the session's cause) says how each VM came to be, so
 // no timing is asserted.
 func TestImportedImageTemplate(t *testing.T) {
-	if testing.Short() {
-		t.Skip("boots VMs")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("imports need root: layers keep owners and device nodes")
-	}
-	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Skipf("no busybox to build the image from (Debian's busybox-static): %v", err)
-	}
-	if out, _ := exec.Command("ldd", "/bin/busybox").CombinedOutput(); !strings.Contains(string(out), "not a dynamic") {
-		t.Skip("/bin/busybox is not static (Debian's busybox-static has a static one)")
-	}
+	bb := staticBusybox(t)
 	_, archive := busyboxImage(t, bb)
 	// The test's own data directory with its own templates: the
 	// template of the imported image is built here, not found in the
 	// shared test cache.
-	data := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(data, "images"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(filepath.Dir(vmmtest.Image(t).Dir), filepath.Join(data, "images", "mini")); err != nil {
-		t.Fatal(err)
-	}
-	e := newEnvAt(t, data)
-	e.StartDaemon()
+	e, data := newImageEnv(t, true)
 	file := filepath.Join(t.TempDir(), "bb.tar")
 	os.WriteFile(file, archive, 0o644)
 	e.OK("image", "import", file, "--name", "bb")

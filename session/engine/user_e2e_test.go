@@ -4,8 +4,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/json"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,7 +16,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/vmm/vmmtest"
 )
 
 // TestImportedUserAndCreateFrom imports a busybox image whose config runs
@@ -29,30 +26,9 @@ import (
 // its own identity and system disk UUID, and still runs as app; once
 // the image is gone, a create from that checkpoint is refused in one line.
 func TestImportedUserAndCreateFrom(t *testing.T) {
-	if testing.Short() {
-		t.Skip("boots VMs")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("imports need root: layers keep owners and device nodes")
-	}
-	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Skipf("no busybox to build the image from (Debian's busybox-static): %v", err)
-	}
-	if out, _ := exec.Command("ldd", "/bin/busybox").CombinedOutput(); !strings.Contains(string(out), "not a dynamic") {
-		t.Skip("/bin/busybox is not static (Debian's busybox-static has a static one)")
-	}
+	bb := staticBusybox(t)
 	archive := userImage(t, bb)
-	data := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(data, "images"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(filepath.Dir(vmmtest.Image(t).Dir), filepath.Join(data, "images", "mini")); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("BERTH_NO_TEMPLATES", "1") // each boot is one the test needs
-	e := newEnvAt(t, data)
-	e.StartDaemon()
+	e, data := newImageEnv(t, false)
 	if r := e.RunIn(string(archive), "image", "import", "-", "--name", "app"); r.Code != 0 {
 		t.Fatalf("image import: exit %d: %s%s", r.Code, r.Stdout, r.Stderr)
 	} else if !strings.Contains(r.Stdout, "run as app") {

@@ -50,35 +50,11 @@ func nodeAt(root *node, rel string) *node {
 	return n
 }
 
-func cleanPaths(in []string) ([]string, error) {
-	var out []string
-	for _, p := range in {
-		rel, err := session.CleanDiffPath(p)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, rel)
-	}
-	return out, nil
-}
-
 func diffTrees(old, new *node, opts session.DiffOptions) (session.Diff, error) {
-	paths, err := cleanPaths(opts.Paths)
+	paths, err := session.CleanDiffPaths(opts.Paths)
 	if err != nil {
 		return session.Diff{}, err
 	}
-	o, n := entries(old), entries(new)
-	for p := range o {
-		if !session.Under(p, paths) {
-			delete(o, p)
-		}
-	}
-	for p := range n {
-		if !session.Under(p, paths) {
-			delete(n, p)
-		}
-	}
-	d := session.Diff{Changes: session.CompareEntries(o, n), Full: true, Note: "the fake compares whole trees"}
 	read := func(root *node) func(string) ([]byte, error) {
 		return func(p string) ([]byte, error) {
 			x := nodeAt(root, p)
@@ -88,13 +64,9 @@ func diffTrees(old, new *node, opts session.DiffOptions) (session.Diff, error) {
 			return slices.Clone(x.data), nil
 		}
 	}
-	if err := session.FillLines(&d, opts.Patch, read(old), read(new)); err != nil {
-		return session.Diff{}, err
-	}
-	if d.Changes == nil {
-		d.Changes = []session.FileChange{}
-	}
-	return d, nil
+	d, err := session.BuildDiff(entries(old), entries(new), paths, opts.Patch, read(old), read(new))
+	d.Full, d.Note = true, "the fake compares whole trees"
+	return d, err
 }
 
 // Diff compares two checkpoints, or one with the workspace now.
@@ -180,7 +152,7 @@ func (f *Fake) UndoRun(ctx context.Context, runID string, paths []string) (sessi
 	if err := f.enter(ctx, "UndoRun"); err != nil {
 		return session.UndoResult{}, err
 	}
-	rels, err := cleanPaths(paths)
+	rels, err := session.CleanDiffPaths(paths)
 	if err != nil {
 		return session.UndoResult{}, err
 	}

@@ -57,29 +57,17 @@ func checkpointsCmd() *Command {
 		Summary: "list a session's checkpoints",
 		Example: "berth checkpoints demo",
 		Setup: func(fs *flag.FlagSet) RunFunc {
-			asJSON := fs.Bool("json", false, "print JSON")
-			return func(ctx context.Context, c *Call, args []string) error {
-				svc, err := c.service(ctx)
-				if err != nil {
-					return err
-				}
-				list, err := svc.Checkpoints(ctx, args[0])
-				if err != nil {
-					return err
-				}
-				if *asJSON {
-					return writeList(c.env.Stdout, list)
-				}
-				if len(list) == 0 {
-					fmt.Fprintf(c.env.Stdout, "%s has no checkpoints ('berth checkpoint %s' takes one)\n", args[0], args[0])
-					return nil
-				}
-				t := newTable(c.env.Stdout, "ID", "TAKEN", "SIZE", "HOLDS", "COPY", "LABEL")
-				for _, ck := range list {
-					t.row(ck.ID, ck.CreatedAt.Local().Format("2006-01-02 15:04:05"), session.FormatBytes(ck.Bytes), ck.Holds(), ck.Copy, ck.Label)
-				}
-				return t.flush()
-			}
+			return listing(fs, session.Service.Checkpoints,
+				func(name string) string {
+					return fmt.Sprintf("%s has no checkpoints ('berth checkpoint %s' takes one)", name, name)
+				},
+				func(c *Call, list []session.Checkpoint) error {
+					t := newTable(c.env.Stdout, "ID", "TAKEN", "SIZE", "HOLDS", "COPY", "LABEL")
+					for _, ck := range list {
+						t.row(ck.ID, ck.CreatedAt.Local().Format("2006-01-02 15:04:05"), session.FormatBytes(ck.Bytes), ck.Holds(), ck.Copy, ck.Label)
+					}
+					return t.flush()
+				})
 		},
 	}
 }

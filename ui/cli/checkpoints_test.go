@@ -12,7 +12,7 @@ func TestCheckpointCommands(t *testing.T) {
 	w := newWorld(t, sessiontest.Options{})
 	w.sh(t, "create", "demo")
 	runAll(t, w, []tc{
-		{name: "none yet", args: []string{"checkpoints", "demo"}, stdout: "demo has no checkpoints ('berth checkpoint demo' takes one)\n"},
+		{name: "none yet", args: []string{"checkpoints", "demo"}, stderr: "demo has no checkpoints ('berth checkpoint demo' takes one)\n"},
 		{name: "take", args: []string{"checkpoint", "demo", "--label", "green"}, stdout: "~checkpoint c1 of demo: workspace, "},
 		{name: "memory", args: []string{"checkpoint", "demo", "--memory"}, stdout: "~checkpoint c2 of demo: workspace+memory"},
 		{name: "list", args: []string{"checkpoints", "demo"}, stdout: "~green"},

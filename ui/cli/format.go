@@ -2,7 +2,9 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -57,6 +59,33 @@ func writeJSON(w io.Writer, v any) error {
 
 // writeList writes a list as JSON, none as [] rather than null, so that
 // scripts can iterate over what they get without a check.
+// listing is the RunFunc of a verb that lists what session NAME has
+// (list is a method expression, session.Service.Runs):
+// with --json the list ([] when empty); an empty list says so on
+// standard error (a script reading standard output sees no rows);
+// otherwise table writes it.
+func listing[T any](fs *flag.FlagSet, list func(svc session.Service, ctx context.Context, name string) ([]T, error), empty func(name string) string, table func(c *Call, list []T) error) RunFunc {
+	asJSON := fs.Bool("json", false, "print JSON")
+	return func(ctx context.Context, c *Call, args []string) error {
+		svc, err := c.service(ctx)
+		if err != nil {
+			return err
+		}
+		l, err := list(svc, ctx, args[0])
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return writeList(c.env.Stdout, l)
+		}
+		if len(l) == 0 {
+			fmt.Fprintln(c.env.Stderr, empty(args[0]))
+			return nil
+		}
+		return table(c, l)
+	}
+}
+
 func writeList[T any](w io.Writer, list []T) error {
 	if list == nil {
 		list = []T{}

@@ -117,31 +117,19 @@ func runsCmd() *Command {
 		Help:    "Lists runs oldest first: title, who started it, when it started and ended, its status,\nits executions, the bytes written through the file API in it, the checkpoint of its\nstarting point (--keep) and what it changed as its last 'berth run diff' counted\n(files, lines added and removed; --json carries them as changes).",
 		Example: "berth runs demo\nberth runs demo --json",
 		Setup: func(fs *flag.FlagSet) RunFunc {
-			asJSON := fs.Bool("json", false, "print JSON")
-			return func(ctx context.Context, c *Call, args []string) error {
-				_, h, err := c.harness(ctx)
-				if err != nil {
-					return err
-				}
-				list, err := h.Runs(ctx, args[0])
-				if err != nil {
-					return err
-				}
-				if *asJSON {
-					return writeList(c.env.Stdout, list)
-				}
-				if len(list) == 0 {
-					fmt.Fprintf(c.env.Stderr, "no runs in %s ('berth run start %s' opens one)\n", args[0], args[0])
-					return nil
-				}
-				now := c.env.Now()
-				t := newTable(c.env.Stdout, "ID", "STATUS", "STARTED", "ENDED", "EXECS", "WRITTEN", "START", "CHANGES", "BY", "TITLE")
-				for _, r := range list {
-					t.row(r.ID, string(r.Status), ago(now, r.StartedAt), ago(now, r.EndedAt), fmt.Sprint(r.Executions),
-						session.FormatBytes(r.BytesWritten), dash(r.Checkpoint), runChanges(r), dash(r.By), dash(r.Title))
-				}
-				return t.flush()
-			}
+			return listing(fs, session.Service.Runs,
+				func(name string) string {
+					return fmt.Sprintf("no runs in %s ('berth run start %s' opens one)", name, name)
+				},
+				func(c *Call, list []session.Run) error {
+					now := c.env.Now()
+					t := newTable(c.env.Stdout, "ID", "STATUS", "STARTED", "ENDED", "EXECS", "WRITTEN", "START", "CHANGES", "BY", "TITLE")
+					for _, r := range list {
+						t.row(r.ID, string(r.Status), ago(now, r.StartedAt), ago(now, r.EndedAt), fmt.Sprint(r.Executions),
+							session.FormatBytes(r.BytesWritten), dash(r.Checkpoint), runChanges(r), dash(r.By), dash(r.Title))
+					}
+					return t.flush()
+				})
 		},
 	}
 }
@@ -202,34 +190,20 @@ func scheduleLsCmd() *Command {
 		Help:    "Lists schedules with their timetable, overlap, next due time, how often they fired\nand skipped, their last run, and whether the session's state holds them.",
 		Example: "berth schedule ls demo",
 		Setup: func(fs *flag.FlagSet) RunFunc {
-			asJSON := fs.Bool("json", false, "print JSON")
-			return func(ctx context.Context, c *Call, args []string) error {
-				_, h, err := c.harness(ctx)
-				if err != nil {
-					return err
-				}
-				list, err := h.Schedules(ctx, args[0])
-				if err != nil {
-					return err
-				}
-				if *asJSON {
-					return writeList(c.env.Stdout, list)
-				}
-				if len(list) == 0 {
-					fmt.Fprintf(c.env.Stderr, "no schedules in %s\n", args[0])
-					return nil
-				}
-				now := c.env.Now()
-				t := newTable(c.env.Stdout, "ID", "SPEC", "OVERLAP", "NEXT", "FIRED", "SKIPPED", "LAST RUN", "COMMAND")
-				for _, sc := range list {
-					next := "in " + session.FormatDuration(max(sc.Next.Sub(now), 0))
-					if sc.Held != "" {
-						next = sc.Held
+			return listing(fs, session.Service.Schedules,
+				func(name string) string { return "no schedules in " + name },
+				func(c *Call, list []session.Schedule) error {
+					now := c.env.Now()
+					t := newTable(c.env.Stdout, "ID", "SPEC", "OVERLAP", "NEXT", "FIRED", "SKIPPED", "LAST RUN", "COMMAND")
+					for _, sc := range list {
+						next := "in " + session.FormatDuration(max(sc.Next.Sub(now), 0))
+						if sc.Held != "" {
+							next = sc.Held
+						}
+						t.row(sc.ID, sc.Spec, string(sc.Overlap), next, fmt.Sprint(sc.Count), fmt.Sprint(sc.Skipped), dash(sc.LastRun), shellQuote(sc.Argv))
 					}
-					t.row(sc.ID, sc.Spec, string(sc.Overlap), next, fmt.Sprint(sc.Count), fmt.Sprint(sc.Skipped), dash(sc.LastRun), shellQuote(sc.Argv))
-				}
-				return t.flush()
-			}
+					return t.flush()
+				})
 		},
 	}
 }

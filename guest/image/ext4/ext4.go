@@ -88,7 +88,11 @@ type FS struct {
 }
 
 // Open reads the superblock and group descriptors of the image in r,
-// which is size bytes long.
+// which is size bytes long. An image whose journal still needs
+// replaying (copied from a filesystem mounted and not frozen) is
+// refused: its metadata in place may be stale. A freeze (FIFREEZE, as a
+// checkpoint of a running session is taken) writes the journal back and
+// clears the flag, so such a copy opens.
 func Open(r io.ReaderAt, size int64) (*FS, error) {
 	sb := make([]byte, 1024)
 	if _, err := r.ReadAt(sb, 1024); err != nil {
@@ -183,7 +187,11 @@ type Inode struct {
 	GID   uint32
 	Size  int64
 	Links uint16
+	// Gen is i_generation: with Ino, the file's identity across renames
+	// (a reused inode number has a new generation).
+	Gen   uint32
 	Mtime time.Time
+	Ctime time.Time
 	// Major and Minor are a device's numbers.
 	Major, Minor uint32
 	flags        uint32
@@ -220,19 +228,17 @@ func (fs *FS) Inode(ino uint32) (*Inode, error) {
 	}
 	in.Links = le.Uint16(raw[0x1A:])
 	in.flags = le.Uint32(raw[0x20:])
+	in.Gen = le.Uint32(raw[0x64:])
 	copy(in.block[:], raw[0x28:0x28+60])
 	in.fileACL = uint64(le.Uint32(raw[0x68:])) | uint64(le.Uint16(raw[0x76:]))<<32
-	sec := int64(int32(le.Uint32(raw[0x10:])))
-	var nsec int64
+	var cx, mx uint32
 	if extra := in.extraSize(); extra >= 12 {
-		x := le.Uint32(raw[0x88:])
-		sec += int64(x&3) << 32
-		nsec = int64(x >> 2)
-		if nsec > 999999999 {
-			nsec = 0
-		}
+		cx, mx = le.Uint32(raw[0x84:]), le.Uint32(raw[0x88:])
+	} else if extra >= 8 {
+		cx = le.Uint32(raw[0x84:])
 	}
-	in.Mtime = time.Unix(sec, nsec).UTC()
+	in.Ctime = extraTime(int64(int32(le.Uint32(raw[0xC:]))), cx)
+	in.Mtime = extraTime(int64(int32(le.Uint32(raw[0x10:]))), mx)
 	if t := in.Type(); t == ModeChar || t == ModeBlock {
 		if old := le.Uint32(in.block[0:]); old != 0 {
 			in.Major, in.Minor = (old>>8)&0xff, old&0xff
@@ -245,6 +251,17 @@ func (fs *FS) Inode(ino uint32) (*Inode, error) {
 		return nil, fmt.Errorf("inode %d keeps its data inline, which berth does not read", ino)
 	}
 	return in, nil
+}
+
+// extraTime joins a timestamp's seconds with its extra field: two more
+// epoch bits, then nanoseconds (a count past a second is corrupt: 0).
+func extraTime(sec int64, extra uint32) time.Time {
+	sec += int64(extra&3) << 32
+	nsec := int64(extra >> 2)
+	if nsec > 999999999 {
+		nsec = 0
+	}
+	return time.Unix(sec, nsec).UTC()
 }
 
 // extraSize is i_extra_isize, or 0 when the inode has no extra fields.

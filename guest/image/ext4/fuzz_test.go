@@ -67,5 +67,22 @@ func FuzzRead(f *testing.F) {
 			}
 		}
 		walk(RootIno, 0)
+		// The path API a diff uses: a lookup through the tree, a bounded
+		// walk, whole-file reads under a limit.
+		for _, p := range []string{"d/file", "d/e", "fast/x", "slow", "d/../d"} {
+			if in, err := fs.Lookup(p); err == nil && in.Type() == ModeFile {
+				fs.ReadFile(in, 1<<20)
+			}
+		}
+		if root, err := fs.Inode(RootIno); err == nil {
+			n := 0
+			fs.Walk("", root, func(rel string, in *Inode) error {
+				if n++; n > 256 {
+					return io.EOF
+				}
+				in.FileMode()
+				return nil
+			})
+		}
 	})
 }
