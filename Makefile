@@ -92,7 +92,7 @@ FUZZ_TARGETS := \
 	session/api:FuzzAPIBody guest/image:FuzzRecipe \
 	guest/image/oci:FuzzParseJSON guest/image/oci:FuzzParseEntry guest/image/oci:FuzzApplyLayer guest/image/ext4:FuzzRead \
 	ui/common:FuzzSanitizeLine ui/components/output:FuzzOutputWindow \
-	guest/agent:FuzzFanotifyEvents
+	guest/agent:FuzzFanotifyEvents session/engine/netstack:FuzzNetstackFrames
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

@@ -44,6 +44,29 @@ const (
 	NoProxy = "localhost,127.0.0.1,::1"
 )
 
+// The guest's NIC (eth0), when the session has one: a virtual network
+// served by berth's userspace stack on the host (session/engine/netstack),
+// where every flow is decided by the session's policy.
+const (
+	// NICAddr is the guest's address and its network.
+	NICAddr = "10.0.2.15/24"
+	// NICGateway is the default route, and host.berth.internal: flows to
+	// it reach the host's loopback where the policy names the host.
+	NICGateway = "10.0.2.2"
+	// NICDNS is berth's DNS on the guest's network, named in
+	// /etc/resolv.conf when eth0 is up.
+	NICDNS = "10.0.2.3"
+	// NICMAC is the guest NIC's MAC address (QEMU's -device mac=).
+	NICMAC = "52:54:00:12:34:56"
+	// NICName is the interface the agent configures.
+	NICName = "eth0"
+	// NICMTU is the link's MTU. The stream netdev carries no offloads,
+	// so every segment costs a trip through QEMU and the host stack: a
+	// large MTU (virtio-net's host_mtu tells the guest) is what makes
+	// bulk transfers fast under TCG.
+	NICMTU = 65520
+)
+
 // MaxDNSMessage bounds a DNS query or answer on the channel.
 const MaxDNSMessage = 4096
 

@@ -62,6 +62,12 @@ type Config struct {
 
 	Accel Accel
 
+	// NIC, when set, gives the guest a virtio-net NIC whose host end is a
+	// unix socket of raw Ethernet frames that the VM's DialNIC connects
+	// to (berth's userspace network stack serves it). Drivers whose VMs do
+	// not implement NICDialer refuse it.
+	NIC bool
+
 	// Incoming, when set, names a memory snapshot to restore instead of
 	// booting (drivers whose VMs implement Snapshotter). The device
 	// configuration must be the one the snapshot was taken with. The
@@ -166,6 +172,17 @@ type Stopper interface {
 type Snapshotter interface {
 	// Snapshot saves a paused VM's memory and device state to path.
 	Snapshot(ctx context.Context, path string) error
+}
+
+// NICDialer is implemented by VMs started with Config.NIC: DialNIC
+// connects to the host end of the guest's NIC, a stream of Ethernet frames
+// each after its length (4 bytes, big endian). One connection at a time;
+// a new one after the last ended gets the NIC again (daemon restart,
+// wake).
+type NICDialer interface {
+	// HasNIC reports whether the VM was started with a NIC.
+	HasNIC() bool
+	DialNIC(ctx context.Context) (net.Conn, error)
 }
 
 // MaxLayers bounds an image's read-only layers.

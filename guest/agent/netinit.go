@@ -1,34 +1,89 @@
 package agent
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"os"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/berthvm/berth/guest"
 )
 
-// SetupNet readies the guest's only network, loopback, for the agent's
-// proxy and DNS server: it brings lo up (the kernel assigns 127.0.0.1) and
-// points /etc/resolv.conf at the agent. Run by PID 1 at boot and again
-// after the root changes.
+// SetupNet readies the guest's network: loopback for the agent's proxy
+// and DNS server, and, when the VM has a NIC (the session's policy is not
+// none and the host serves one), eth0 with its address, the default route
+// and berth's DNS on the NIC's network. Without a NIC /etc/resolv.conf
+// names the agent's DNS on loopback. Run by PID 1 at boot and again after
+// the root changes; each step is idempotent.
 func SetupNet() error {
-	if err := loUp(); err != nil {
+	if err := linkUp("lo"); err != nil {
 		return fmt.Errorf("bring up lo: %w", err)
 	}
 	host, _, _ := net.SplitHostPort(guest.DNSAddr)
-	writeIfChanged("/etc/resolv.conf", "# berth: the agent answers what the session's network policy allows\nnameserver "+host+"\n", 0o644)
+	resolver := "# berth: the agent answers what the session's network policy allows\nnameserver " + host + "\n"
+	var nicErr error
+	if _, err := net.InterfaceByName(guest.NICName); err == nil {
+		if nicErr = nicUp(); nicErr == nil {
+			resolver = "# berth: berth's DNS on the guest's NIC answers what the session's network policy allows\nnameserver " + guest.NICDNS + "\n"
+		}
+	}
+	writeIfChanged("/etc/resolv.conf", resolver, 0o644)
+	if nicErr != nil {
+		return fmt.Errorf("configure %s: %w", guest.NICName, nicErr)
+	}
 	return nil
 }
 
-func loUp() error {
+// nicUp gives eth0 its address and brings it up (ioctls), then adds the
+// default route through the gateway (netlink): no ip binary needed.
+func nicUp() error {
+	pfx := netip.MustParsePrefix(guest.NICAddr)
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
+	ifr, err := unix.NewIfreq(guest.NICName)
+	if err != nil {
+		return err
+	}
+	if err := ifr.SetInet4Addr(pfx.Addr().AsSlice()); err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFADDR, ifr); err != nil {
+		return fmt.Errorf("set address %s: %w", pfx.Addr(), err)
+	}
+	mask := net.CIDRMask(pfx.Bits(), 32)
+	if err := ifr.SetInet4Addr(mask); err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFNETMASK, ifr); err != nil {
+		return fmt.Errorf("set netmask /%d: %w", pfx.Bits(), err)
+	}
+	if err := linkUp(guest.NICName); err != nil {
+		return fmt.Errorf("bring it up: %w", err)
+	}
+	ifi, err := net.InterfaceByName(guest.NICName)
+	if err != nil {
+		return err
+	}
+	if err := addDefaultRoute(ifi.Index, netip.MustParseAddr(guest.NICGateway)); err != nil {
+		return fmt.Errorf("default route via %s: %w", guest.NICGateway, err)
+	}
+	return nil
+}
+
+func linkUp(name string) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(name)
 	if err != nil {
 		return err
 	}
@@ -40,4 +95,66 @@ func loUp() error {
 	}
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
 	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
+}
+
+// addDefaultRoute adds 0.0.0.0/0 via gw on interface index with an
+// RTM_NEWROUTE message; a route already there is fine.
+func addDefaultRoute(index int, gw netip.Addr) error {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return err
+	}
+	msg := routeMessage(index, gw)
+	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return err
+	}
+	tv := unix.Timeval{Sec: 2}
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	buf := make([]byte, 4096)
+	n, _, err := unix.Recvfrom(fd, buf, 0)
+	if err != nil {
+		return fmt.Errorf("netlink answer: %w", err)
+	}
+	// The answer is one nlmsghdr of type NLMSG_ERROR whose data begins
+	// with the error code (0: done).
+	b := buf[:n]
+	if len(b) < unix.NLMSG_HDRLEN+4 || binary.NativeEndian.Uint16(b[4:6]) != unix.NLMSG_ERROR {
+		return errors.New("netlink gave no answer")
+	}
+	code := int32(binary.NativeEndian.Uint32(b[unix.NLMSG_HDRLEN:]))
+	if code == 0 || unix.Errno(-code) == unix.EEXIST {
+		return nil
+	}
+	return unix.Errno(-code)
+}
+
+// routeMessage is RTM_NEWROUTE for the default route via gw on index.
+func routeMessage(index int, gw netip.Addr) []byte {
+	attr := func(b []byte, typ uint16, data []byte) []byte {
+		b = binary.NativeEndian.AppendUint16(b, uint16(unix.SizeofRtAttr+len(data)))
+		b = binary.NativeEndian.AppendUint16(b, typ)
+		b = append(b, data...)
+		for len(b)%4 != 0 {
+			b = append(b, 0)
+		}
+		return b
+	}
+	var body []byte
+	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags
+	body = append(body, unix.AF_INET, 0, 0, 0, unix.RT_TABLE_MAIN, unix.RTPROT_BOOT, unix.RT_SCOPE_UNIVERSE, unix.RTN_UNICAST)
+	body = binary.NativeEndian.AppendUint32(body, 0)
+	g := gw.As4()
+	body = attr(body, unix.RTA_GATEWAY, g[:])
+	body = attr(body, unix.RTA_OIF, binary.NativeEndian.AppendUint32(nil, uint32(index)))
+	var out []byte
+	out = binary.NativeEndian.AppendUint32(out, uint32(unix.NLMSG_HDRLEN+len(body)))
+	out = binary.NativeEndian.AppendUint16(out, unix.RTM_NEWROUTE)
+	out = binary.NativeEndian.AppendUint16(out, unix.NLM_F_REQUEST|unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_EXCL)
+	out = binary.NativeEndian.AppendUint32(out, 1)                   // seq
+	out = binary.NativeEndian.AppendUint32(out, uint32(os.Getpid())) // pid
+	return append(out, body...)
 }

@@ -42,6 +42,7 @@ type File struct {
 	RunRecordLimit int    `toml:"run_record_limit"`
 	Net            string `toml:"net"`
 	NetMaxConns    int    `toml:"net_max_conns"`
+	NetNIC         bool   `toml:"net_nic"`
 	// The fleet this host joins (serve's --fleet, --host-id, --listen,
 	// --fleet-ttl); no fleet: a berth of its own.
 	Fleet    string `toml:"fleet"`
@@ -76,6 +77,9 @@ type Config struct {
 	// session's open egress connections.
 	Net         string
 	NetMaxConns int
+	// NetNIC gives guests a NIC served by berth's network stack
+	// (engine.Config.NIC).
+	NetNIC bool
 	// Fleet is the fleet to join; its Endpoints "" means none.
 	Fleet FleetConfig
 }
@@ -183,7 +187,7 @@ func ParseConfig(path string, b []byte) (Config, error) {
 			return c, err
 		}
 	}
-	c.Net, c.NetMaxConns = session.DefaultNet, egress.DefaultMaxConns
+	c.Net, c.NetMaxConns, c.NetNIC = session.DefaultNet, egress.DefaultMaxConns, f.NetNIC
 	if f.Net != "" {
 		p, err := session.ParsePolicy(f.Net)
 		if err != nil {

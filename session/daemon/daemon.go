@@ -220,7 +220,7 @@ func Run(ctx context.Context, o Options) (err error) {
 	mgr, err := engine.NewManager(ctx, st, engine.Config{
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
 		IdleTimeout: cfg.IdleTimeout, RunTimeout: cfg.RunTimeout, KeepRuns: cfg.RunCheckpoint, RunRecordLimit: cfg.RunRecordLimit, Floor: cfg.Floor,
-		CheckpointLimit: cfg.CheckpointLimit, CheckpointBytes: cfg.CheckpointBytes, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates,
+		CheckpointLimit: cfg.CheckpointLimit, CheckpointBytes: cfg.CheckpointBytes, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates, NIC: cfg.NetNIC,
 		Logger: log, Observer: obs, Net: netConfig(cfg, o), LockWatch: o.LockWatch,
 	})
 	if err != nil {

@@ -247,6 +247,7 @@ func (s *sess) checkpoint(ctx context.Context, by string, opts session.Checkpoin
 	case session.StateSleeping:
 		if memPath != "" {
 			pairs = append(pairs, [2]string{rec.SnapshotPath, memPath})
+			copyNICMark(rec.SnapshotPath, memPath)
 		}
 		err = dc.CopyAll(ctx, what, pairs)
 	default: // stopped or crashed: nothing writes to the disks
@@ -395,6 +396,7 @@ func (s *sess) frozenCopy(ctx context.Context, by, step string, dc *diskcopy.Cop
 		if err != nil {
 			return fail("saving memory", err)
 		}
+		markNIC(vm, memPath)
 		m.crash(step + ":saved")
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err = vm.Resume(rctx) // still frozen: its disks do not change
@@ -555,6 +557,7 @@ func (s *sess) swapIn(ctx context.Context, ck ckptMeta) error {
 	}
 	syncDir(s.dir())
 	if ck.Memory {
+		copyNICMark(filepath.Join(dir, ckptMemory), snapPath)
 		syncDir(s.snapshotDir())
 	}
 	m.crash("restore:swapped")
@@ -693,6 +696,7 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (session.ForkR
 	case session.StateRunning:
 		res.Frozen, err = src.frozenCopy(ctx, by, "fork", dc, what, pairs, memPath)
 	case session.StateSleeping:
+		copyNICMark(rec.SnapshotPath, memPath)
 		err = dc.CopyAll(ctx, what, append(pairs, [2]string{rec.SnapshotPath, memPath}))
 	}
 	if err != nil {

@@ -225,6 +225,7 @@ func (s *sess) vmSetup(ctx context.Context) (store.Session, vmm.Driver, Image, v
 		Cmdline: bootCmdline(rec.WorkspaceUUID, rec.SystemUUID, im, s.name, rec.MachineID),
 		CPUs:    rec.CPUs, MemoryMiB: rec.MemoryMiB,
 		Workspace: s.wsPath(), Accel: s.m.cfg.Defaults.Accel,
+		NIC: s.wantsNIC(),
 	}
 	if im.RootFS() {
 		if rec.SystemUUID == "" {
@@ -321,6 +322,7 @@ func (s *sess) supervise(vm vmm.VM) {
 	if st, ok := vm.(vmm.Stopper); ok {
 		s.m.wg.Go(func() { s.watchStops(ctx, st) })
 	}
+	s.m.wg.Go(func() { s.serveNIC(ctx, vm) })
 	s.m.wg.Go(func() {
 		t := time.NewTicker(s.m.cfg.StatsInterval)
 		defer t.Stop()

@@ -115,6 +115,7 @@ func (s *sess) sleep(ctx context.Context, by string) error {
 	if err != nil {
 		return abandon("saving memory", err)
 	}
+	markNIC(vm, s.snapshotPath())
 	m.crash("sleep:saved")
 	size, err := syncFile(tmp)
 	if err == nil {
@@ -192,6 +193,7 @@ func (s *sess) restore(ctx context.Context) error {
 	}
 	// The accelerator the snapshot was taken under.
 	cfg.Accel, cfg.Incoming = vmm.Accel(rec.Accel), path
+	cfg.NIC = snapHasNIC(path) // the devices it was taken with
 	bctx, cancel := context.WithTimeout(ctx, s.m.cfg.BootTimeout)
 	defer cancel()
 	vm, err := d.Start(bctx, cfg)

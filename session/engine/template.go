@@ -182,6 +182,7 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 		path string
 	}{{vmm.DiskSystem, cfg.System}, {vmm.DiskWorkspace, cfg.Workspace}}
 	cfg.Cmdline, cfg.Workspace, cfg.System, cfg.Incoming = templateCmdline(im), "", "", snap
+	cfg.NIC = false // templates have none
 	bctx, cancel := context.WithTimeout(ctx, s.m.cfg.BootTimeout)
 	defer cancel()
 	start := time.Now()
@@ -245,6 +246,10 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 func (s *sess) bootNew(ctx context.Context, by string) (string, error) {
 	if s.m.cfg.NoTemplates {
 		return "booted", s.boot(ctx)
+	}
+	if s.wantsNIC() {
+		// A template's VM has no NIC, and a restore cannot add one.
+		return "booted (with a NIC: templates have none)", s.boot(ctx)
 	}
 	snap, err := s.m.template(ctx, s)
 	if err == nil {

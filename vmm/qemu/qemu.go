@@ -25,6 +25,7 @@ import (
 const (
 	qmpSock   = "qmp.sock"
 	agentSock = "agent.sock"
+	nicSock   = "nic.sock"
 	logFile   = "vmm.log"
 	consoleF  = "console.log"
 	accelFile = "accel"
@@ -37,6 +38,8 @@ const (
 	wsSlot     = "0x4"
 	sysSlot    = "0x5"
 	layerSlot0 = 0x6
+	// nicSlot is past the layers' slots (vmm.MaxLayers of them).
+	nicSlot = "0x1e"
 )
 
 // diskSlot is where a hot-pluggable disk goes, with its drive and device ids.
@@ -169,6 +172,16 @@ func Args(cfg vmm.Config, accel vmm.Accel) []string {
 			"-drive", "file="+l+",if=none,id="+id+",format=raw,readonly=on,file.locking=on",
 			"-device", fmt.Sprintf("virtio-blk-pci,drive=%s,id=%sdev,addr=0x%x", id, id, layerSlot0+i))
 	}
+	if cfg.NIC {
+		// QEMU listens (server=on) and berth connects, as for the agent
+		// channel: a daemon that restarts connects again, and QEMU keeps
+		// listening after a client leaves. host_mtu tells the guest the
+		// link's MTU: the stream carries no offloads, so large frames are
+		// what makes bulk transfers fast.
+		args = append(args,
+			"-netdev", "stream,id=nic0,server=on,addr.type=unix,addr.path="+nicSock,
+			"-device", fmt.Sprintf("virtio-net-pci,netdev=nic0,id=nicdev,addr=%s,mac=%s,host_mtu=%d", nicSlot, guest.NICMAC, guest.NICMTU))
+	}
 	if cfg.Incoming != "" {
 		// Start passes the snapshot open as fd 3. QEMU reads it straight
 		// (a third of the time through a pipe from cat), and loading runs
@@ -200,7 +213,7 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.VM, error) {
 		return nil, err
 	}
 	// Stale sockets from a dead VM would make QEMU fail to bind.
-	for _, f := range []string{qmpSock, agentSock, vmm.PidFile} {
+	for _, f := range []string{qmpSock, agentSock, nicSock, vmm.PidFile} {
 		os.Remove(filepath.Join(cfg.Dir, f))
 	}
 	os.Remove(filepath.Join(cfg.Dir, consoleF))
@@ -285,6 +298,7 @@ type VM struct {
 
 var (
 	_ vmm.VM          = (*VM)(nil)
+	_ vmm.NICDialer   = (*VM)(nil)
 	_ vmm.Snapshotter = (*VM)(nil)
 	_ vmm.Stopper     = (*VM)(nil)
 )
@@ -348,6 +362,20 @@ func (v *VM) DialAgent(ctx context.Context) (net.Conn, error) {
 		return nil, v.notRunning()
 	}
 	return vmm.DialUnix(ctx, filepath.Join(v.dir, agentSock))
+}
+
+// HasNIC reports whether the VM has a NIC: QEMU made its socket.
+func (v *VM) HasNIC() bool {
+	_, err := os.Stat(filepath.Join(v.dir, nicSock))
+	return err == nil
+}
+
+// DialNIC connects to the host end of the guest's NIC (Config.NIC).
+func (v *VM) DialNIC(ctx context.Context) (net.Conn, error) {
+	if !v.alive() {
+		return nil, v.notRunning()
+	}
+	return vmm.DialUnix(ctx, filepath.Join(v.dir, nicSock))
 }
 
 func (v *VM) Pause(ctx context.Context) error  { return v.exec(ctx, "stop", nil, nil) }

@@ -40,6 +40,17 @@ const (
 // cut to whole records with the TC bit set, so the client asks again over
 // TCP. A query too short to hold a header gets no reply (nil).
 func (p *Proxy) AnswerDNS(ctx context.Context, s Session, q []byte, tr Transport) []byte {
+	return p.answerDNS(ctx, s, q, tr, netip.Addr{})
+}
+
+// AnswerNICDNS answers a query that came through the guest's NIC, as
+// AnswerDNS does, and host.berth.internal with hostAddr (its address on
+// the guest's network) when the policy names the host on some port.
+func (p *Proxy) AnswerNICDNS(ctx context.Context, s Session, q []byte, tr Transport, hostAddr netip.Addr) []byte {
+	return p.answerDNS(ctx, s, q, tr, hostAddr)
+}
+
+func (p *Proxy) answerDNS(ctx context.Context, s Session, q []byte, tr Transport, hostAddr netip.Addr) []byte {
 	if len(q) < 12 {
 		return nil
 	}
@@ -99,6 +110,12 @@ func (p *Proxy) AnswerDNS(ctx context.Context, s Session, q []byte, tr Transport
 	}
 	name := strings.ToLower(strings.TrimSuffix(question.Name.String(), "."))
 	pol := s.Policy()
+	if name == session.HostName && hostAddr.IsValid() && namesHost(pol) {
+		if question.Type == dnsmessage.TypeA && hostAddr.Is4() || question.Type == dnsmessage.TypeAAAA && hostAddr.Is6() {
+			r.addrs = []netip.Addr{hostAddr}
+		}
+		return r.build()
+	}
 	if name == session.HostName || !pol.AllowsName(name, 0) {
 		r.rcode = dnsmessage.RCodeRefused
 		return r.build()
@@ -118,14 +135,29 @@ func (p *Proxy) AnswerDNS(ctx context.Context, s Session, q []byte, tr Transport
 		}
 		return r.build()
 	}
+	var reserved netip.Addr // the first address held back as reserved
 	for _, a := range found {
 		a = a.Unmap()
-		if a.Is4() != (question.Type == dnsmessage.TypeA) || !pol.AllowsAddr(a, 0, true) {
+		if a.Is4() != (question.Type == dnsmessage.TypeA) {
+			continue
+		}
+		if !pol.AllowsAddr(a, 0, true) {
+			if !reserved.IsValid() && session.Reserved(a) {
+				reserved = a
+			}
 			continue
 		}
 		if len(r.addrs) < maxAnswers {
 			r.addrs = append(r.addrs, a)
 		}
+	}
+	// What the guest learns here is what its NIC may reach by name.
+	s.Counters().Resolved.Record(name, r.addrs)
+	if len(r.addrs) == 0 && reserved.IsValid() {
+		// The guest sees only a name without addresses: the timeline
+		// says why, and what allows it.
+		rng, _ := session.ReservedRange(reserved)
+		p.note(s, session.EgressRefusedReserved(name, s.Name(), pol.String(), name, reserved, rng), "")
 	}
 	return r.build()
 }
@@ -205,4 +237,15 @@ func formErr(q []byte) []byte {
 	flags := binary.BigEndian.Uint16(q[2:])&0x7900 | 0x8080 | 1 // QR, opcode, RD; RA; FORMERR
 	binary.BigEndian.PutUint16(out[2:], flags)
 	return out
+}
+
+// namesHost reports whether the policy names host.berth.internal on any
+// port.
+func namesHost(pol session.Policy) bool {
+	for _, e := range pol.Entries {
+		if e.Host {
+			return true
+		}
+	}
+	return false
 }

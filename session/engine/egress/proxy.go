@@ -66,6 +66,10 @@ type Counters struct {
 	// RX and TX are bytes received from and sent to the network.
 	RX, TX atomic.Int64
 
+	// Resolved is what berth's DNS answered the guest: the NIC's flows
+	// are allowed by name through it.
+	Resolved Resolved
+
 	mu         lock.Mutex // a leaf
 	lastNote   time.Time
 	suppressed int
@@ -112,8 +116,14 @@ func (p *Proxy) Config() Config { return p.cfg }
 // refusal records a refused connection: counted always, noted in the
 // timeline at most once per refusalNoteEvery.
 func (p *Proxy) refusal(s Session, msg, reason string) {
+	s.Counters().Refused.Add(1)
+	p.note(s, msg, reason)
+}
+
+// note puts msg in the timeline at most once per refusalNoteEvery, saying
+// how many were held back since.
+func (p *Proxy) note(s Session, msg, reason string) {
 	ns := s.Counters()
-	ns.Refused.Add(1)
 	ns.mu.Lock()
 	now := time.Now()
 	if now.Sub(ns.lastNote) < refusalNoteEvery {

@@ -1,0 +1,222 @@
+package engine_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthvm/berth/session"
+)
+
+// buildProbe builds testdata/nicprobe, static, for the guest.
+func buildProbe(t testing.TB) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "nicprobe")
+	c := exec.Command("go", "build", "-o", out, "./testdata/nicprobe")
+	c.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := c.CombinedOutput(); err != nil {
+		t.Fatalf("build nicprobe: %v\n%s", err, b)
+	}
+	return out
+}
+
+// tcpReplier answers each connection's first read with prefix and it.
+func tcpReplier(t testing.TB, prefix string) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				buf := make([]byte, 4096)
+				n, err := c.Read(buf)
+				if err != nil {
+					return
+				}
+				fmt.Fprintf(c, "%s %s", prefix, buf[:n])
+			}()
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// udpReplier answers each datagram with prefix and it.
+func udpReplier(t testing.TB, prefix string) int {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo([]byte(prefix+" "+string(buf[:n])), from)
+		}
+	}()
+	return pc.LocalAddr().(*net.UDPAddr).Port
+}
+
+func netStatus(t *testing.T, e *env, name string) session.NetStatus {
+	t.Helper()
+	var st session.NetStatus
+	if err := json.Unmarshal([]byte(e.OK("net", name, "--json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// The guest's NIC (net_nic): raw TCP, UDP and DNS clients that ignore the
+// proxy variables, each flow decided by the policy at the host's stack.
+func TestNetNIC(t *testing.T) {
+	e := newEnv(t)
+	probe := buildProbe(t)
+	tcpOK := tcpReplier(t, "host got")
+	tcpOther := tcpReplier(t, "must not reach") // listening: a refusal is the policy's
+	udpOK := udpReplier(t, "udp got")
+	udpOther := udpReplier(t, "must not reach")
+	t.Setenv("BERTH_TEST_HOSTS", "pub.test=93.184.216.34")
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\nnet_nic = true\n"), 0o644)
+	e.StartDaemon()
+	hostTCP, hostUDP := "host.berth.internal:"+strconv.Itoa(tcpOK), "host.berth.internal:"+strconv.Itoa(udpOK)
+	e.OK("create", "n1", "--net", "allow:"+hostTCP+","+hostUDP+",pub.test:443")
+	e.OK("put", "n1", probe, "nicprobe")
+	e.OK("exec", "n1", "--", "chmod", "755", "/workspace/nicprobe")
+	run := func(args ...string) (string, string, int, time.Duration) {
+		start := time.Now()
+		r := e.Run(append([]string{"exec", "n1", "--", "/workspace/nicprobe"}, args...)...)
+		return r.Stdout, r.Stderr, r.Code, time.Since(start)
+	}
+
+	e.Subtest(t, "eth0 with its address, berth's DNS, the proxy variables kept", func(t *testing.T) {
+		out, errs, code, _ := run("ifaces")
+		if code != 0 || !strings.Contains(out, "eth0 65520 [10.0.2.15/24") {
+			t.Fatalf("interfaces (exit %d): %s %s", code, out, errs)
+		}
+		// The default route: destination 0, gateway 10.0.2.2 (little endian hex).
+		if route := e.OK("exec", "n1", "--", "cat", "/proc/net/route"); !strings.Contains(route, "eth0\t00000000\t0202000A") {
+			t.Errorf("no default route via 10.0.2.2:\n%s", route)
+		}
+		env := e.OK("exec", "n1", "--", "sh", "-c", "cat /etc/resolv.conf; echo $http_proxy")
+		if !strings.Contains(env, "nameserver 10.0.2.3") || !strings.Contains(env, "http://127.0.0.1:3128") {
+			t.Errorf("guest resolver and proxy:\n%s", env)
+		}
+	})
+
+	e.Subtest(t, "a raw TCP client reaches an allowed host port", func(t *testing.T) {
+		out, errs, code, _ := run("tcp", hostTCP, "hello")
+		if code != 0 || out != "host got hello" {
+			t.Fatalf("exit %d: %q %q", code, out, errs)
+		}
+	})
+
+	e.Subtest(t, "a port not allowed is refused at once", func(t *testing.T) {
+		before := netStatus(t, e, "n1").Refused
+		out, errs, code, took := run("tcp", "host.berth.internal:"+strconv.Itoa(tcpOther), "hello")
+		if code == 0 || !strings.Contains(errs, "connection refused") {
+			t.Fatalf("exit %d: %q %q; want connection refused", code, out, errs)
+		}
+		// An exec costs ~0.1-1 s under TCG; a timeout would be 20 s.
+		if took > 8*time.Second {
+			t.Errorf("the refusal took %s", took)
+		}
+		if after := netStatus(t, e, "n1").Refused; after <= before {
+			t.Errorf("refusals counted %d, then %d", before, after)
+		}
+		ev := e.OK("events", "n1")
+		if !strings.Contains(ev, "egress to host.berth.internal:"+strconv.Itoa(tcpOther)+" is not allowed for session n1") {
+			t.Errorf("the timeline does not note the refusal:\n%s", ev)
+		}
+	})
+
+	e.Subtest(t, "a UDP datagram to an allowed port arrives, another port is unreachable", func(t *testing.T) {
+		out, errs, code, _ := run("udp", hostUDP, "ping")
+		if code != 0 || out != "udp got ping" {
+			t.Fatalf("exit %d: %q %q", code, out, errs)
+		}
+		out, errs, code, took := run("udp", "host.berth.internal:"+strconv.Itoa(udpOther), "ping")
+		if code == 0 || !strings.Contains(errs, "connection refused") || took > 8*time.Second {
+			t.Fatalf("exit %d after %s: %q %q; want connection refused (ICMP port unreachable) at once", code, took, out, errs)
+		}
+	})
+
+	e.Subtest(t, "DNS answers an allowed name and refuses another", func(t *testing.T) {
+		out, errs, code, _ := run("dns", "pub.test")
+		if code != 0 || strings.TrimSpace(out) != "[93.184.216.34]" {
+			t.Fatalf("exit %d: %q %q", code, out, errs)
+		}
+		out, errs, code, took := run("dns", "other.test")
+		if code == 0 || took > 8*time.Second || strings.Contains(errs, "timeout") {
+			t.Fatalf("exit %d after %s: %q %q; want a refusal at once", code, took, out, errs)
+		}
+	})
+
+	e.Subtest(t, "a policy change applies to new flows", func(t *testing.T) {
+		e.OK("net", "n1", "allow:"+hostUDP)
+		out, errs, code, _ := run("tcp", hostTCP, "again")
+		if code == 0 || !strings.Contains(errs, "connection refused") {
+			t.Fatalf("exit %d: %q %q; want connection refused", code, out, errs)
+		}
+		e.OK("net", "n1", "allow:"+hostTCP+","+hostUDP)
+		if out, errs, code, _ := run("tcp", hostTCP, "back"); code != 0 || out != "host got back" {
+			t.Fatalf("exit %d: %q %q", code, out, errs)
+		}
+	})
+
+	e.Subtest(t, "none has no NIC", func(t *testing.T) {
+		e.OK("create", "n0", "--net", "none")
+		out := e.OK("exec", "n0", "--", "sh", "-c", "ls /sys/class/net; cat /etc/resolv.conf")
+		if strings.Contains(out, "eth0") || !strings.Contains(out, "nameserver 127.0.0.1") {
+			t.Errorf("a session with policy none:\n%s", out)
+		}
+	})
+
+	e.Subtest(t, "a daemon restart serves the NIC again", func(t *testing.T) {
+		e.KillDaemon()
+		e.StartDaemon()
+		out, errs, code, _ := run("tcp", hostTCP, "restarted")
+		if code != 0 || out != "host got restarted" {
+			t.Fatalf("after a daemon restart, exit %d: %q %q", code, out, errs)
+		}
+	})
+
+	e.Subtest(t, "a fork has a NIC of its own", func(t *testing.T) {
+		e.OK("fork", "n1", "f1")
+		r := e.Run("exec", "f1", "--", "/workspace/nicprobe", "tcp", hostTCP, "forked")
+		if r.Code != 0 || r.Stdout != "host got forked" {
+			t.Fatalf("in the fork, exit %d: %q %q", r.Code, r.Stdout, r.Stderr)
+		}
+		out, errs, code, _ := run("tcp", hostTCP, "source")
+		if code != 0 || out != "host got source" {
+			t.Fatalf("in the source after the fork, exit %d: %q %q", code, out, errs)
+		}
+	})
+
+	e.Subtest(t, "sleep and wake keep the NIC", func(t *testing.T) {
+		e.OK("sleep", "n1")
+		out, errs, code, _ := run("tcp", hostTCP, "awake")
+		if code != 0 || out != "host got awake" {
+			t.Fatalf("after a wake, exit %d: %q %q", code, out, errs)
+		}
+	})
+}
