@@ -171,3 +171,13 @@ func Render(err error, label func(field string) string) string {
 func OutsideWorkspace(p string) *Error {
 	return &Error{Class: ErrInvalid, Code: CodeEscape, Msg: fmt.Sprintf("path %q is outside /workspace", p)}
 }
+
+// EndNotRecordedNote begins the Error of an execution whose end was
+// reported before the store could keep it (a full disk): the end is
+// true, but a daemon crash before berth stores it leaves the record lost.
+const EndNotRecordedNote = "its end is not recorded yet"
+
+// EndNotRecorded is that Error, with the store's refusal.
+func EndNotRecorded(err error) string {
+	return fmt.Sprintf("%s (%v): berth keeps trying as the disk frees; a daemon crash before then leaves its record lost", EndNotRecordedNote, err)
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -243,6 +244,30 @@ func TestDiskFull(t *testing.T) {
 			t.Errorf("doctor says:\n%s", out)
 		}
 		os.Remove(filler)
+	})
+
+	e.Subtest(t, "an end the full disk keeps from the store is reported so, and stored once space returns", func(t *testing.T) {
+		c := e.Cmd("exec", "b", "--", "sleep", "4")
+		var stderr lockedBuffer
+		c.Stdout, c.Stderr = io.Discard, &stderr
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		fill(t, mnt, filler, 8<<20) // below what the store keeps free for its records
+		err := c.Wait()
+		os.Remove(filler)
+		if err != nil || !strings.Contains(stderr.String(), session.EndNotRecordedNote) {
+			t.Fatalf("exec whose end could not be stored: %v, stderr %q; want exit 0 and the note", err, stderr.String())
+		}
+		id := regexp.MustCompile(`berth: (x[0-9a-f]+): `).FindStringSubmatch(stderr.String())
+		if id == nil {
+			t.Fatalf("no execution id in %q", stderr.String())
+		}
+		x := e.waitExec("b", id[1], time.Minute, func(x session.Execution) bool { return x.State.Done() })
+		if x.State != session.ExecExited || x.ExitCode == nil || *x.ExitCode != 0 || x.Error != "" {
+			t.Errorf("once space returned, the record says %+v", x)
+		}
 	})
 	e.OK("delete", "w", "--yes")
 	e.OK("delete", "b", "--yes")

@@ -465,6 +465,43 @@ func (r *run) reattach(cause error) (*guest.Exec, error) {
 
 var errPaused = errors.New("session paused")
 
+// endWait is how long finish waits for a full disk to take an
+// execution's end before it reports the end as not yet recorded.
+const endWait = 5 * time.Second
+
+// storeEnd stores an execution's end. A store refusing for space (a full
+// disk) is asked again for endWait; past that the end is reported as not
+// recorded and kept being tried in the background until it is stored or
+// the Manager closes.
+func (m *Manager) storeEnd(rec store.Exec) error {
+	err := m.st.PutExec(rec)
+	if err == nil || !errors.Is(err, syscall.ENOSPC) {
+		return err
+	}
+	retry := func(until time.Time) error {
+		for time.Now().Before(until) {
+			select {
+			case <-time.After(250 * time.Millisecond):
+			case <-m.ctx.Done():
+				return err
+			}
+			if err = m.st.PutExec(rec); err == nil || !errors.Is(err, syscall.ENOSPC) {
+				return err
+			}
+		}
+		return err
+	}
+	if err := retry(time.Now().Add(endWait)); err == nil || !errors.Is(err, syscall.ENOSPC) {
+		return err
+	}
+	m.wg.Go(func() {
+		if err := retry(time.Now().Add(24 * time.Hour)); err == nil {
+			m.log.Info("execution end recorded after the disk had room", "exec", rec.ID)
+		}
+	})
+	return err
+}
+
 // finish makes the execution final, exactly once.
 func (r *run) finish(state session.ExecState, code *int, signal, why string) {
 	r.mu.Lock()
@@ -483,8 +520,13 @@ func (r *run) finish(state session.ExecState, code *int, signal, why string) {
 	// The end is stored before anyone sees it (Wait, a stream's final
 	// record, a listing): whoever is told a command ended can find its
 	// record after a daemon crash. The output fields are the store's own.
-	if err := r.m.st.PutExec(rec); err != nil {
+	if err := r.m.storeEnd(rec); err != nil {
+		// Told a command ended, a client must also be told that a daemon
+		// crash now would lose that end (the record says lost after it).
 		r.m.log.Error("record execution end", "exec", r.id, "err", err)
+		if rec.Error == "" {
+			rec.Error = session.EndNotRecorded(err)
+		}
 	}
 	r.mu.Lock()
 	r.rec.State, r.rec.ExitCode, r.rec.Signal, r.rec.Error, r.rec.EndedAt = rec.State, rec.ExitCode, rec.Signal, rec.Error, rec.EndedAt

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -337,6 +338,9 @@ func cliErr(args []string, code int, stderr []byte) error {
 	return fmt.Errorf("berth %s: exit %d: %s", strings.Join(args, " "), code, strings.TrimSpace(string(stderr)))
 }
 
+// endNote is the CLI's line for an end not recorded (session.EndNotRecorded).
+var endNote = regexp.MustCompile(`(?m)^berth: x[0-9a-f]+: ` + regexp.QuoteMeta(session.EndNotRecordedNote) + `.*\n`)
+
 func (w *soakWorld) runCLI(ctx context.Context, rec *execRec) error {
 	ss := w.byName[rec.session]
 	args := []string{"exec", rec.session, "--", "sh", "-c", rec.script}
@@ -349,7 +353,9 @@ func (w *soakWorld) runCLI(ctx context.Context, rec *execRec) error {
 		return err
 	}
 	rec.gotOut.Write(out)
-	rec.gotErr.Write(errb)
+	// berth's own line saying a full disk kept the end from the record
+	// is the CLI's, not the command's.
+	rec.gotErr.Write(endNote.ReplaceAll(errb, nil))
 	if code != 0 && code != rec.wantCode {
 		return cliErr(args[:2], code, errb)
 	}

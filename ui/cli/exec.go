@@ -262,6 +262,9 @@ func (c *Call) execute(ctx context.Context, name string, req session.ExecRequest
 		c.env.Trace.Debug("exec phases", "exec", p.ID(), "began", c.began.UnixNano(), "connect", connected.Sub(c.began),
 			"start", started.Sub(connected), "output", drained.Sub(started), "final", time.Since(drained))
 	}
+	if strings.HasPrefix(x.Error, session.EndNotRecordedNote) {
+		fmt.Fprintf(c.env.Stderr, "berth: %s: %s\n", x.ID, oneLine(x.Error))
+	}
 	return exitFor(x)
 }
 
