@@ -150,9 +150,9 @@ type Config struct {
 	Net egress.Config
 	// NIC gives the guests of sessions whose policy is not none a NIC
 	// served by berth's userspace network stack, each flow decided by the
-	// policy (QEMU only). Off by default: such sessions boot cold (no
-	// template), and a policy changed from none gets its NIC at the next
-	// cold boot.
+	// policy (QEMU only). Off by default. Such sessions restore from
+	// templates made with a NIC; a policy changed from none gets its NIC
+	// at the next cold boot.
 	NIC bool
 	// CrashAt names a step at which the daemon kills itself (tests only).
 	CrashAt string

@@ -100,6 +100,11 @@ func TestNetNIC(t *testing.T) {
 	e.StartDaemon()
 	hostTCP, hostUDP := "host.berth.internal:"+strconv.Itoa(tcpOK), "host.berth.internal:"+strconv.Itoa(udpOK)
 	e.OK("create", "n1", "--net", "allow:"+hostTCP+","+hostUDP+",pub.test:443")
+	// A session with a NIC restores from a template made with one, as
+	// every other does from its own: the NIC is served from the restore.
+	if s := e.Info("n1"); !strings.Contains(s.Cause, "restored from a template") {
+		t.Errorf("n1 was not restored from a template: %q", s.Cause)
+	}
 	e.OK("put", "n1", probe, "nicprobe")
 	e.OK("exec", "n1", "--", "chmod", "755", "/workspace/nicprobe")
 	run := func(args ...string) (string, string, int, time.Duration) {

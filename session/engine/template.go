@@ -47,9 +47,13 @@ const templateSettle = 500 * time.Millisecond
 // templateKey identifies a template: the image's build (its kernel and
 // initramfs by size and mtime as well: a rebuilt image differs) and the VM
 // size.
-func templateKey(im Image, vmmName string, cpus, memMiB int) string {
+func templateKey(im Image, vmmName string, cpus, memMiB int, nic bool) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "v%d %s %d %d %s@%s\n", templateFormat, vmmName, cpus, memMiB, im.Name, im.Digest)
+	if nic {
+		// A snapshot restores only into a VM with the same devices.
+		fmt.Fprintf(h, "nic\n")
+	}
 	for _, l := range im.Layers {
 		fmt.Fprintf(h, "layer %s\n", l.UUID)
 	}
@@ -81,7 +85,8 @@ func (m *Manager) template(ctx context.Context, s *sess) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	key := templateKey(im, rec.VMM, rec.CPUs, rec.MemoryMiB)
+	nic := s.wantsNIC()
+	key := templateKey(im, rec.VMM, rec.CPUs, rec.MemoryMiB, nic)
 	if key == "" {
 		return "", errors.New("image files missing")
 	}
@@ -95,7 +100,7 @@ func (m *Manager) template(ctx context.Context, s *sess) (string, error) {
 	if err := m.checkFloor("build a template of image " + rec.Image); err != nil {
 		return "", err
 	}
-	m.log.Info("building template", "key", key, "image", rec.Image, "cpus", rec.CPUs, "memory_mib", rec.MemoryMiB)
+	m.log.Info("building template", "key", key, "image", rec.Image, "cpus", rec.CPUs, "memory_mib", rec.MemoryMiB, "nic", nic)
 	start := time.Now()
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return "", err
@@ -115,6 +120,10 @@ func (m *Manager) template(ctx context.Context, s *sess) (string, error) {
 	vm, err := d.Start(bctx, vmm.Config{
 		Dir: filepath.Join(tmp, "vm"), Kernel: im.Kernel, Initramfs: im.Initramfs, Cmdline: templateCmdline(im),
 		CPUs: rec.CPUs, MemoryMiB: rec.MemoryMiB, Layers: layerPaths(im), Accel: m.cfg.Defaults.Accel,
+		// Its NIC is configured by the agent at boot and kept in the
+		// snapshot; nothing serves it until a restored copy's supervise
+		// does.
+		NIC: nic,
 	})
 	if err != nil {
 		return "", fmt.Errorf("boot the template VM: %w", err)
@@ -181,8 +190,9 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 		d    vmm.Disk
 		path string
 	}{{vmm.DiskSystem, cfg.System}, {vmm.DiskWorkspace, cfg.Workspace}}
+	// The template was made with a NIC when the session wants one
+	// (templateKey keeps the two apart), so cfg.NIC is left as it is.
 	cfg.Cmdline, cfg.Workspace, cfg.System, cfg.Incoming = templateCmdline(im), "", "", snap
-	cfg.NIC = false // templates have none
 	bctx, cancel := context.WithTimeout(ctx, s.m.cfg.BootTimeout)
 	defer cancel()
 	start := time.Now()
@@ -246,10 +256,6 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 func (s *sess) bootNew(ctx context.Context, by string) (string, error) {
 	if s.m.cfg.NoTemplates {
 		return "booted", s.boot(ctx)
-	}
-	if s.wantsNIC() {
-		// A template's VM has no NIC, and a restore cannot add one.
-		return "booted (with a NIC: templates have none)", s.boot(ctx)
 	}
 	snap, err := s.m.template(ctx, s)
 	if err == nil {
