@@ -49,7 +49,7 @@ vet:
 # time in one package: its Debian tests and the lock churn (ENGINE_APART)
 # run in a second process beside the rest, so both cores stay busy to the
 # end; their output follows the rest's.
-ENGINE_APART := ^(TestLockChurnVMs|TestDebianSystemDisk|TestReplace|TestRecipe|TestNetDebian|TestRecipeNet|TestSSHRsyncGit)$$
+ENGINE_APART := ^(TestLockChurnVMs|TestDebianSystemDisk|TestReplace|TestRecipe|TestNetDebian|TestRecipeNet|TestSSHRsyncGit|TestHarnessEndToEnd|TestExportEndToEnd)$$
 test: deps build vet
 	@log=$$(mktemp); \
 	$(GO) test -count=1 -timeout 25m -tags lockcheck -run '$(ENGINE_APART)' ./session/engine/ >$$log 2>&1 & apart=$$!; \
