@@ -251,45 +251,29 @@ func (s *Store) ListSchedules(session string) ([]Schedule, error) {
 // own records stay: they are the session's); ErrNotFound when there is
 // none.
 func (s *Store) DeleteRun(session, id string) error {
-	if err := checkName("session", session); err != nil {
-		return err
-	}
-	if err := checkName("run", id); err != nil {
-		return err
-	}
-	if err := s.enter(); err != nil {
-		return err
-	}
-	defer s.closeMu.RUnlock()
-	mu := s.stripe(session)
-	mu.Lock()
-	defer mu.Unlock()
-	err := s.update(func(txn *badger.Txn) error {
-		if _, err := txn.Get(runKey(session, id)); err != nil {
-			return err
-		}
+	return s.deleteRecord(session, "run", id, runKey(session, id), func(txn *badger.Txn) error {
 		for _, x := range keySuffixes(txn, prefix(ownerRun, session, id)) {
 			if err := txn.Delete(runExecKey(session, id, x)); err != nil {
 				return err
 			}
 		}
-		return txn.Delete(runKey(session, id))
+		return nil
 	})
-	if errors.Is(err, badger.ErrKeyNotFound) {
-		return fmt.Errorf("run %q of session %q: %w", id, session, ErrNotFound)
-	}
-	if err != nil {
-		return fmt.Errorf("delete run %q: %w", id, err)
-	}
-	return s.db.Sync()
 }
 
 // DeleteSchedule removes a schedule; ErrNotFound when there is none.
 func (s *Store) DeleteSchedule(session, id string) error {
+	return s.deleteRecord(session, "schedule", id, scheduleKey(session, id), nil)
+}
+
+// deleteRecord removes the record at key, a kind of session's named id,
+// with what also (if not nil) removes in the same transaction, and syncs;
+// ErrNotFound when there is none.
+func (s *Store) deleteRecord(session, kind, id string, key []byte, also func(*badger.Txn) error) error {
 	if err := checkName("session", session); err != nil {
 		return err
 	}
-	if err := checkName("schedule", id); err != nil {
+	if err := checkName(kind, id); err != nil {
 		return err
 	}
 	if err := s.enter(); err != nil {
@@ -300,16 +284,21 @@ func (s *Store) DeleteSchedule(session, id string) error {
 	mu.Lock()
 	defer mu.Unlock()
 	err := s.update(func(txn *badger.Txn) error {
-		if _, err := txn.Get(scheduleKey(session, id)); err != nil {
+		if _, err := txn.Get(key); err != nil {
 			return err
 		}
-		return txn.Delete(scheduleKey(session, id))
+		if also != nil {
+			if err := also(txn); err != nil {
+				return err
+			}
+		}
+		return txn.Delete(key)
 	})
 	if errors.Is(err, badger.ErrKeyNotFound) {
-		return fmt.Errorf("schedule %q of session %q: %w", id, session, ErrNotFound)
+		return fmt.Errorf("%s %q of session %q: %w", kind, id, session, ErrNotFound)
 	}
 	if err != nil {
-		return fmt.Errorf("delete schedule %q: %w", id, err)
+		return fmt.Errorf("delete %s %q: %w", kind, id, err)
 	}
 	return s.db.Sync()
 }
