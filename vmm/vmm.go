@@ -185,6 +185,13 @@ type NICDialer interface {
 	DialNIC(ctx context.Context) (net.Conn, error)
 }
 
+// NICStarter is implemented by drivers that can start a VM with
+// Config.NIC. A driver without it refuses Config.NIC, and the engine boots
+// its sessions without a NIC (the proxy still serves them).
+type NICStarter interface {
+	StartsNIC() bool
+}
+
 // MaxLayers bounds an image's read-only layers.
 const MaxLayers = 8
 

@@ -42,7 +42,7 @@ type File struct {
 	RunRecordLimit int    `toml:"run_record_limit"`
 	Net            string `toml:"net"`
 	NetMaxConns    int    `toml:"net_max_conns"`
-	NetNIC         bool   `toml:"net_nic"`
+	NetNIC         *bool  `toml:"net_nic"`
 	// The fleet this host joins (serve's --fleet, --host-id, --listen,
 	// --fleet-ttl); no fleet: a berth of its own.
 	Fleet    string `toml:"fleet"`
@@ -187,7 +187,7 @@ func ParseConfig(path string, b []byte) (Config, error) {
 			return c, err
 		}
 	}
-	c.Net, c.NetMaxConns, c.NetNIC = session.DefaultNet, egress.DefaultMaxConns, f.NetNIC
+	c.Net, c.NetMaxConns, c.NetNIC = session.DefaultNet, egress.DefaultMaxConns, f.NetNIC == nil || *f.NetNIC
 	if f.Net != "" {
 		p, err := session.ParsePolicy(f.Net)
 		if err != nil {

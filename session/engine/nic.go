@@ -19,9 +19,22 @@ import (
 // with a virtio-net device whose host end berth's userspace stack serves
 // (package netstack), each flow decided by the session's policy.
 
-// wantsNIC reports whether the session's next cold boot gets a NIC.
+// wantsNIC reports whether the session's next cold boot gets a NIC: the
+// engine gives NICs, the policy is not none, and the session's driver can
+// start one (Cloud Hypervisor cannot yet: its sessions keep the proxy).
 func (s *sess) wantsNIC() bool {
-	return s.m.cfg.NIC && s.policy().Mode != session.NetNone
+	if !s.m.cfg.NIC || s.policy().Mode == session.NetNone {
+		return false
+	}
+	s.mu.Lock()
+	name := s.rec.VMM
+	s.mu.Unlock()
+	d, err := s.m.driver(name)
+	if err != nil {
+		return false
+	}
+	ns, ok := d.(vmm.NICStarter)
+	return ok && ns.StartsNIC()
 }
 
 // nicGateway is host.berth.internal on the guest's network.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,6 +57,38 @@ func tcpReplier(t testing.TB, prefix string) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// tcpEcho answers every read of a connection with "echo " and it, and
+// keeps the connection open until the client closes it.
+func tcpEcho(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(2 * time.Minute))
+				buf := make([]byte, 4096)
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					fmt.Fprintf(c, "echo %s", buf[:n])
+				}
+			}()
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
 // udpReplier answers each datagram with prefix and it.
 func udpReplier(t testing.TB, prefix string) int {
 	t.Helper()
@@ -96,10 +129,13 @@ func TestNetNIC(t *testing.T) {
 	udpOK := udpReplier(t, "udp got")
 	udpOther := udpReplier(t, "must not reach")
 	t.Setenv("BERTH_TEST_HOSTS", "pub.test=93.184.216.34")
-	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\nnet_nic = true\n"), 0o644)
+	echo := tcpEcho(t)
+	// net_nic is on by default: the config does not name it.
+	os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\nnet_max_conns = 16\n"), 0o644)
 	e.StartDaemon()
 	hostTCP, hostUDP := "host.berth.internal:"+strconv.Itoa(tcpOK), "host.berth.internal:"+strconv.Itoa(udpOK)
-	e.OK("create", "n1", "--net", "allow:"+hostTCP+","+hostUDP+",pub.test:443")
+	hostEcho := "host.berth.internal:" + strconv.Itoa(echo)
+	e.OK("create", "n1", "--net", "allow:"+hostTCP+","+hostUDP+","+hostEcho+",pub.test:443")
 	// A session with a NIC restores from a template made with one, as
 	// every other does from its own: the NIC is served from the restore.
 	if s := e.Info("n1"); !strings.Contains(s.Cause, "restored from a template") {
@@ -182,7 +218,7 @@ func TestNetNIC(t *testing.T) {
 		if code == 0 || !strings.Contains(errs, "connection refused") {
 			t.Fatalf("exit %d: %q %q; want connection refused", code, out, errs)
 		}
-		e.OK("net", "n1", "allow:"+hostTCP+","+hostUDP)
+		e.OK("net", "n1", "allow:"+hostTCP+","+hostUDP+","+hostEcho)
 		if out, errs, code, _ := run("tcp", hostTCP, "back"); code != 0 || out != "host got back" {
 			t.Fatalf("exit %d: %q %q", code, out, errs)
 		}
@@ -217,11 +253,119 @@ func TestNetNIC(t *testing.T) {
 		}
 	})
 
+	e.Subtest(t, "a guest flooding connections and datagrams is bounded and does not stall another", func(t *testing.T) {
+		exchange := func() time.Duration {
+			t.Helper()
+			out, errs, code, took := run("tcp", hostTCP, "beside")
+			if code != 0 || out != "host got beside" {
+				t.Fatalf("exit %d: %q %q", code, out, errs)
+			}
+			return took
+		}
+		median := func() time.Duration {
+			var d []time.Duration
+			for range 5 {
+				d = append(d, exchange())
+			}
+			slices.Sort(d)
+			return d[2]
+		}
+		quiet := median()
+		// f1 (the fork) opens 40 connections at once against
+		// net_max_conns = 16 and sends refused datagrams meanwhile.
+		e.OK("exec", "f1", "--", "sh", "-c", "rm -f /workspace/flood.out; setsid /workspace/nicprobe flood "+hostEcho+" 40 host.berth.internal:"+strconv.Itoa(udpOther)+" 8 >/workspace/flood.out 2>&1 </dev/null &")
+		time.Sleep(time.Second)
+		loud := median()
+		var out string
+		for deadline := time.Now().Add(45 * time.Second); !strings.Contains(out, "held"); time.Sleep(300 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the flood never reported:\n%s", out)
+			}
+			out = e.OK("exec", "f1", "--", "cat", "/workspace/flood.out")
+		}
+		// The echo's connections, and nothing else, count: 16 answered.
+		if !strings.Contains(out, "held 16 of 40") {
+			t.Errorf("net_max_conns = 16, the flood: %s", out)
+		}
+		ratio := float64(loud) / float64(quiet)
+		t.Logf("n1's exec+exchange p50: %s quiet, %s beside the flood (%.2fx)", quiet, loud, ratio)
+		// Stated bound: 8x (measured 2.4x here). Both guests share two
+		// cores under TCG and the flooder's vCPU takes one of them, so
+		// the figure is mostly CPU; a stall behind the flood's flows
+		// would be seconds against ~0.1 s.
+		if ratio > 8 {
+			t.Errorf("a flood in another session slowed n1's traffic %.2fx (bound 8x)", ratio)
+		}
+	})
+
 	e.Subtest(t, "sleep and wake keep the NIC", func(t *testing.T) {
 		e.OK("sleep", "n1")
 		out, errs, code, _ := run("tcp", hostTCP, "awake")
 		if code != 0 || out != "host got awake" {
 			t.Fatalf("after a wake, exit %d: %q %q", code, out, errs)
+		}
+	})
+
+	e.Subtest(t, "a connection open across sleep and wake is reset, not left hanging", func(t *testing.T) {
+		e.OK("exec", "n1", "--", "sh", "-c", "rm -f /workspace/go /workspace/hold.out; setsid /workspace/nicprobe hold "+hostEcho+" /workspace/go >/workspace/hold.out 2>&1 </dev/null &")
+		held := func(want string) string {
+			t.Helper()
+			var out string
+			for deadline := time.Now().Add(45 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
+				if out = e.OK("exec", "n1", "--", "cat", "/workspace/hold.out"); strings.Contains(out, want) {
+					return out
+				}
+			}
+			t.Fatalf("the held connection's output never showed %q:\n%s", want, out)
+			return ""
+		}
+		held(`reply "echo first"`)
+		e.OK("sleep", "n1")
+		e.OK("exec", "n1", "--", "touch", "/workspace/go") // wakes it
+		out := held("after ")
+		// The stack that served it is gone: the guest's next segment
+		// meets a new one, which resets it; a hang would end in the
+		// probe's 30-s deadline as "i/o timeout".
+		if !strings.Contains(out, "connection reset by peer") {
+			t.Fatalf("the connection held across sleep and wake:\n%s", out)
+		}
+	})
+
+	e.Subtest(t, "a restore of a memory checkpoint has the NIC, and resets what was open", func(t *testing.T) {
+		e.OK("exec", "n1", "--", "sh", "-c", "rm -f /workspace/go /workspace/hold.out; setsid /workspace/nicprobe hold "+hostEcho+" /workspace/go >/workspace/hold.out 2>&1 </dev/null &")
+		for deadline := time.Now().Add(45 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+			if strings.Contains(e.OK("exec", "n1", "--", "cat", "/workspace/hold.out"), `reply "echo first"`) {
+				break
+			} else if time.Now().After(deadline) {
+				t.Fatal("the held connection never answered")
+			}
+		}
+		e.OK("checkpoint", "n1", "--memory")
+		e.OK("restore", "n1", e.lastCheckpoint("n1"), "--yes")
+		if out, errs, code, _ := run("tcp", hostTCP, "restored"); code != 0 || out != "host got restored" {
+			t.Fatalf("after a restore, exit %d: %q %q", code, out, errs)
+		}
+		e.OK("exec", "n1", "--", "touch", "/workspace/go")
+		var out string
+		for deadline := time.Now().Add(45 * time.Second); !strings.Contains(out, "after "); time.Sleep(300 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the restored probe never wrote again:\n%s", out)
+			}
+			out = e.OK("exec", "n1", "--", "cat", "/workspace/hold.out")
+		}
+		if !strings.Contains(out, "connection reset by peer") {
+			t.Fatalf("the connection held across a restore:\n%s", out)
+		}
+	})
+
+	e.Subtest(t, "net_nic = false boots without a NIC", func(t *testing.T) {
+		e.KillDaemon()
+		os.WriteFile(filepath.Join(e.Data, "config.toml"), []byte("memory = \"256M\"\ndisk = \"64M\"\nidle_timeout = \"0\"\nnet_nic = false\n"), 0o644)
+		e.StartDaemon()
+		e.OK("create", "p1", "--net", "allow:"+hostTCP)
+		out := e.OK("exec", "p1", "--", "sh", "-c", "ls /sys/class/net; echo $http_proxy")
+		if strings.Contains(out, "eth0") || !strings.Contains(out, "http://127.0.0.1:3128") {
+			t.Errorf("a session of a daemon with net_nic = false:\n%s", out)
 		}
 	})
 }

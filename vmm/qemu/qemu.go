@@ -92,6 +92,9 @@ func New(opts Options) *Driver {
 // Name implements vmm.Driver.
 func (d *Driver) Name() string { return Name }
 
+// StartsNIC: QEMU serves a guest NIC on its stream netdev (vmm.NICStarter).
+func (d *Driver) StartsNIC() bool { return true }
+
 // Available reports whether QEMU can run here.
 func (d *Driver) Available() error {
 	if _, err := exec.LookPath(d.opts.Binary); err != nil {

@@ -9,6 +9,14 @@
 //	nicprobe send HOST:PORT BYTES  send BYTES zeros, print what took how long
 //	nicprobe recv HOST:PORT        read to the end, print how much
 //	nicprobe ifaces                print the interfaces and addresses
+//	nicprobe flood TCP N UDP SECS  open N connections to TCP at once and
+//	                               hold them, send datagrams to UDP as
+//	                               fast as it can, for SECS; print how
+//	                               many connections answered
+//	nicprobe hold HOST:PORT FILE   send "first" and print the reply, wait
+//	                               for FILE to exist, send "second" and
+//	                               print the reply or the error: a
+//	                               connection held across sleep and wake
 package main
 
 import (
@@ -88,6 +96,80 @@ func run(args []string) error {
 			return err
 		}
 		fmt.Printf("received %d in %s\n", n, time.Since(start))
+	case "hold":
+		c, err := d.Dial("tcp", args[1])
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 4096)
+		exchange := func(msg string) error {
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			if _, err := c.Write([]byte(msg)); err != nil {
+				return err
+			}
+			n, err := c.Read(buf)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("reply %q\n", buf[:n])
+			return nil
+		}
+		if err := exchange("first"); err != nil {
+			return err
+		}
+		for {
+			if _, err := os.Stat(args[2]); err == nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		start := time.Now()
+		err = exchange("second")
+		fmt.Printf("after %s: %v\n", time.Since(start).Round(time.Millisecond), err)
+	case "flood":
+		n, _ := strconv.Atoi(args[2])
+		secs, _ := strconv.Atoi(args[4])
+		until := time.Now().Add(time.Duration(secs) * time.Second)
+		if u, err := net.Dial("udp", args[3]); err == nil {
+			go func() {
+				buf := make([]byte, 512)
+				for time.Now().Before(until) {
+					u.Write(buf) // refusals (ICMP) come back as errors: ignored
+				}
+			}()
+		}
+		answered := make(chan bool, n)
+		for range n {
+			go func() {
+				c, err := d.Dial("tcp", args[1])
+				if err != nil {
+					answered <- false
+					return
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				buf := make([]byte, 64)
+				if _, err := c.Write([]byte("x")); err != nil {
+					answered <- false
+					return
+				}
+				if _, err := c.Read(buf); err != nil {
+					answered <- false
+					return
+				}
+				answered <- true
+				time.Sleep(time.Until(until))
+			}()
+		}
+		held := 0
+		for range n {
+			if <-answered {
+				held++
+			}
+		}
+		fmt.Printf("held %d of %d\n", held, n)
+		time.Sleep(time.Until(until))
 	case "ifaces":
 		ifs, err := net.Interfaces()
 		if err != nil {
