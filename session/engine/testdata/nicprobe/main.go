@@ -9,6 +9,8 @@
 //	nicprobe send HOST:PORT BYTES  send BYTES zeros, print what took how long
 //	nicprobe recv HOST:PORT        read to the end, print how much
 //	nicprobe ifaces                print the interfaces and addresses
+//	nicprobe dial HOST:PORT N      connect and close N times, print the
+//	                               median connection setup in µs
 //	nicprobe flood TCP N UDP SECS  open N connections to TCP at once and
 //	                               hold them, send datagrams to UDP as
 //	                               fast as it can, for SECS; print how
@@ -25,6 +27,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -170,6 +173,20 @@ func run(args []string) error {
 		}
 		fmt.Printf("held %d of %d\n", held, n)
 		time.Sleep(time.Until(until))
+	case "dial":
+		n, _ := strconv.Atoi(args[2])
+		took := make([]time.Duration, 0, n)
+		for range n {
+			start := time.Now()
+			c, err := d.Dial("tcp", args[1])
+			if err != nil {
+				return err
+			}
+			took = append(took, time.Since(start))
+			c.Close()
+		}
+		slices.Sort(took)
+		fmt.Println(took[len(took)/2].Microseconds())
 	case "ifaces":
 		ifs, err := net.Interfaces()
 		if err != nil {
