@@ -21,7 +21,7 @@ import (
 
 // wantsNIC reports whether the session's next cold boot gets a NIC: the
 // engine gives NICs, the policy is not none, and the session's driver can
-// start one (Cloud Hypervisor cannot yet: its sessions keep the proxy).
+// start one (Cloud Hypervisor's needs root: without it, the proxy alone).
 func (s *sess) wantsNIC() bool {
 	if !s.m.cfg.NIC || s.policy().Mode == session.NetNone {
 		return false

@@ -99,6 +99,11 @@ func New(opts Options) *Driver {
 // Name implements vmm.Driver.
 func (d *Driver) Name() string { return Name }
 
+// StartsNIC implements vmm.NICStarter: the NIC is a tap in the VMM's own
+// network namespace (see nic.go), which only a berth with CAP_SYS_ADMIN
+// can make; without it the engine boots sessions with the proxy alone.
+func (d *Driver) StartsNIC() bool { return canMakeNetns() }
+
 // unavailableError carries an exact message for operators while matching
 // both vmm.ErrUnavailable and its cause with errors.Is.
 type unavailableError struct {
@@ -196,7 +201,7 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (_ vmm.VM, err error
 	}
 
 	log := d.log.With("dir", cfg.Dir)
-	proc, err := startProcess(binary, []string{"--api-socket", "path=" + p.api}, p)
+	proc, err := startProcess(binary, []string{"--api-socket", "path=" + p.api}, p, cfg.NIC)
 	if err != nil {
 		return nil, err
 	}
@@ -225,6 +230,16 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (_ vmm.VM, err error
 
 	if err := waitReady(ctx, api, proc); err != nil {
 		return nil, err
+	}
+	os.Remove(filepath.Join(p.dir, nicMarkFile))
+	if cfg.NIC {
+		// Before vm.boot or vm.restore: CH opens the tap by name there.
+		if err := inNetns(proc.pid, makeTap); err != nil {
+			return nil, fmt.Errorf("the guest NIC: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(p.dir, nicMarkFile), nil, 0o600); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Incoming == "" {
 		if err := api.create(ctx, vmConfig(cfg, p)); err != nil {
@@ -400,17 +415,6 @@ func validate(cfg vmm.Config) error {
 		return errors.New("no kernel given: set Config.Kernel")
 	case cfg.CPUs < 0 || cfg.MemoryMiB < 0:
 		return fmt.Errorf("invalid size: %d CPUs, %d MiB", cfg.CPUs, cfg.MemoryMiB)
-	case cfg.NIC:
-		// The API (openapi v53 NetConfig, vm.create's net and vm.add-net)
-		// offers a tap by name (tap, ip, mask: a tap on the host's own
-		// network, or one berth makes in a network namespace of its own,
-		// which the VMM must then run inside, /dev/net/tun and KVM
-		// included), or vhost_user with vhost_socket, where berth would
-		// be the vhost-user net backend (shared guest memory, virtqueues
-		// processed by berth), and no stream of frames as QEMU's stream
-		// netdev gives. Neither is built yet; the spec has no fds field to
-		// pass a tap berth opened.
-		return errors.New("a guest NIC is not supported by the cloud-hypervisor driver yet: use the qemu driver, or leave the engine's NIC off")
 	case cfg.Incoming != "" && !filepath.IsAbs(cfg.Incoming):
 		return fmt.Errorf("snapshot path %q must be absolute", cfg.Incoming)
 	}
@@ -442,5 +446,8 @@ func vmConfig(cfg vmm.Config, p paths) chapi.VmConfig {
 		c.Payload.Initramfs = &cfg.Initramfs
 	}
 	c.Disks = diskConfigs(cfg)
+	if cfg.NIC {
+		c.Net = &[]chapi.NetConfig{netConfig()}
+	}
 	return c
 }

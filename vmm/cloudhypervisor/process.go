@@ -106,7 +106,7 @@ func (p *process) exited() bool {
 // terminal's ^C or the daemon's exit does not reach it, stdio on the log
 // file, and no context, because the VMM outlives the request that
 // started it.
-func startProcess(binary string, args []string, p paths) (*process, error) {
+func startProcess(binary string, args []string, p paths, netns bool) (*process, error) {
 	if err := rotateLog(p.log); err != nil {
 		return nil, err
 	}
@@ -122,7 +122,14 @@ func startProcess(binary string, args []string, p paths) (*process, error) {
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if netns {
+		// A network namespace of its own, for its NIC's tap (nic.go).
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
 	if err := cmd.Start(); err != nil {
+		if netns && errors.Is(err, syscall.EPERM) {
+			return nil, fmt.Errorf("start %s in a network namespace of its own, for the guest NIC: %w (berth needs root or CAP_SYS_ADMIN for it; net_nic = false in config.toml boots without one)", binary, err)
+		}
 		return nil, fmt.Errorf("start %s: %w", binary, err)
 	}
 	proc := &process{

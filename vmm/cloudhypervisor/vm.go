@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -34,7 +37,26 @@ type VM struct {
 var (
 	_ vmm.VM          = (*VM)(nil)
 	_ vmm.Snapshotter = (*VM)(nil)
+	_ vmm.NICDialer   = (*VM)(nil)
 )
+
+// HasNIC implements vmm.NICDialer: the VM was started with a NIC.
+func (v *VM) HasNIC() bool {
+	_, err := os.Stat(filepath.Join(v.p.dir, nicMarkFile))
+	return err == nil
+}
+
+// DialNIC implements vmm.NICDialer: the frames of the tap in the VMM's
+// network namespace, each after its length.
+func (v *VM) DialNIC(ctx context.Context) (net.Conn, error) {
+	if v.proc.exited() {
+		return nil, fmt.Errorf("guest NIC: %w", vmm.ErrNotRunning)
+	}
+	if !v.HasNIC() {
+		return nil, fmt.Errorf("the VM in %s has no NIC: %w", v.p.dir, fs.ErrNotExist)
+	}
+	return dialNIC(v.proc.pid, v.proc.done)
+}
 
 func (d *Driver) newVM(p paths, api *apiClient, proc *process, log *slog.Logger) *VM {
 	return &VM{

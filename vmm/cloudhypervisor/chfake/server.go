@@ -651,6 +651,7 @@ func fileURLPath(u *string, what string) (string, *apiError) {
 // devices sit on the guest's PCI bus.
 type devices struct {
 	disks  []*os.File
+	nics   []*os.File
 	serial *os.File
 	vsock  *muxer
 	slots  map[string]uint8 // PCI slot of segment 0 by device id
@@ -662,6 +663,9 @@ func (d *devices) close() {
 	}
 	for _, f := range d.disks {
 		f.Close() // releases its lock
+	}
+	for _, f := range d.nics {
+		f.Close()
 	}
 	if d.serial != nil {
 		d.serial.Close()
@@ -723,6 +727,22 @@ func (s *Server) openDevices(cfg chapi.VmConfig, boot bool, restored map[string]
 		}
 		if _, err := d.allocate(id, slotFor(restored, id, dc.PciDeviceId)); err != nil {
 			return nil, fail("Error from device manager", "Failed to find an available PCI device ID", err.Error())
+		}
+	}
+	if cfg.Net != nil {
+		for i, nc := range *cfg.Net {
+			f, msgs := openNIC(nc)
+			if msgs != nil {
+				return nil, fail(append([]string{"Error from device manager"}, msgs...)...)
+			}
+			d.nics = append(d.nics, f)
+			id := fmt.Sprintf("_net%d", i)
+			if nc.Id != nil {
+				id = *nc.Id
+			}
+			if _, err := d.allocate(id, slotFor(restored, id, nc.PciDeviceId)); err != nil {
+				return nil, fail("Error from device manager", "Failed to find an available PCI device ID", err.Error())
+			}
 		}
 	}
 	if _, err := d.allocate(rngID, slotFor(restored, rngID, nil)); err != nil {
