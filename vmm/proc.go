@@ -318,6 +318,10 @@ func WaitDial(ctx context.Context, path string, p *Process) (net.Conn, error) {
 	}
 }
 
+// LastLogLine is the last line of the VMM's log at its exit: most often
+// the reason it gave.
+func (e Exit) LastLogLine() string { return lastLine(e.LogTail) }
+
 func lastLine(s string) string {
 	s = strings.TrimSpace(s)
 	if i := strings.LastIndexByte(s, '\n'); i >= 0 {

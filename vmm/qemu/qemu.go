@@ -232,6 +232,20 @@ func (d *Driver) Start(ctx context.Context, cfg vmm.Config) (vmm.VM, error) {
 			vm.Close()
 		}
 	}
+	if err == nil && cfg.Incoming != "" && cfg.NIC {
+		// QEMU 7.2's stream netdev writes the frames a restored virtio-net
+		// had queued as the VM resumes, to its client, without checking
+		// there is one: with none, `cont` dies of SIGSEGV
+		// (qio_channel_writev on a NULL channel, from vm_start's flush).
+		// So a restored VM's NIC has a client before anyone can resume it;
+		// DialNIC hands it to the NIC's server.
+		if vm.parked, err = vmm.WaitDial(ctx, filepath.Join(cfg.Dir, nicSock), proc); err == nil {
+			err = vm.waitNICClient(ctx)
+		}
+		if err != nil {
+			vm.Close()
+		}
+	}
 	if err != nil {
 		proc.Kill(5 * time.Second)
 		<-proc.Done()
@@ -297,6 +311,9 @@ type VM struct {
 
 	mu  sync.Mutex
 	mon *Monitor
+	// parked is a connection to the NIC made before a restored VM first
+	// runs, which DialNIC hands out first (see Start).
+	parked net.Conn
 }
 
 var (
@@ -347,15 +364,27 @@ func (v *VM) Monitor() *Monitor     { v.mu.Lock(); defer v.mu.Unlock(); return v
 func (v *VM) ConsoleLog() string    { return filepath.Join(v.dir, consoleF) }
 func (v *VM) alive() bool           { return v.proc.Alive() }
 func (v *VM) notRunning() error {
-	return fmt.Errorf("%w: VMM pid %d %s", vmm.ErrNotRunning, v.proc.Pid, v.proc.Exit())
+	e := v.proc.Exit()
+	if l := e.LastLogLine(); l != "" {
+		return fmt.Errorf("%w: VMM pid %d %s: %s", vmm.ErrNotRunning, v.proc.Pid, e, l)
+	}
+	return fmt.Errorf("%w: VMM pid %d %s", vmm.ErrNotRunning, v.proc.Pid, e)
 }
 func (v *VM) exec(ctx context.Context, cmd string, args, out any) error {
 	if !v.alive() {
 		return v.notRunning()
 	}
 	err := v.Monitor().Execute(ctx, cmd, args, out)
-	if err != nil && !v.alive() {
-		return v.notRunning()
+	var qe *QMPError
+	if err != nil && !errors.As(err, &qe) {
+		// A monitor cut off mid-command is most often QEMU exiting: give
+		// its exit a moment to be reaped, so the error carries its log.
+		select {
+		case <-v.proc.Done():
+			return v.notRunning()
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+		}
 	}
 	return err
 }
@@ -373,10 +402,43 @@ func (v *VM) HasNIC() bool {
 	return err == nil
 }
 
+// waitNICClient waits until QEMU has taken the NIC's client: a connect
+// completes in the kernel's backlog before QEMU's main loop accepts it,
+// and a `cont` in between still finds no client. `info network` names the
+// client's address on the stream netdev once it is accepted (7.2 prints
+// "type=stream," alone until then).
+func (v *VM) waitNICClient(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		var out string
+		if err := v.exec(ctx, "human-monitor-command", map[string]string{"command-line": "info network"}, &out); err != nil {
+			return fmt.Errorf("waiting for QEMU to take the NIC's client: %w", err)
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, "nic0: ") && !strings.HasSuffix(strings.TrimSpace(l), "type=stream,") {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for QEMU to take the NIC's client: %w (info network: %q)", ctx.Err(), out)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
 // DialNIC connects to the host end of the guest's NIC (Config.NIC).
 func (v *VM) DialNIC(ctx context.Context) (net.Conn, error) {
 	if !v.alive() {
 		return nil, v.notRunning()
+	}
+	v.mu.Lock()
+	c := v.parked
+	v.parked = nil
+	v.mu.Unlock()
+	if c != nil {
+		return c, nil
 	}
 	return vmm.DialUnix(ctx, filepath.Join(v.dir, nicSock))
 }
@@ -425,4 +487,12 @@ func (v *VM) Kill(ctx context.Context) error {
 	return v.proc.Kill(5 * time.Second)
 }
 
-func (v *VM) Close() error { return v.Monitor().Close() }
+func (v *VM) Close() error {
+	v.mu.Lock()
+	if v.parked != nil {
+		v.parked.Close()
+		v.parked = nil
+	}
+	v.mu.Unlock()
+	return v.Monitor().Close()
+}
