@@ -188,6 +188,13 @@ func (v *view) pick(req Request) (string, error) {
 // allocation shrinks, in one transaction guarded by the owner's epoch and
 // the allocation's revision. A session not in the fleet is ErrNotFound.
 func Release(ctx context.Context, cli *clientv3.Client, name string) error {
+	return ReleaseAt(ctx, cli, name, 0)
+}
+
+// ReleaseAt is Release by the holder of epoch (0: any): an owner key at
+// another epoch (the session moved, or was made again) is refused with
+// CodeStaleEpoch and left alone.
+func ReleaseAt(ctx context.Context, cli *clientv3.Client, name string, epoch int64) error {
 	for try := 1; ; try++ {
 		r, err := cli.Txn(ctx).Then(clientv3.OpGet(specKey(name)), clientv3.OpGet(ownerKey(name))).Commit()
 		if err != nil {
@@ -200,6 +207,10 @@ func Release(ctx context.Context, cli *clientv3.Client, name string) error {
 		owner, err := ParseOwner(okv[0].Value)
 		if err != nil {
 			return fmt.Errorf("release %s: %w", name, err)
+		}
+		if epoch != 0 && okv[0].ModRevision != epoch {
+			return &session.Error{Class: session.ErrConflict, Code: session.CodeStaleEpoch,
+				Msg: fmt.Sprintf("release %s at epoch %d: the owner is now at %d on host %s", name, epoch, okv[0].ModRevision, owner.Host)}
 		}
 		var spec session.CreateOptions
 		if len(skv) > 0 {
