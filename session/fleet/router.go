@@ -60,7 +60,10 @@ type Router struct {
 	peers map[string]*api.Client // by address; guarded by mu
 }
 
-var _ session.Service = (*Router)(nil)
+var (
+	_ session.Service    = (*Router)(nil)
+	_ session.HostLister = (*Router)(nil)
+)
 
 // NewRouter returns the front door of host cfg.Self over cli. Close it
 // when done.
@@ -88,6 +91,20 @@ func (r *Router) Close() error {
 		delete(r.peers, addr)
 	}
 	return nil
+}
+
+// Hosts lists the fleet's hosts as etcd has them now.
+func (r *Router) Hosts(ctx context.Context) (session.HostList, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	hs, err := List(ctx, r.cli)
+	if err != nil {
+		return session.HostList{}, unavailable(err)
+	}
+	if hs == nil {
+		hs = []session.HostInfo{}
+	}
+	return session.HostList{Fleet: true, Self: r.cfg.Self, Hosts: hs}, nil
 }
 
 // ownerAt is a session's owner as read from etcd.
@@ -574,6 +591,10 @@ func (r *Router) Create(ctx context.Context, opts session.CreateOptions) (sessio
 			return session.Session{}, err
 		}
 		src, err := r.Get(ctx, ref.Session)
+		if errors.Is(err, session.ErrNotFound) {
+			return session.Session{}, &session.Error{Class: session.ErrNotFound, Field: session.FieldFrom,
+				Msg: fmt.Sprintf("%q: there is no session %s", opts.From, ref.Session), Err: err}
+		}
 		if err != nil {
 			return session.Session{}, err
 		}
