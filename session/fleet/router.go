@@ -52,9 +52,9 @@ type RouterConfig struct {
 // Sessions made before the host joined the fleet (no owner key) are
 // served here as they were.
 type Router struct {
-	cli  *clientv3.Client
-	cfg  RouterConfig
-	log  *slog.Logger
+	cli *clientv3.Client
+	cfg RouterConfig
+	log *slog.Logger
 
 	mu    sync.Mutex
 	peers map[string]*api.Client // by address; guarded by mu
@@ -719,7 +719,9 @@ func (r *Router) Sleep(ctx context.Context, name string) (session.Session, error
 }
 
 func (r *Router) Flush(ctx context.Context, name string) (session.FlushResult, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.FlushResult, error) { return svc.Flush(ctx, name) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.FlushResult, error) {
+		return svc.Flush(ctx, name)
+	})
 }
 
 func (r *Router) Replace(ctx context.Context, name string, opts session.ReplaceOptions) (session.ReplaceResult, error) {
@@ -731,11 +733,15 @@ func (r *Router) Replace(ctx context.Context, name string, opts session.ReplaceO
 // Exec runs the command on the session's owner; a remote one's streams
 // and exit status come through the owner's API.
 func (r *Router) Exec(ctx context.Context, name string, req session.ExecRequest) (session.Process, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.Process, error) { return svc.Exec(ctx, name, req) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.Process, error) {
+		return svc.Exec(ctx, name, req)
+	})
 }
 
 func (r *Router) Attach(ctx context.Context, execID string, fromSeq uint64) (session.Process, error) {
-	return byID(r, ctx, func(svc session.Service, ctx context.Context) (session.Process, error) { return svc.Attach(ctx, execID, fromSeq) })
+	return byID(r, ctx, func(svc session.Service, ctx context.Context) (session.Process, error) {
+		return svc.Attach(ctx, execID, fromSeq)
+	})
 }
 
 func (r *Router) Executions(ctx context.Context, name string, all bool) ([]session.Execution, error) {
@@ -745,7 +751,9 @@ func (r *Router) Executions(ctx context.Context, name string, all bool) ([]sessi
 }
 
 func (r *Router) Execution(ctx context.Context, execID string) (session.Execution, error) {
-	return byID(r, ctx, func(svc session.Service, ctx context.Context) (session.Execution, error) { return svc.Execution(ctx, execID) })
+	return byID(r, ctx, func(svc session.Service, ctx context.Context) (session.Execution, error) {
+		return svc.Execution(ctx, execID)
+	})
 }
 
 func (r *Router) Output(ctx context.Context, execID string, fromSeq uint64, limit int) (session.OutputPage, error) {

@@ -14,19 +14,27 @@ import (
 // images are this host's own.
 
 func (r *Router) ListDir(ctx context.Context, name, path string) ([]session.FileInfo, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) ([]session.FileInfo, error) { return svc.ListDir(ctx, name, path) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) ([]session.FileInfo, error) {
+		return svc.ListDir(ctx, name, path)
+	})
 }
 
 func (r *Router) Stat(ctx context.Context, name, path string) (session.FileInfo, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.FileInfo, error) { return svc.Stat(ctx, name, path) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.FileInfo, error) {
+		return svc.Stat(ctx, name, path)
+	})
 }
 
 func (r *Router) ReadFile(ctx context.Context, name, path string) (io.ReadCloser, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (io.ReadCloser, error) { return svc.ReadFile(ctx, name, path) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (io.ReadCloser, error) {
+		return svc.ReadFile(ctx, name, path)
+	})
 }
 
 func (r *Router) WriteFile(ctx context.Context, name, path string, rd io.Reader) (int64, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (int64, error) { return svc.WriteFile(ctx, name, path, rd) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (int64, error) {
+		return svc.WriteFile(ctx, name, path, rd)
+	})
 }
 
 func (r *Router) Mkdir(ctx context.Context, name, path string) error {
@@ -42,11 +50,15 @@ func (r *Router) Rename(ctx context.Context, name, from, to string) error {
 }
 
 func (r *Router) CopyIn(ctx context.Context, name, dir string, rd io.Reader) (session.CopyResult, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.CopyResult, error) { return svc.CopyIn(ctx, name, dir, rd) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.CopyResult, error) {
+		return svc.CopyIn(ctx, name, dir, rd)
+	})
 }
 
 func (r *Router) CopyOut(ctx context.Context, name, path string) (io.ReadCloser, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (io.ReadCloser, error) { return svc.CopyOut(ctx, name, path) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (io.ReadCloser, error) {
+		return svc.CopyOut(ctx, name, path)
+	})
 }
 
 func (r *Router) Checkpoint(ctx context.Context, name string, opts session.CheckpointOptions) (session.Checkpoint, error) {
@@ -56,7 +68,9 @@ func (r *Router) Checkpoint(ctx context.Context, name string, opts session.Check
 }
 
 func (r *Router) Checkpoints(ctx context.Context, name string) ([]session.Checkpoint, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) ([]session.Checkpoint, error) { return svc.Checkpoints(ctx, name) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) ([]session.Checkpoint, error) {
+		return svc.Checkpoints(ctx, name)
+	})
 }
 
 func (r *Router) DeleteCheckpoint(ctx context.Context, name, id string) error {
@@ -64,7 +78,9 @@ func (r *Router) DeleteCheckpoint(ctx context.Context, name, id string) error {
 }
 
 func (r *Router) Restore(ctx context.Context, name, id string) (session.RestoreResult, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.RestoreResult, error) { return svc.Restore(ctx, name, id) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.RestoreResult, error) {
+		return svc.Restore(ctx, name, id)
+	})
 }
 
 // Fork makes newName on name's owner: placed there first (pinned, of
@@ -97,23 +113,33 @@ func (r *Router) Fork(ctx context.Context, name, newName string) (session.ForkRe
 }
 
 func (r *Router) Diff(ctx context.Context, name, from, to string, opts session.DiffOptions) (session.Diff, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.Diff, error) { return svc.Diff(ctx, name, from, to, opts) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.Diff, error) {
+		return svc.Diff(ctx, name, from, to, opts)
+	})
 }
 
 func (r *Router) RunDiff(ctx context.Context, runID string, opts session.DiffOptions) (session.Diff, error) {
-	return byID(r, ctx, func(svc session.Service, ctx context.Context) (session.Diff, error) { return svc.RunDiff(ctx, runID, opts) })
+	return byID(r, ctx, func(svc session.Service, ctx context.Context) (session.Diff, error) {
+		return svc.RunDiff(ctx, runID, opts)
+	})
 }
 
 func (r *Router) UndoRun(ctx context.Context, runID string, paths []string) (session.UndoResult, error) {
-	return byID(r, ctx, func(svc session.Service, ctx context.Context) (session.UndoResult, error) { return svc.UndoRun(ctx, runID, paths) })
+	return byID(r, ctx, func(svc session.Service, ctx context.Context) (session.UndoResult, error) {
+		return svc.UndoRun(ctx, runID, paths)
+	})
 }
 
 func (r *Router) History(ctx context.Context, name string) ([]session.Sample, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) ([]session.Sample, error) { return svc.History(ctx, name) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) ([]session.Sample, error) {
+		return svc.History(ctx, name)
+	})
 }
 
 func (r *Router) SetNet(ctx context.Context, name, policy string) (session.Session, error) {
-	return r.onSession(ctx, name, func(svc session.Service, ctx context.Context) (session.Session, error) { return svc.SetNet(ctx, name, policy) })
+	return r.onSession(ctx, name, func(svc session.Service, ctx context.Context) (session.Session, error) {
+		return svc.SetNet(ctx, name, policy)
+	})
 }
 
 // Forward connects to a port in the session's guest, through its owner.
@@ -122,15 +148,21 @@ func (r *Router) Forward(ctx context.Context, name string, port int) (net.Conn, 
 }
 
 func (r *Router) NetStatus(ctx context.Context, name string) (session.NetStatus, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.NetStatus, error) { return svc.NetStatus(ctx, name) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.NetStatus, error) {
+		return svc.NetStatus(ctx, name)
+	})
 }
 
 func (r *Router) StartRun(ctx context.Context, name string, opts session.RunOptions) (session.Run, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.Run, error) { return svc.StartRun(ctx, name, opts) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.Run, error) {
+		return svc.StartRun(ctx, name, opts)
+	})
 }
 
 func (r *Router) EndRun(ctx context.Context, runID string, status session.RunStatus) (session.Run, error) {
-	return byID(r, ctx, func(svc session.Service, ctx context.Context) (session.Run, error) { return svc.EndRun(ctx, runID, status) })
+	return byID(r, ctx, func(svc session.Service, ctx context.Context) (session.Run, error) {
+		return svc.EndRun(ctx, runID, status)
+	})
 }
 
 func (r *Router) Runs(ctx context.Context, name string) ([]session.Run, error) {
@@ -142,15 +174,21 @@ func (r *Router) GetRun(ctx context.Context, runID string) (session.Run, error) 
 }
 
 func (r *Router) RemoveRun(ctx context.Context, runID string) (session.RemovedRun, error) {
-	return byID(r, ctx, func(svc session.Service, ctx context.Context) (session.RemovedRun, error) { return svc.RemoveRun(ctx, runID) })
+	return byID(r, ctx, func(svc session.Service, ctx context.Context) (session.RemovedRun, error) {
+		return svc.RemoveRun(ctx, runID)
+	})
 }
 
 func (r *Router) AddSchedule(ctx context.Context, name string, req session.ScheduleRequest) (session.Schedule, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.Schedule, error) { return svc.AddSchedule(ctx, name, req) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.Schedule, error) {
+		return svc.AddSchedule(ctx, name, req)
+	})
 }
 
 func (r *Router) Schedules(ctx context.Context, name string) ([]session.Schedule, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) ([]session.Schedule, error) { return svc.Schedules(ctx, name) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) ([]session.Schedule, error) {
+		return svc.Schedules(ctx, name)
+	})
 }
 
 func (r *Router) RemoveSchedule(ctx context.Context, name, id string) error {
@@ -160,7 +198,9 @@ func (r *Router) RemoveSchedule(ctx context.Context, name, id string) error {
 // Open opens a file handle on the session's owner (the socket client has
 // none: a remote session's says ErrUnsupported).
 func (r *Router) Open(ctx context.Context, name, path string, flags int, perm fs.FileMode) (session.File, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.File, error) { return svc.Open(ctx, name, path, flags, perm) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.File, error) {
+		return svc.Open(ctx, name, path, flags, perm)
+	})
 }
 
 func (r *Router) Setstat(ctx context.Context, name, path string, a session.Attrs) error {
@@ -168,7 +208,9 @@ func (r *Router) Setstat(ctx context.Context, name, path string, a session.Attrs
 }
 
 func (r *Router) StatFollow(ctx context.Context, name, path string) (session.FileInfo, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.FileInfo, error) { return svc.StatFollow(ctx, name, path) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.FileInfo, error) {
+		return svc.StatFollow(ctx, name, path)
+	})
 }
 
 func (r *Router) Symlink(ctx context.Context, name, target, path string) error {
@@ -180,7 +222,9 @@ func (r *Router) Link(ctx context.Context, name, oldpath, newpath string) error 
 }
 
 func (r *Router) Statfs(ctx context.Context, name, path string) (session.FSStat, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.FSStat, error) { return svc.Statfs(ctx, name, path) })
+	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.FSStat, error) {
+		return svc.Statfs(ctx, name, path)
+	})
 }
 
 func (r *Router) Rmdir(ctx context.Context, name, path string) error {
@@ -211,7 +255,9 @@ func (r *Router) CommitImage(ctx context.Context, req session.CommitRequest) (se
 	if req.Session == "" {
 		return r.cfg.Local.CommitImage(ctx, req)
 	}
-	return on(r, ctx, req.Session, func(svc session.Service, ctx context.Context) (session.CommitResult, error) { return svc.CommitImage(ctx, req) })
+	return on(r, ctx, req.Session, func(svc session.Service, ctx context.Context) (session.CommitResult, error) {
+		return svc.CommitImage(ctx, req)
+	})
 }
 
 func (r *Router) RemoveImage(ctx context.Context, name string) error {

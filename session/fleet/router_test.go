@@ -304,7 +304,10 @@ func TestRouterStaleEpoch(t *testing.T) {
 			return err
 		}},
 		{"Stop", func(ctx context.Context) error { _, err := b.Stop(ctx, "s"); return err }},
-		{"WriteFile", func(ctx context.Context) error { _, err := b.WriteFile(ctx, "s", "x", strings.NewReader("x")); return err }},
+		{"WriteFile", func(ctx context.Context) error {
+			_, err := b.WriteFile(ctx, "s", "x", strings.NewReader("x"))
+			return err
+		}},
 		{"Delete", func(ctx context.Context) error { return b.Delete(ctx, "s") }},
 	} {
 		err := c.call(session.WithForwarded(ctx, epoch))
