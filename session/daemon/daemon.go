@@ -235,21 +235,38 @@ func Run(ctx context.Context, o Options) (err error) {
 	// The fleet after the Manager (its facts come from it) and before the
 	// API: its deferred leave runs after the listeners stop and before
 	// the Manager closes.
+	//
+	// In a fleet, every front end (the socket, the --listen address, the
+	// extras such as SSH) is given the fleet's front door, which serves
+	// each session from its owner; alone, the Manager itself.
 	var hostList session.HostLister
-	if fc := fleetConfig(cfg.Fleet, o.Fleet); fc.Endpoints != "" {
-		var node *fleet.Node
-		if node, err = joinFleet(ctx, fc, o.DataDir, cfg.Floor, mgr, log); err != nil {
+	var svc session.Service = mgr
+	var fleetLn net.Listener
+	fc := fleetConfig(cfg.Fleet, o.Fleet)
+	switch {
+	case fc.Endpoints != "":
+		var fm *fleetMember
+		if fm, err = joinFleet(ctx, fc, o.DataDir, cfg.Floor, mgr, log); err != nil {
 			return err
 		}
+		if fm.ln != nil {
+			defer fm.ln.Close() // served below, and closed by the shutdown; this is for an early return
+		}
+		d := cfg.Defaults.WithFallbacks()
+		router := fm.node.Router(fleet.RouterConfig{Local: mgr, TLS: fm.peerTLS, Logger: log,
+			Defaults: session.CreateOptions{CPUs: d.CPUs, MemoryMiB: d.MemoryMiB, DiskBytes: d.DiskBytes, Image: d.Image, VMM: d.VMM, SystemBytes: d.SystemBytes}})
 		defer func() {
+			router.Close()
 			lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			if cerr := node.Close(lctx); cerr != nil {
+			if cerr := fm.node.Close(lctx); cerr != nil {
 				err = errors.Join(err, cerr)
 			}
 		}()
-		hostList = node
+		hostList, svc, fleetLn = router, router, fm.ln
 		fmt.Fprintf(o.Out, "joined the fleet at %s as host %s\n", fc.Endpoints, fc.HostID)
+	case fc.Listen != "":
+		return fmt.Errorf("--listen %s serves the API to a fleet's hosts and operators: it needs --fleet ETCD_URLS (or fleet in config.toml)", fc.Listen)
 	}
 
 	life, stop := context.WithCancel(context.Background())
@@ -260,22 +277,29 @@ func Run(ctx context.Context, o Options) (err error) {
 		return err
 	}
 	srv := &http.Server{
-		Handler:           api.NewServer(mgr, log, api.WithVersion(o.Version), api.WithHosts(hostList)),
+		Handler:           api.NewServer(svc, log, api.WithVersion(o.Version), api.WithHosts(hostList)),
 		BaseContext:       func(net.Listener) context.Context { return life },
 		ReadHeaderTimeout: 10 * time.Second,
 	}
-	// failed holds what the API server and the extras end with; each
+	// failed holds what the API servers and the extras end with; each
 	// sends at most once, so it never blocks.
-	failed := make(chan error, 2+len(o.Extra))
+	failed := make(chan error, 3+len(o.Extra))
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			failed <- fmt.Errorf("API server on %s: %w", sock, err)
 		}
 	})
+	if fleetLn != nil {
+		wg.Go(func() {
+			if err := srv.Serve(fleetLn); !errors.Is(err, http.ErrServerClosed) {
+				failed <- fmt.Errorf("API server on %s: %w", fleetLn.Addr(), err)
+			}
+		})
+	}
 	for _, x := range o.Extra {
 		wg.Go(func() {
-			if err := x(life, mgr); err != nil {
+			if err := x(life, svc); err != nil {
 				failed <- err
 			}
 		})
@@ -307,6 +331,13 @@ func Run(ctx context.Context, o Options) (err error) {
 		})
 	}
 	fmt.Fprintf(o.Out, "berth daemon %s (pid %d): data %s, socket %s\n", o.Version, os.Getpid(), o.DataDir, sock)
+	if fleetLn != nil {
+		how := "mutual TLS with the fleet CA"
+		if fc.CA == "" {
+			how = "plain text, loopback only"
+		}
+		fmt.Fprintf(o.Out, "API for the fleet on %s (%s)\n", fleetLn.Addr(), how)
+	}
 	if mln != nil {
 		fmt.Fprintf(o.Out, "metrics on http://%s/metrics, health on http://%s/healthz\n", mln.Addr(), mln.Addr())
 	}
