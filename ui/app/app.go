@@ -35,14 +35,14 @@ import (
 func Main(args []string, version string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	g := &cli.Globals{Data: dataDir(), Cache: cacheDir()}
+	g := &cli.Globals{Data: dataDir(), Cache: cacheDir(), Host: os.Getenv("BERTH_HOST"), CertDir: os.Getenv("BERTH_CERT_DIR")}
 	return cli.Run(ctx, CLIEnv(g), args, Commands(version)...)
 }
 
 // Commands are the commands only the daemon's host runs, for cli.Run's
 // table. They read the global flags from Env.Globals, which must be set.
 func Commands(version string) []*cli.Command {
-	return []*cli.Command{tuiCmd(), serveCmd(version), portForwardCmd(), imageBuildCmd(), imageImportCmd(), imageCommitCmd(), imageExportCmd(), imageLsCmd(), imageRmCmd(), hostLsCmd(), etcdCmd(), fleetInitCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
+	return []*cli.Command{tuiCmd(), serveCmd(version), portForwardCmd(), imageBuildCmd(), imageImportCmd(), imageCommitCmd(), imageExportCmd(), imageLsCmd(), imageRmCmd(), hostLsCmd(), etcdCmd(), fleetInitCmd(), fleetCertCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
 }
 
 // The daemon's log in the background is rotated at logMax, logKeep old
@@ -83,6 +83,9 @@ func cacheDir() string {
 // Connect finds the daemon on the data directory's socket, starting it in
 // the background first when none answers (as tmux does).
 func Connect(ctx context.Context, g cli.Globals, who string, quiet bool) (*api.Client, error) {
+	if g.Host != "" {
+		return connectHost(ctx, g, who)
+	}
 	sock := daemon.SocketPath(g.Data)
 	c := api.Dial(sock, api.WithActor(who))
 	// A connect, not a ping: the first real call is the check, and a
@@ -151,7 +154,15 @@ func CLIEnv(g *cli.Globals) cli.Env {
 		env.Trace = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	env.ConnectRunning = func(ctx context.Context) (session.Service, error) {
-		c := api.Dial(daemon.SocketPath(g.Data), api.WithActor("cli"))
+		var c *api.Client
+		if g.Host != "" {
+			var err error
+			if c, err = dialHost(*g, "cli"); err != nil {
+				return nil, err
+			}
+		} else {
+			c = api.Dial(daemon.SocketPath(g.Data), api.WithActor("cli"))
+		}
 		if _, err := c.Ping(ctx); err != nil {
 			c.Close()
 			return nil, err
@@ -212,6 +223,9 @@ func tuiCmd() *cli.Command {
 				}
 				defer client.Close()
 				sock := daemon.SocketPath(g.Data)
+				if g.Host != "" {
+					sock = g.Host
+				}
 				err = ui.Run(ctx, client, ui.Options{ReadOnly: g.ReadOnly, Who: "tui", DaemonStatus: func() string { return sock }})
 				if err != nil && !errors.Is(err, context.Canceled) {
 					return err
