@@ -280,6 +280,9 @@ func Run(ctx context.Context, o Options) (err error) {
 		Handler:           api.NewServer(svc, log, api.WithVersion(o.Version), api.WithHosts(hostList)),
 		BaseContext:       func(net.Listener) context.Context { return life },
 		ReadHeaderTimeout: 10 * time.Second,
+		// A refused TLS handshake (no certificate of the fleet's CA) is
+		// the server's to log, in the daemon's log.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	// failed holds what the API servers and the extras end with; each
 	// sends at most once, so it never blocks.

@@ -101,7 +101,8 @@ func (f *testFleet) start(t *testing.T, id string, fa fleet.Facts) *testHost {
 		OnPlace:  func(p fleet.Placement) { h.tries.Add(int64(p.Tries)); h.places.Add(1) }})
 	t.Cleanup(func() { h.router.Close() })
 	life, stop := context.WithCancel(context.Background())
-	h.srv = &http.Server{Handler: api.NewServer(h.router, testLogger(t), api.WithHosts(h.router)), BaseContext: func(net.Listener) context.Context { return life }}
+	h.srv = &http.Server{Handler: api.NewServer(h.router, testLogger(t), api.WithHosts(h.router)), BaseContext: func(net.Listener) context.Context { return life },
+		ErrorLog: slog.NewLogLogger(testLogger(t).Handler(), slog.LevelWarn)}
 	go h.srv.Serve(tls.NewListener(ln, scfg))
 	t.Cleanup(func() { stop(); h.srv.Close() })
 	return h
@@ -427,4 +428,47 @@ func TestRouterExecLatency(t *testing.T) {
 	}
 	p50 := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
 	t.Logf("exec true p50 over %d: engine in process %v; owner's API over TLS %v; through another host's front door %v", n, p50(inproc), p50(local), p50(forwarded))
+}
+
+// The front door's listener admits only certificates of the fleet's CA.
+func TestRouterListenerRefusesStrangers(t *testing.T) {
+	f := startFleet(t, map[string]fleet.Facts{"a": roomy})
+	ctx := t.Context()
+	// A certificate of another CA, and none at all.
+	other := filepath.Join(t.TempDir(), "other")
+	if err := pki.Init(other, "other"); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "stranger")
+	if err := pki.Issue(other, dir, "stranger", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := pki.ClientConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noCert := stranger.Clone()
+	noCert.Certificates = nil
+	// It trusts the fleet's CA, so only its own certificate is at fault.
+	op := filepath.Join(t.TempDir(), "op")
+	if err := pki.Issue(f.ca, op, "op", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	good, _ := pki.ClientConfig(op)
+	noCert.RootCAs = good.RootCAs
+	strangerTrusting := stranger.Clone()
+	strangerTrusting.RootCAs = good.RootCAs
+	for what, cfg := range map[string]*tls.Config{"no certificate": noCert, "another CA's certificate": strangerTrusting} {
+		c := api.DialTLS(f.hosts["a"].addr, cfg)
+		_, err := c.List(ctx)
+		c.Close()
+		if err == nil {
+			t.Errorf("%s: List answered", what)
+		}
+	}
+	c := api.DialTLS(f.hosts["a"].addr, good)
+	defer c.Close()
+	if _, err := c.List(ctx); err != nil {
+		t.Errorf("the fleet's certificate: %v", err)
+	}
 }
