@@ -311,7 +311,7 @@ func TestHostColumnInAFleet(t *testing.T) {
 		t.Fatalf("header %v, want NAME HOST …", h)
 	}
 	view := strings.Join(lines, "\n")
-	if !strings.Contains(view, "h2") || !strings.Contains(view, "unreachable") {
+	if !strings.Contains(view, "h2") || !strings.Contains(view, "unreach") {
 		t.Errorf("the unreachable session and its host are not shown:\n%s", view)
 	}
 }
