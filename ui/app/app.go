@@ -240,7 +240,7 @@ func serveCmd(version string) *cli.Command {
 	return &cli.Command{
 		Name: "serve", Group: local, Usage: "[--ssh ADDR] [--metrics ADDR [--metrics-public]] [--fleet URLS --host-id H [--listen ADDR] [--fleet-ca DIR]] [--ch-binary PATH] [--log FILE] [-v]",
 		Summary: "run the daemon in the foreground",
-		Help:    "Runs the daemon in the foreground: it owns the store and the VMs and serves\nthe API on <data>/berth.sock. SIGTERM stops it; VMs keep running. SIGQUIT\nwrites every goroutine's stack to its log and exits (VMs keep running): attach it\nto a bug report about a daemon that stopped answering.\nWith --metrics it also serves /metrics (Prometheus text format: per-session CPU,\nmemory, disk and execution figures, and the daemon's own) and /healthz over HTTP.\nWith --fleet it joins the fleet whose etcd answers there as host --host-id (in\nprogress: registration and berth host ls; sessions stay on the host they are made on).",
+		Help:    "Runs the daemon in the foreground: it owns the store and the VMs and serves\nthe API on <data>/berth.sock. SIGTERM stops it; VMs keep running. SIGQUIT\nwrites every goroutine's stack to its log and exits (VMs keep running): attach it\nto a bug report about a daemon that stopped answering.\nWith --metrics it also serves /metrics (Prometheus text format: per-session CPU,\nmemory, disk and execution figures, and the daemon's own) and /healthz over HTTP.\nWith --fleet it joins the fleet whose etcd answers there as host --host-id and is one\nof its front doors: every session of the fleet is reached through it, served by its\nowner; new sessions are placed. --listen serves the API to other hosts and operators\n(berth --host): mutual TLS with --fleet-ca, else plain text on loopback only.",
 		Example: "berth serve --ssh :2222",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
 			sshAddr := fs.String("ssh", "", "also serve the TUI, commands and sftp over SSH on `ADDR` (e.g. :2222)")
@@ -252,7 +252,7 @@ func serveCmd(version string) *cli.Command {
 			var fc daemon.FleetConfig
 			fs.StringVar(&fc.Endpoints, "fleet", "", "join the fleet whose etcd answers on `URLS` (comma-separated; or fleet in config.toml)")
 			fs.StringVar(&fc.HostID, "host-id", "", "this host's `ID` in the fleet (or host_id in config.toml)")
-			fs.StringVar(&fc.Listen, "listen", "", "the `ADDR` (HOST:PORT) recorded for other hosts to reach this one (or listen in config.toml)")
+			fs.StringVar(&fc.Listen, "listen", "", "serve the API to the fleet's hosts and operators on `ADDR` (HOST:PORT; port 0 takes one), and record it (or listen in config.toml)")
 			fs.StringVar(&fc.CA, "fleet-ca", "", "reach etcd over mutual TLS with a certificate issued from (or loaded beside) the fleet CA in `DIR` (or fleet_ca in config.toml)")
 			fs.DurationVar(&fc.TTL, "fleet-ttl", 0, "the host lease's time to live, `D` (default 10s; or fleet_ttl in config.toml)")
 			return func(ctx context.Context, c *cli.Call, _ []string) error {
