@@ -25,7 +25,9 @@ type Placement struct {
 	Host string
 	// Epoch is the owner key's mod revision: the session's fencing token.
 	Epoch int64
-	// Tries is how many transactions it took (1 without contention).
+	// Tries is how many commit transactions it took (1 without
+	// contention); it is set also with ErrExists (0: the name was seen
+	// taken before any commit).
 	Tries int
 }
 
@@ -61,7 +63,7 @@ func Place(ctx context.Context, cli *clientv3.Client, req Request) (Placement, e
 			return Placement{}, err
 		}
 		if kvs := extra[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			return Placement{}, exists(o.Name, kvs[0].Value)
+			return Placement{Tries: try - 1}, exists(o.Name, kvs[0].Value)
 		}
 		if req.On != "" && extra[1].GetResponseRange().Count > 0 {
 			v.seen[req.On] = HostRecord{ID: req.On} // remembered: gone, not unknown
@@ -91,7 +93,7 @@ func Place(ctx context.Context, cli *clientv3.Client, req Request) (Placement, e
 			return Placement{Host: host, Epoch: r.Header.Revision, Tries: try}, nil
 		}
 		if kvs := r.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			return Placement{}, exists(o.Name, kvs[0].Value)
+			return Placement{Tries: try}, exists(o.Name, kvs[0].Value)
 		}
 		if try >= maxTries {
 			return Placement{}, fmt.Errorf("place %s: host %s kept changing under %d tries (heavy contention): try again: %w", o.Name, host, try, session.ErrConflict)

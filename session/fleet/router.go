@@ -30,9 +30,9 @@ type RouterConfig struct {
 	// fleet's CA (pki.ClientConfig). Nil: plain TCP, for hosts on
 	// loopback only.
 	TLS *tls.Config
-	// OnPlace, if set, is told of every placement a create made (tests,
-	// figures).
-	OnPlace func(Placement)
+	// OnPlace, if set, is told of every placement a create tried, with
+	// its outcome (tests, figures).
+	OnPlace func(Placement, error)
 	Logger  *slog.Logger
 }
 
@@ -614,11 +614,11 @@ func (r *Router) Create(ctx context.Context, opts session.CreateOptions) (sessio
 		req.Opts = opts
 	}
 	p, err := Place(ctx, r.cli, req)
+	if r.cfg.OnPlace != nil {
+		r.cfg.OnPlace(p, err)
+	}
 	if err != nil {
 		return session.Session{}, err
-	}
-	if r.cfg.OnPlace != nil {
-		r.cfg.OnPlace(p)
 	}
 	if p.Host == r.cfg.Self {
 		return r.createHere(ctx, opts, p.Epoch)
