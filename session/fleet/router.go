@@ -260,26 +260,36 @@ func (r *Router) route(ctx context.Context, name string) (target, error) {
 	return target{svc: c, ctx: session.WithForwarded(ctx, o.epoch), host: o.host, epoch: o.epoch, remote: true, spec: o.spec}, nil
 }
 
-// on runs f on the host that owns name.
+// on runs f on the host that owns name. A forward refused as stale (the
+// session moved between the lookup and the call, so the owner did
+// nothing) is routed afresh, once.
 func on[T any](r *Router, ctx context.Context, name string, f func(svc session.Service, ctx context.Context) (T, error)) (T, error) {
-	t, err := r.route(ctx, name)
-	if err != nil {
-		var zero T
-		return zero, err
+	v, _, err := onHost(r, ctx, name, f)
+	return v, err
+}
+
+// onHost is on, also returning the host that answered.
+func onHost[T any](r *Router, ctx context.Context, name string, f func(svc session.Service, ctx context.Context) (T, error)) (T, string, error) {
+	for try := 0; ; try++ {
+		t, err := r.route(ctx, name)
+		if err != nil {
+			var zero T
+			return zero, t.host, err
+		}
+		v, err := f(t.svc, t.ctx)
+		if t.remote && try == 0 && session.CodeOf(err) == session.CodeStaleEpoch {
+			continue
+		}
+		return v, t.host, err
 	}
-	return f(t.svc, t.ctx)
 }
 
 // onSession runs f on the host that owns name and stamps the session
 // it returns with that host.
 func (r *Router) onSession(ctx context.Context, name string, f func(svc session.Service, ctx context.Context) (session.Session, error)) (session.Session, error) {
-	t, err := r.route(ctx, name)
-	if err != nil {
-		return session.Session{}, err
-	}
-	s, err := f(t.svc, t.ctx)
+	s, host, err := onHost(r, ctx, name, f)
 	if err == nil {
-		s.Host = t.host
+		s.Host = host
 	}
 	return s, err
 }
