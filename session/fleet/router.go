@@ -358,8 +358,15 @@ func (r *Router) Get(ctx context.Context, name string) (session.Session, error) 
 	return s, err
 }
 
-// sessionKeys reads every session's owner and spec, by name.
+// sessionKeys reads every session's owner and spec, by name, and the
+// live hosts.
 func (r *Router) sessionKeys(ctx context.Context) (map[string]ownerAt, map[string]HostRecord, error) {
+	owners, live, _, err := r.sessionKeysAt(ctx)
+	return owners, live, err
+}
+
+// sessionKeysAt is sessionKeys with the revision read at.
+func (r *Router) sessionKeysAt(ctx context.Context) (map[string]ownerAt, map[string]HostRecord, int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	resp, err := r.cli.Txn(rctx).Then(
@@ -367,7 +374,7 @@ func (r *Router) sessionKeys(ctx context.Context) (map[string]ownerAt, map[strin
 		clientv3.OpGet(hostsDir, clientv3.WithPrefix(), clientv3.WithLimit(MaxHosts)),
 	).Commit()
 	if err != nil {
-		return nil, nil, unavailable(err)
+		return nil, nil, 0, unavailable(err)
 	}
 	owners := map[string]ownerAt{}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
@@ -400,7 +407,7 @@ func (r *Router) sessionKeys(ctx context.Context) (map[string]ownerAt, map[strin
 			live[id] = rec
 		}
 	}
-	return owners, live, nil
+	return owners, live, resp.Header.Revision, nil
 }
 
 // listTimeout bounds one host's answer to a fleet's list: one that is
@@ -507,9 +514,12 @@ func (r *Router) Host(ctx context.Context) (session.HostStatus, error) {
 	return r.cfg.Local.Host(ctx)
 }
 
-// Watch merges this host's events with every live host's at the time of
-// the call, each session stamped with its host. The channel closes when
-// ctx ends; a host that goes away ends its part only.
+// Watch merges this host's events with every live host's, each session
+// stamped with its host. It follows the fleet: a host that joins later
+// is followed from then on; a host whose registration goes, or whose
+// stream ends, has its sessions reported StateUnreachable (as do, at the
+// start, sessions whose host is gone). The channel closes when ctx ends.
+// A forwarded watch is this host's own.
 func (r *Router) Watch(ctx context.Context) (<-chan session.Event, error) {
 	lch, err := r.cfg.Local.Watch(ctx)
 	if err != nil {
@@ -518,34 +528,161 @@ func (r *Router) Watch(ctx context.Context) (<-chan session.Event, error) {
 	if _, fwd := session.ForwardedOf(ctx); fwd {
 		return stamp(ctx, lch, r.cfg.Self), nil
 	}
-	srcs := map[string]<-chan session.Event{r.cfg.Self: lch}
-	if peers, err := r.livePeers(ctx); err == nil {
-		for id, c := range peers {
-			ch, err := c.Watch(session.WithForwarded(ctx, 0))
-			if err != nil {
-				r.log.Warn("watch: a host did not answer", "host", id, "err", err)
-				continue
-			}
-			srcs[id] = ch
-		}
+	owners, live, rev, err := r.sessionKeysAt(ctx)
+	if err != nil {
+		return nil, err
 	}
 	out := make(chan session.Event)
-	var wg sync.WaitGroup
-	for id, ch := range srcs {
-		wg.Go(func() { // ends when ch closes, which ctx's end makes it
-			for ev := range ch {
-				if ev.Session != nil {
-					ev.Session.Host = id
+	f := &follower{r: r, ctx: ctx, out: out, in: make(chan hostEvent), feeds: map[string]bool{}, seen: map[string]map[string]session.Session{}}
+	f.wg.Go(func() { f.feed(r.cfg.Self, lch) })
+	f.feeds[r.cfg.Self] = true
+	for id, rec := range live {
+		f.start(id, rec)
+	}
+	hosts := r.cli.Watch(clientv3.WithRequireLeader(ctx), hostsDir, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	go f.run(hosts, owners, live) // ends when ctx ends; then closes out
+	return out, nil
+}
+
+// hostEvent is one event from host's stream; ended marks the stream's
+// end.
+type hostEvent struct {
+	host  string
+	ev    session.Event
+	ended bool
+}
+
+// follower is one fleet Watch: a feed goroutine per host followed,
+// joined into run, which alone owns feeds and seen.
+type follower struct {
+	r     *Router
+	ctx   context.Context
+	out   chan<- session.Event
+	in    chan hostEvent
+	wg    sync.WaitGroup
+	feeds map[string]bool                       // hosts followed now
+	seen  map[string]map[string]session.Session // by host, by name: the last state sent
+}
+
+// start follows host id's stream.
+func (f *follower) start(id string, rec HostRecord) {
+	if f.feeds[id] {
+		return
+	}
+	c, err := f.r.clientAt(id, rec.Addr)
+	if err != nil {
+		return
+	}
+	ch, err := c.Watch(session.WithForwarded(f.ctx, 0))
+	if err != nil {
+		f.r.log.Warn("watch: a host did not answer", "host", id, "err", err)
+		return
+	}
+	f.feeds[id] = true
+	f.wg.Go(func() { f.feed(id, ch) })
+}
+
+// feed passes ch's events to run until ch closes (ctx ending closes it).
+func (f *follower) feed(id string, ch <-chan session.Event) {
+	for ev := range ch {
+		select {
+		case f.in <- hostEvent{host: id, ev: ev}:
+		case <-f.ctx.Done():
+		}
+	}
+	select {
+	case f.in <- hostEvent{host: id, ended: true}:
+	case <-f.ctx.Done():
+	}
+}
+
+func (f *follower) send(ev session.Event) {
+	select {
+	case f.out <- ev:
+	case <-f.ctx.Done():
+	}
+}
+
+// lost reports host's sessions unreachable: its registration went, or
+// its stream ended.
+func (f *follower) lost(id, why string) {
+	delete(f.feeds, id)
+	if id == f.r.cfg.Self {
+		return
+	}
+	for name, s := range f.seen[id] {
+		u := unreachable(name, target{host: id, spec: session.CreateOptions{CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, DiskBytes: s.DiskBytes,
+			Image: s.Image, VMM: s.VMM, Net: s.Net}}, why)
+		f.send(session.Event{Time: time.Now(), Kind: session.EventState, Name: name, Message: why, Session: &u})
+	}
+	delete(f.seen, id)
+}
+
+func (f *follower) run(hosts clientv3.WatchChan, owners map[string]ownerAt, live map[string]HostRecord) {
+	defer close(f.out)
+	defer func() {
+		// The feeds end with ctx; drain them so none blocks.
+		go func() {
+			for range f.in {
+			}
+		}()
+		f.wg.Wait()
+		close(f.in)
+	}()
+	for name, o := range owners {
+		if _, ok := live[o.host]; !ok && o.host != f.r.cfg.Self {
+			u := unreachable(name, target{host: o.host, spec: o.spec}, fmt.Sprintf("host %s is gone: its lease expired or it left", o.host))
+			f.send(session.Event{Time: time.Now(), Kind: session.EventState, Name: name, Session: &u})
+		}
+	}
+	for {
+		select {
+		case <-f.ctx.Done():
+			return
+		case he := <-f.in:
+			if he.ended {
+				if f.ctx.Err() == nil {
+					f.lost(he.host, fmt.Sprintf("host %s stopped answering", he.host))
 				}
-				select {
-				case out <- ev:
-				case <-ctx.Done():
+				continue
+			}
+			ev := he.ev
+			if ev.Session != nil {
+				ev.Session.Host = he.host
+				m := f.seen[he.host]
+				if m == nil {
+					m = map[string]session.Session{}
+					f.seen[he.host] = m
+				}
+				m[ev.Name] = *ev.Session
+			}
+			if ev.Kind == session.EventDeleted {
+				delete(f.seen[he.host], ev.Name)
+			}
+			f.send(ev)
+		case wr, ok := <-hosts:
+			if !ok {
+				if f.ctx.Err() == nil {
+					f.r.log.Warn("watch: the fleet's hosts are no longer followed", "err", "etcd watch ended")
+				}
+				hosts = nil // hosts already followed go on
+				continue
+			}
+			for _, e := range wr.Events {
+				id := idOf(hostsDir, string(e.Kv.Key))
+				switch e.Type {
+				case clientv3.EventTypePut:
+					if rec, err := ParseHostRecord(id, e.Kv.Value); err == nil {
+						f.start(id, rec)
+					}
+				case clientv3.EventTypeDelete:
+					if f.feeds[id] {
+						f.lost(id, fmt.Sprintf("host %s is gone: its lease expired or it left", id))
+					}
 				}
 			}
-		})
+		}
 	}
-	go func() { wg.Wait(); close(out) }()
-	return out, nil
 }
 
 // stamp passes ch on with each session stamped with host; it ends when

@@ -498,3 +498,49 @@ func TestRouterListenerRefusesStrangers(t *testing.T) {
 		t.Errorf("the fleet's certificate: %v", err)
 	}
 }
+
+// A fleet's Watch follows hosts that join after it started, and reports
+// the sessions of a host that leaves unreachable.
+func TestRouterWatchFollowsHosts(t *testing.T) {
+	f := startFleet(t, map[string]fleet.Facts{"a": roomy})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	events, err := f.hosts["a"].router.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait := func(what string, match func(session.Event) bool) {
+		t.Helper()
+		for {
+			select {
+			case ev, ok := <-events:
+				if !ok {
+					t.Fatalf("the watch ended before %s", what)
+				}
+				if match(ev) {
+					return
+				}
+			case <-ctx.Done():
+				t.Fatalf("no event: %s", what)
+			}
+		}
+	}
+	c := f.start(t, "c", roomy)
+	f.hosts["c"] = c
+	if _, err := f.hosts["a"].router.Create(ctx, session.CreateOptions{Name: "late", On: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	wait("late running on c", func(ev session.Event) bool {
+		return ev.Name == "late" && ev.Session != nil && ev.Session.Host == "c" && ev.Session.State == session.StateRunning
+	})
+	c.srv.Close()
+	if err := c.host.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wait("late unreachable", func(ev session.Event) bool {
+		return ev.Name == "late" && ev.Session != nil && ev.Session.Host == "c" && ev.Session.State == session.StateUnreachable
+	})
+	cancel()
+	for range events { // closes once ctx is done
+	}
+}
