@@ -119,35 +119,46 @@ func unavailable(err error) error {
 		Hint: "check that the fleet's etcd members are up", Err: err}
 }
 
-// lookup reads name's owner and spec; ok is false when the fleet has
-// no such session.
-func (r *Router) lookup(ctx context.Context, name string) (o ownerAt, ok bool, err error) {
+// lookup reads name's owner and spec, in one range read of its keys;
+// ok is false when the fleet has no such session. A front door reads
+// serializable (the member's own copy, no round of the cluster): one a
+// little behind at worst forwards at an epoch the owner refuses as
+// stale, and the call is routed afresh. The owner's check of a
+// forwarded call's epoch reads linearizable (fresh).
+func (r *Router) lookup(ctx context.Context, name string, fresh bool) (o ownerAt, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	resp, err := r.cli.Txn(ctx).Then(clientv3.OpGet(ownerKey(name)), clientv3.OpGet(specKey(name))).Commit()
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if !fresh {
+		opts = append(opts, clientv3.WithSerializable())
+	}
+	resp, err := r.cli.Get(ctx, sessionsDir+name+"/", opts...)
 	if err != nil {
 		return o, false, unavailable(err)
 	}
-	okv := resp.Responses[0].GetResponseRange().Kvs
-	if len(okv) == 0 {
-		return o, false, nil
+	for _, kv := range resp.Kvs {
+		switch string(kv.Key) {
+		case ownerKey(name):
+			ow, err := ParseOwner(kv.Value)
+			if err != nil {
+				return o, false, fmt.Errorf("session %s: %w", name, err)
+			}
+			o.host, o.epoch, ok = ow.Host, kv.ModRevision, true
+		case specKey(name):
+			decode(kv.Value, &o.spec) // a bad spec only leaves the placeholder's sizes out
+		}
 	}
-	ow, err := ParseOwner(okv[0].Value)
-	if err != nil {
-		return o, false, fmt.Errorf("session %s: %w", name, err)
-	}
-	o = ownerAt{host: ow.Host, epoch: okv[0].ModRevision}
-	if skv := resp.Responses[1].GetResponseRange().Kvs; len(skv) > 0 {
-		decode(skv[0].Value, &o.spec) // a bad spec only leaves the placeholder's sizes out
-	}
-	return o, true, nil
+	return o, ok, nil
 }
 
 // client is the API client of host id, from its live registration.
 func (r *Router) client(ctx context.Context, id string) (*api.Client, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	resp, err := r.cli.Get(ctx, hostKey(id))
+	// Serializable: a registration a little behind at worst sends the
+	// call to an address that no longer answers (unavailable), or to a
+	// host that refuses it as stale.
+	resp, err := r.cli.Get(ctx, hostKey(id), clientv3.WithSerializable())
 	if err != nil {
 		return nil, unavailable(err)
 	}
@@ -238,7 +249,13 @@ func (r *Router) route(ctx context.Context, name string) (target, error) {
 		return target{}, err
 	}
 	epoch, fwd := session.ForwardedOf(ctx)
-	o, ok, err := r.lookup(ctx, name)
+	o, ok, err := r.lookup(ctx, name, fwd)
+	if err == nil && !ok && !fwd {
+		// A session just placed may not have reached this member yet:
+		// a miss is read again, fresh, before it is taken for one
+		// outside the fleet.
+		o, ok, err = r.lookup(ctx, name, true)
+	}
 	if err != nil {
 		return target{}, err
 	}
@@ -719,7 +736,7 @@ func (r *Router) Create(ctx context.Context, opts session.CreateOptions) (sessio
 		if err := session.ValidateName(opts.Name); err != nil {
 			return session.Session{}, err
 		}
-		o, ok, err := r.lookup(ctx, opts.Name)
+		o, ok, err := r.lookup(ctx, opts.Name, true)
 		if err != nil {
 			return session.Session{}, err
 		}
