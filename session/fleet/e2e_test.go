@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
+	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -233,7 +235,20 @@ func TestFleetFrontDoorEndToEnd(t *testing.T) {
 		t.Errorf("fleet cert said %q", out)
 	}
 	url, _ := startEtcd(t, a.Berth, "--fleet-ca", ca)
-	a.StartDaemon("--fleet", url, "--host-id", "a", "--listen", "127.0.0.1:0", "--fleet-ca", ca, "--fleet-ttl", "2s")
+	// Host a serves SSH too, for a key of the test's.
+	sshDir := t.TempDir()
+	key := filepath.Join(sshDir, "key")
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "op@test", "-f", key).CombinedOutput(); err != nil {
+		t.Skipf("ssh-keygen: %v %s", err, out)
+	}
+	a.OK("ssh", "add-key", "--role", "admin", key+".pub")
+	sshLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sshAddr := sshLn.Addr().String()
+	sshLn.Close()
+	a.StartDaemon("--fleet", url, "--host-id", "a", "--listen", "127.0.0.1:0", "--fleet-ca", ca, "--fleet-ttl", "2s", "--ssh", sshAddr)
 	b.StartDaemon("--fleet", url, "--host-id", "b", "--listen", "127.0.0.1:0", "--fleet-ca", ca, "--fleet-ttl", "2s")
 	addr := stateOf(hostLs(t, a), "a").Addr
 	if !strings.HasPrefix(addr, "127.0.0.1:") || strings.HasSuffix(addr, ":0") {
@@ -254,6 +269,16 @@ func TestFleetFrontDoorEndToEnd(t *testing.T) {
 	r = a.Run(remote("exec", "far", "--", "sh", "-c", "echo out; echo err >&2; exit 3")...)
 	if r.Code != 3 || r.Stdout != "out\n" || !strings.Contains(r.Stderr, "err\n") {
 		t.Errorf("exec through a: %+v, want exit 3 with its output", r)
+	}
+	// ssh NAME@host-a reaches the session on b.
+	_, sshPort, _ := net.SplitHostPort(sshAddr)
+	ssh := exec.Command("ssh", "-F", "/dev/null", "-i", key, "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
+		"-o", "UserKnownHostsFile="+filepath.Join(sshDir, "known_hosts"), "-o", "StrictHostKeyChecking=accept-new",
+		"-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-p", sshPort, "far@127.0.0.1", "sh", "-c", "'echo via ssh; exit 4'")
+	ssh.Env = append(os.Environ(), "HOME="+sshDir)
+	sshOut, err := ssh.Output()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 4 || string(sshOut) != "via ssh\n" {
+		t.Errorf("ssh far@a: %q, %v (want exit 4); log of a:\n%s", sshOut, err, a.DaemonLog())
 	}
 	// BERTH_HOST and BERTH_CERT_DIR say the same.
 	c := a.Cmd("ls", "--json")

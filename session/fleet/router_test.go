@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -269,6 +270,20 @@ func TestRouterExecThroughNonOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc.Close()
+	// A port forward through a: an echo server in b's guest.
+	if err := f.hosts["b"].fake.Serve("far", 8080, func(c net.Conn) { io.Copy(c, c); c.Close() }); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := a.Forward(ctx, "far", 8080)
+	if err != nil {
+		t.Fatalf("Forward through a: %v", err)
+	}
+	io.WriteString(conn, "ping")
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "ping" {
+		t.Errorf("forwarded echo: %q, %v", buf, err)
+	}
+	conn.Close()
 	// Listed with its host, from either front door.
 	for _, id := range []string{"a", "b"} {
 		list, err := f.hosts[id].router.List(ctx)
