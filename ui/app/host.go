@@ -50,13 +50,14 @@ func connectHost(ctx context.Context, g cli.Globals, who string) (*api.Client, e
 	if err != nil {
 		return nil, err
 	}
-	if !c.Reachable(ctx) {
+	if c.Reachable(ctx) {
+		return c, nil
+	}
+	// A call says why (refused, no route, a certificate refused), naming
+	// the address.
+	if _, err := c.Ping(ctx); err != nil {
 		c.Close()
-		// The call says why (refused, no route, a certificate refused).
-		if _, err := c.Ping(ctx); err != nil {
-			return nil, fmt.Errorf("cannot reach berth at %s: %w", g.Host, err)
-		}
-		return nil, fmt.Errorf("cannot reach berth at %s: %w", g.Host, session.ErrUnavailable)
+		return nil, err
 	}
 	return c, nil
 }
