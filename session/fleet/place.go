@@ -18,6 +18,10 @@ type Request struct {
 	Opts session.CreateOptions
 	// On pins the session to this host (create --on H).
 	On string
+	// Door, if set, is the front door placing it: a host that registered
+	// no address (no --listen) is a candidate only when it is the door,
+	// since no other host could forward to it.
+	Door string
 }
 
 // Placement is where a session went.
@@ -134,6 +138,14 @@ func (v *view) fits(id string, o session.CreateOptions) string {
 	return ""
 }
 
+// unreachable says why the door cannot reach host id, or "".
+func (v *view) unreachable(req Request, id string) string {
+	if req.Door == "" || id == req.Door || v.live[id].rec.Addr != "" {
+		return ""
+	}
+	return fmt.Sprintf("it serves no address for other hosts (its berth serve has no --listen), and the front door is %s", req.Door)
+}
+
 // pick chooses the host among those with room: those with the image
 // first, then the less promised (the larger of its CPU and memory
 // shares) of two drawn at random.
@@ -145,6 +157,9 @@ func (v *view) pick(req Request) (string, error) {
 				return "", &session.Error{Class: session.ErrInvalidState, Msg: fmt.Sprintf("host %s is gone (its lease expired or it left)", req.On)}
 			}
 			return "", &session.Error{Class: session.ErrNotFound, Msg: fmt.Sprintf("no host %s in the fleet", req.On), Hint: "berth host ls lists them"}
+		}
+		if why := v.unreachable(req, req.On); why != "" {
+			return "", &session.Error{Class: session.ErrInvalidState, Msg: fmt.Sprintf("host %s cannot take %s: %s", req.On, o.Name, why)}
 		}
 		if why := v.fits(req.On, o); why != "" {
 			class := session.ErrNoSpace
@@ -162,7 +177,7 @@ func (v *view) pick(req Request) (string, error) {
 	}
 	var cs []cand
 	for id, l := range v.live {
-		if v.fits(id, o) != "" {
+		if v.fits(id, o) != "" || v.unreachable(req, id) != "" {
 			continue
 		}
 		a := v.alloc[id].a

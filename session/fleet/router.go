@@ -745,7 +745,7 @@ func (r *Router) Create(ctx context.Context, opts session.CreateOptions) (sessio
 		}
 		return r.createHere(ctx, opts, epoch)
 	}
-	req := Request{On: opts.On}
+	req := Request{On: opts.On, Door: r.cfg.Self}
 	opts.On = ""
 	if opts.From != "" {
 		// Made where its checkpoint is, of its source's sizes where

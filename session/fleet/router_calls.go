@@ -100,7 +100,7 @@ func (r *Router) Fork(ctx context.Context, name, newName string) (session.ForkRe
 	if err := session.ValidateName(newName); err != nil {
 		return session.ForkResult{}, err
 	}
-	p, err := Place(ctx, r.cli, Request{On: r.cfg.Self, Opts: session.CreateOptions{Name: newName, CPUs: src.CPUs, MemoryMiB: src.MemoryMiB,
+	p, err := Place(ctx, r.cli, Request{On: r.cfg.Self, Door: r.cfg.Self, Opts: session.CreateOptions{Name: newName, CPUs: src.CPUs, MemoryMiB: src.MemoryMiB,
 		DiskBytes: src.DiskBytes, Image: src.Image, VMM: src.VMM}})
 	if err != nil {
 		return session.ForkResult{}, err
