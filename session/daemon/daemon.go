@@ -51,7 +51,7 @@ type Options struct {
 	// Ready, if set, is called once the socket accepts calls.
 	Ready func()
 	// Extra services that run with the daemon (the SSH server), with the
-	// Manager as their Service. Each runs until its context ends; one that
+	// daemon's Service: the Manager, or in a fleet its front door. Each runs until its context ends; one that
 	// fails ends the daemon.
 	Extra []func(ctx context.Context, svc session.Service) error
 	// Forbidden are host ports no session's egress reaches (the SSH
@@ -72,7 +72,7 @@ type Options struct {
 	LockWatch time.Duration
 
 	// Fleet overrides config.toml's fleet keys where a field is set
-	// (serve's --fleet, --host-id, --listen, --fleet-ttl).
+	// (serve's --fleet, --host-id, --listen, --fleet-ttl, --fleet-ca).
 	Fleet FleetConfig
 
 	// Test knobs, passed to session.Config as they are.
