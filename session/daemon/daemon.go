@@ -1,7 +1,9 @@
 // Package daemon is what runs on `berth serve`, the server's composition
 // root: it holds the data directory's lock, reads the config, opens the
 // store, builds the VMM drivers and the session Manager, serves the API
-// socket (and the extras the caller adds, such as the SSH server), collects
+// socket (and the extras the caller adds, such as the SSH server; in a
+// fleet, also the --listen address, all of them the fleet's front door
+// over the Manager), collects
 // the store's garbage, and shuts them down in order. VMs keep running when
 // the daemon stops. It imports no front end.
 package daemon
