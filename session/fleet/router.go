@@ -281,12 +281,20 @@ func (r *Router) route(ctx context.Context, name string) (target, error) {
 // session moved between the lookup and the call, so the owner did
 // nothing) is routed afresh, once.
 func on[T any](r *Router, ctx context.Context, name string, f func(svc session.Service, ctx context.Context) (T, error)) (T, error) {
-	v, _, err := onHost(r, ctx, name, f)
+	v, _, err := onHost(r, ctx, name, true, f)
+	return v, err
+}
+
+// onStreaming is on for a call that sends a stream (WriteFile, CopyIn):
+// a stale refusal is not retried, since part of the stream may have
+// gone with the refused call.
+func onStreaming[T any](r *Router, ctx context.Context, name string, f func(svc session.Service, ctx context.Context) (T, error)) (T, error) {
+	v, _, err := onHost(r, ctx, name, false, f)
 	return v, err
 }
 
 // onHost is on, also returning the host that answered.
-func onHost[T any](r *Router, ctx context.Context, name string, f func(svc session.Service, ctx context.Context) (T, error)) (T, string, error) {
+func onHost[T any](r *Router, ctx context.Context, name string, retry bool, f func(svc session.Service, ctx context.Context) (T, error)) (T, string, error) {
 	for try := 0; ; try++ {
 		t, err := r.route(ctx, name)
 		if err != nil {
@@ -294,7 +302,7 @@ func onHost[T any](r *Router, ctx context.Context, name string, f func(svc sessi
 			return zero, t.host, err
 		}
 		v, err := f(t.svc, t.ctx)
-		if t.remote && try == 0 && session.CodeOf(err) == session.CodeStaleEpoch {
+		if retry && t.remote && try == 0 && session.CodeOf(err) == session.CodeStaleEpoch {
 			continue
 		}
 		return v, t.host, err
@@ -304,7 +312,7 @@ func onHost[T any](r *Router, ctx context.Context, name string, f func(svc sessi
 // onSession runs f on the host that owns name and stamps the session
 // it returns with that host.
 func (r *Router) onSession(ctx context.Context, name string, f func(svc session.Service, ctx context.Context) (session.Session, error)) (session.Session, error) {
-	s, host, err := onHost(r, ctx, name, f)
+	s, host, err := onHost(r, ctx, name, true, f)
 	if err == nil {
 		s.Host = host
 	}

@@ -32,7 +32,7 @@ func (r *Router) ReadFile(ctx context.Context, name, path string) (io.ReadCloser
 }
 
 func (r *Router) WriteFile(ctx context.Context, name, path string, rd io.Reader) (int64, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (int64, error) {
+	return onStreaming(r, ctx, name, func(svc session.Service, ctx context.Context) (int64, error) {
 		return svc.WriteFile(ctx, name, path, rd)
 	})
 }
@@ -50,7 +50,7 @@ func (r *Router) Rename(ctx context.Context, name, from, to string) error {
 }
 
 func (r *Router) CopyIn(ctx context.Context, name, dir string, rd io.Reader) (session.CopyResult, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.CopyResult, error) {
+	return onStreaming(r, ctx, name, func(svc session.Service, ctx context.Context) (session.CopyResult, error) {
 		return svc.CopyIn(ctx, name, dir, rd)
 	})
 }
