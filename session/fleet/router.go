@@ -847,12 +847,22 @@ func (r *Router) release(ctx context.Context, name string, epoch int64) {
 // Delete deletes the session on its owner, which then releases its keys
 // and its allocation in one transaction.
 func (r *Router) Delete(ctx context.Context, name string) error {
+	return r.delete(ctx, name, false)
+}
+
+func (r *Router) delete(ctx context.Context, name string, retried bool) error {
 	t, err := r.route(ctx, name)
 	if err != nil {
 		return err
 	}
 	if t.remote {
-		return t.svc.Delete(t.ctx, name)
+		err := t.svc.Delete(t.ctx, name)
+		if _, fwd := session.ForwardedOf(ctx); !fwd && !retried && session.CodeOf(err) == session.CodeStaleEpoch {
+			// Moved or made again since the lookup: the owner did
+			// nothing, so it is asked afresh, once.
+			return r.delete(ctx, name, true)
+		}
+		return err
 	}
 	err = t.svc.Delete(t.ctx, name)
 	if t.epoch != 0 && (err == nil || errors.Is(err, session.ErrNotFound)) {
