@@ -57,6 +57,10 @@ const (
 	// CodeLayers is an image with as many layers as a VM stacks, on
 	// which a commit cannot put another.
 	CodeLayers = "layers"
+	// CodeStaleEpoch is a call forwarded by a fleet's front door at an
+	// epoch the session's owner key has moved past (the session moved,
+	// or was deleted and made again): the caller asks again, afresh.
+	CodeStaleEpoch = "stale-epoch"
 )
 
 // Error is a refusal or a failure with its structure kept: the class, the

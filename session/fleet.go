@@ -62,3 +62,21 @@ type HostList struct {
 type HostLister interface {
 	Hosts(ctx context.Context) (HostList, error)
 }
+
+type forwardKey struct{}
+
+// WithForwarded returns a context for a call a fleet's front door
+// forwards to the host that owns the session, at the session's epoch
+// (the owner key's revision as the front door read it; 0 for a call on
+// no one session). The host that gets it serves it itself, never
+// forwards it again, and refuses a stale epoch (CodeStaleEpoch).
+func WithForwarded(ctx context.Context, epoch int64) context.Context {
+	return context.WithValue(ctx, forwardKey{}, epoch)
+}
+
+// ForwardedOf returns the epoch a forwarded call carries, and whether
+// ctx's calls were forwarded at all.
+func ForwardedOf(ctx context.Context) (epoch int64, ok bool) {
+	epoch, ok = ctx.Value(forwardKey{}).(int64)
+	return epoch, ok
+}

@@ -44,6 +44,10 @@ const (
 	StateCrashed  State = "crashed"
 	StateDeleting State = "deleting"
 	StateSleeping State = "sleeping"
+	// StateUnreachable is a fleet's session whose host does not answer
+	// (its lease expired, or it did not answer the list): what it is
+	// doing there is unknown, and nothing is started elsewhere on its own.
+	StateUnreachable State = "unreachable"
 )
 
 // Session is a snapshot of one session's record and live figures.
@@ -108,6 +112,8 @@ type Session struct {
 	CheckpointBytes int64 `json:"checkpoint_bytes,omitempty"`
 	// Net is the session's network policy (see ParsePolicy).
 	Net string `json:"net,omitempty"`
+	// Host is the fleet host that owns the session ("" outside a fleet).
+	Host string `json:"host,omitempty"`
 }
 
 // WorkspaceKnown reports whether WorkspaceUsed is a measurement, to show
@@ -253,6 +259,10 @@ type CreateOptions struct {
 	// resumes its processes, on a VM of its size. The new session has an
 	// identity of its own, as a fork has. See CheckCreateFrom.
 	From string `json:"from,omitempty"`
+	// On pins the session to a fleet's host (create --on H); a berth not
+	// in a fleet refuses it. The host that makes the session never sees
+	// it: placement takes it out.
+	On string `json:"on,omitempty"`
 }
 
 // ExecRequest describes a command to run.

@@ -113,6 +113,11 @@ const HeaderAPI = "X-Berth-API"
 // HeaderRun carries the agent run a call counts in.
 const HeaderRun = "X-Berth-Run"
 
+// HeaderForwarded marks a call a fleet's front door forwards to the
+// session's owner, with the session's epoch (0: a call on no one
+// session). See session.WithForwarded.
+const HeaderForwarded = "X-Berth-Forwarded"
+
 // Version is the API version, the first element of every path.
 const Version = "v1"
 

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,7 +23,8 @@ import (
 // It is safe for concurrent use. Streams (Watch, Exec, Attach) end when the
 // context they were started with ends.
 type Client struct {
-	socket string
+	socket string // where the daemon is, for messages: a socket path or tcp://HOST:PORT
+	dial   func(ctx context.Context) (net.Conn, error)
 	actor  string
 	tr     *http.Transport
 	hc     *http.Client
@@ -46,6 +48,42 @@ func WithActor(who string) ClientOption {
 // Dial returns a client for the daemon listening on socketPath. It does not
 // connect yet; use Ping to check that a daemon answers.
 func Dial(socketPath string, opts ...ClientOption) *Client {
+	return newClient(socketPath, func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socketPath)
+	}, opts...)
+}
+
+// DialTLS returns a client for the daemon listening on addr (HOST:PORT)
+// over TLS with cfg: a fleet's client certificate and its CA
+// (pki.ClientConfig), or a host's own to reach another host. It does
+// not connect yet.
+func DialTLS(addr string, cfg *tls.Config, opts ...ClientOption) *Client {
+	cfg = cfg.Clone()
+	if cfg.ServerName == "" {
+		if h, _, err := net.SplitHostPort(addr); err == nil {
+			cfg.ServerName = h
+		}
+	}
+	// HTTP/1.1 only: exec streams run full duplex on one connection and
+	// port forwards are upgrades, as over the socket.
+	cfg.NextProtos = []string{"http/1.1"}
+	return newClient("tcp://"+addr, func(ctx context.Context) (net.Conn, error) {
+		d := tls.Dialer{Config: cfg}
+		return d.DialContext(ctx, "tcp", addr)
+	}, opts...)
+}
+
+// DialTCP returns a client for the daemon listening on addr (HOST:PORT)
+// in plain text: for a fleet on loopback only, where no CA is set up.
+func DialTCP(addr string, opts ...ClientOption) *Client {
+	return newClient("tcp://"+addr, func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}, opts...)
+}
+
+func newClient(where string, dial func(ctx context.Context) (net.Conn, error), opts ...ClientOption) *Client {
 	spare := make(chan net.Conn, 1)
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -54,8 +92,7 @@ func Dial(socketPath string, opts ...ClientOption) *Client {
 				return c, nil
 			default:
 			}
-			var d net.Dialer
-			c, err := d.DialContext(ctx, "unix", socketPath)
+			c, err := dial(ctx)
 			if err != nil {
 				return nil, err
 			}
@@ -66,7 +103,7 @@ func Dial(socketPath string, opts ...ClientOption) *Client {
 		IdleConnTimeout:       90 * time.Second,
 		ResponseHeaderTimeout: 0, // calls such as Stop take as long as they take; ctx bounds them
 	}
-	c := &Client{socket: socketPath, tr: tr, hc: &http.Client{Transport: tr}, spare: spare}
+	c := &Client{socket: where, dial: dial, tr: tr, hc: &http.Client{Transport: tr}, spare: spare}
 	for _, o := range opts {
 		o(c)
 	}
@@ -91,8 +128,7 @@ func (c *Client) Close() error {
 // otherwise pay before its real call. Whether the daemon speaks this
 // client's API shows on every answer (see HeaderAPI).
 func (c *Client) Reachable(ctx context.Context) bool {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", c.socket)
+	conn, err := c.dial(ctx)
 	if err != nil {
 		return false
 	}
@@ -161,6 +197,9 @@ func (c *Client) newRequest(ctx context.Context, method, path string, query url.
 	}
 	if run := session.RunOf(ctx); run != "" {
 		req.Header.Set(HeaderRun, run)
+	}
+	if epoch, ok := session.ForwardedOf(ctx); ok {
+		req.Header.Set(HeaderForwarded, strconv.FormatInt(epoch, 10))
 	}
 	return req, nil
 }

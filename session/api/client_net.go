@@ -46,8 +46,7 @@ func (c *Client) Forward(ctx context.Context, name string, port int) (net.Conn, 
 	}
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", ForwardProtocol)
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", c.socket)
+	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, c.transportError(ctx, err)
 	}

@@ -81,6 +81,14 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if run := r.Header.Get(HeaderRun); run != "" {
 		r = r.WithContext(session.WithRun(r.Context(), run))
 	}
+	if f := r.Header.Get(HeaderForwarded); f != "" {
+		epoch, err := strconv.ParseInt(f, 10, 64)
+		if err != nil || epoch < 0 {
+			s.writeError(w, r, fmt.Errorf("header %s %q: want an epoch, a whole number: %w", HeaderForwarded, f, session.ErrInvalid))
+			return
+		}
+		r = r.WithContext(session.WithForwarded(r.Context(), epoch))
+	}
 	w.Header().Set(HeaderAPI, Version)
 	sw := &statusWriter{ResponseWriter: w}
 	defer func() {
@@ -229,6 +237,11 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) {
 	var opts session.CreateOptions
 	if err := readJSON(w, r, &opts); err != nil {
 		s.writeError(w, r, err)
+		return
+	}
+	if opts.On != "" && s.hostList == nil {
+		s.writeError(w, r, &session.Error{Class: session.ErrInvalid, Field: "on", Msg: fmt.Sprintf("%q: this berth is not in a fleet, so there is no host to pin to", opts.On),
+			Hint: "berth serve --fleet ETCD_URLS --host-id H joins one"})
 		return
 	}
 	sess, err := s.svc.Create(r.Context(), opts)

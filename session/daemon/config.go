@@ -88,8 +88,9 @@ type Config struct {
 type FleetConfig struct {
 	// Endpoints are etcd's client URLs, comma-separated.
 	Endpoints string
-	// HostID names this host in the fleet; Listen is the address others
-	// will reach it on (recorded; nothing listens there yet).
+	// HostID names this host in the fleet; Listen is the address the
+	// daemon serves its API on for other hosts and operators (mutual TLS
+	// with CA; plain text on loopback only), recorded for them to reach.
 	HostID, Listen string
 	// TTL is the host lease's time to live (default fleet.DefaultTTL).
 	TTL time.Duration

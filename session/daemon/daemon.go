@@ -1,7 +1,9 @@
 // Package daemon is what runs on `berth serve`, the server's composition
 // root: it holds the data directory's lock, reads the config, opens the
 // store, builds the VMM drivers and the session Manager, serves the API
-// socket (and the extras the caller adds, such as the SSH server), collects
+// socket (and the extras the caller adds, such as the SSH server; in a
+// fleet, also the --listen address, all of them the fleet's front door
+// over the Manager), collects
 // the store's garbage, and shuts them down in order. VMs keep running when
 // the daemon stops. It imports no front end.
 package daemon
@@ -51,7 +53,7 @@ type Options struct {
 	// Ready, if set, is called once the socket accepts calls.
 	Ready func()
 	// Extra services that run with the daemon (the SSH server), with the
-	// Manager as their Service. Each runs until its context ends; one that
+	// daemon's Service: the Manager, or in a fleet its front door. Each runs until its context ends; one that
 	// fails ends the daemon.
 	Extra []func(ctx context.Context, svc session.Service) error
 	// Forbidden are host ports no session's egress reaches (the SSH
@@ -72,7 +74,7 @@ type Options struct {
 	LockWatch time.Duration
 
 	// Fleet overrides config.toml's fleet keys where a field is set
-	// (serve's --fleet, --host-id, --listen, --fleet-ttl).
+	// (serve's --fleet, --host-id, --listen, --fleet-ttl, --fleet-ca).
 	Fleet FleetConfig
 
 	// Test knobs, passed to session.Config as they are.
@@ -235,21 +237,38 @@ func Run(ctx context.Context, o Options) (err error) {
 	// The fleet after the Manager (its facts come from it) and before the
 	// API: its deferred leave runs after the listeners stop and before
 	// the Manager closes.
+	//
+	// In a fleet, every front end (the socket, the --listen address, the
+	// extras such as SSH) is given the fleet's front door, which serves
+	// each session from its owner; alone, the Manager itself.
 	var hostList session.HostLister
-	if fc := fleetConfig(cfg.Fleet, o.Fleet); fc.Endpoints != "" {
-		var node *fleet.Node
-		if node, err = joinFleet(ctx, fc, o.DataDir, cfg.Floor, mgr, log); err != nil {
+	var svc session.Service = mgr
+	var fleetLn net.Listener
+	fc := fleetConfig(cfg.Fleet, o.Fleet)
+	switch {
+	case fc.Endpoints != "":
+		var fm *fleetMember
+		if fm, err = joinFleet(ctx, fc, o.DataDir, cfg.Floor, mgr, log); err != nil {
 			return err
 		}
+		if fm.ln != nil {
+			defer fm.ln.Close() // served below, and closed by the shutdown; this is for an early return
+		}
+		d := cfg.Defaults.WithFallbacks()
+		router := fm.node.Router(fleet.RouterConfig{Local: mgr, TLS: fm.peerTLS, Logger: log,
+			Defaults: session.CreateOptions{CPUs: d.CPUs, MemoryMiB: d.MemoryMiB, DiskBytes: d.DiskBytes, Image: d.Image, VMM: d.VMM, SystemBytes: d.SystemBytes}})
 		defer func() {
+			router.Close()
 			lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			if cerr := node.Close(lctx); cerr != nil {
+			if cerr := fm.node.Close(lctx); cerr != nil {
 				err = errors.Join(err, cerr)
 			}
 		}()
-		hostList = node
+		hostList, svc, fleetLn = router, router, fm.ln
 		fmt.Fprintf(o.Out, "joined the fleet at %s as host %s\n", fc.Endpoints, fc.HostID)
+	case fc.Listen != "":
+		return fmt.Errorf("--listen %s serves the API to a fleet's hosts and operators: it needs --fleet ETCD_URLS (or fleet in config.toml)", fc.Listen)
 	}
 
 	life, stop := context.WithCancel(context.Background())
@@ -260,22 +279,32 @@ func Run(ctx context.Context, o Options) (err error) {
 		return err
 	}
 	srv := &http.Server{
-		Handler:           api.NewServer(mgr, log, api.WithVersion(o.Version), api.WithHosts(hostList)),
+		Handler:           api.NewServer(svc, log, api.WithVersion(o.Version), api.WithHosts(hostList)),
 		BaseContext:       func(net.Listener) context.Context { return life },
 		ReadHeaderTimeout: 10 * time.Second,
+		// A refused TLS handshake (no certificate of the fleet's CA) is
+		// the server's to log, in the daemon's log.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	// failed holds what the API server and the extras end with; each
+	// failed holds what the API servers and the extras end with; each
 	// sends at most once, so it never blocks.
-	failed := make(chan error, 2+len(o.Extra))
+	failed := make(chan error, 3+len(o.Extra))
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			failed <- fmt.Errorf("API server on %s: %w", sock, err)
 		}
 	})
+	if fleetLn != nil {
+		wg.Go(func() {
+			if err := srv.Serve(fleetLn); !errors.Is(err, http.ErrServerClosed) {
+				failed <- fmt.Errorf("API server on %s: %w", fleetLn.Addr(), err)
+			}
+		})
+	}
 	for _, x := range o.Extra {
 		wg.Go(func() {
-			if err := x(life, mgr); err != nil {
+			if err := x(life, svc); err != nil {
 				failed <- err
 			}
 		})
@@ -307,6 +336,13 @@ func Run(ctx context.Context, o Options) (err error) {
 		})
 	}
 	fmt.Fprintf(o.Out, "berth daemon %s (pid %d): data %s, socket %s\n", o.Version, os.Getpid(), o.DataDir, sock)
+	if fleetLn != nil {
+		how := "mutual TLS with the fleet CA"
+		if fc.CA == "" {
+			how = "plain text, loopback only"
+		}
+		fmt.Fprintf(o.Out, "API for the fleet on %s (%s)\n", fleetLn.Addr(), how)
+	}
 	if mln != nil {
 		fmt.Fprintf(o.Out, "metrics on http://%s/metrics, health on http://%s/healthz\n", mln.Addr(), mln.Addr())
 	}

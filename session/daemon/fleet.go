@@ -45,9 +45,50 @@ func fleetConfig(file, o FleetConfig) FleetConfig {
 	return file
 }
 
+// fleetMember is what joining a fleet gives the daemon.
+type fleetMember struct {
+	node *fleet.Node
+	// ln is the API's listener for other hosts and operators (nil
+	// without --listen): mutual TLS with the fleet CA, else loopback.
+	ln net.Listener
+	// peerTLS reaches other hosts' listeners with this host's
+	// certificate (nil without a CA).
+	peerTLS *tls.Config
+}
+
+// listenFleet opens the --listen address: with a fleet CA, mutual TLS
+// (the host's certificate; clients must present one of the CA's);
+// without, plain text, which is refused anywhere but loopback.
+func listenFleet(fc FleetConfig, certDir string) (net.Listener, error) {
+	host, _, err := net.SplitHostPort(fc.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %q: want HOST:PORT, such as 127.0.0.1:7443", fc.Listen)
+	}
+	if fc.CA == "" {
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return nil, fmt.Errorf("--listen %s: the API is served in plain text beyond loopback only with a fleet CA: give --fleet-ca DIR (berth fleet init --dir DIR makes one), or listen on 127.0.0.1", fc.Listen)
+		}
+	}
+	ln, err := net.Listen("tcp", fc.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("--listen: %w", err)
+	}
+	if fc.CA == "" {
+		return ln, nil
+	}
+	cfg, err := pki.ServerConfig(certDir)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("--fleet-ca: %w", err)
+	}
+	cfg.NextProtos = []string{"http/1.1"} // exec streams and forwards as over the socket
+	return tls.NewListener(ln, cfg), nil
+}
+
 // joinFleet joins the fleet of fc as this host, its facts read from the
-// Manager and the data directory at each registration and refresh.
-func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64, im session.Imager, log *slog.Logger) (*fleet.Node, error) {
+// Manager and the data directory at each registration and refresh, and
+// opens its --listen address first, so that what it registers answers.
+func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64, im session.Imager, log *slog.Logger) (_ *fleetMember, err error) {
 	if fc.HostID == "" {
 		return nil, errors.New("--fleet needs --host-id H (or host_id in config.toml): the name of this host in the fleet")
 	}
@@ -60,11 +101,17 @@ func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64,
 	if err != nil {
 		return nil, err
 	}
+	m := &fleetMember{}
+	defer func() {
+		if err != nil && m.ln != nil {
+			m.ln.Close()
+		}
+	}()
 	var tlsCfg *tls.Config
+	out := filepath.Join(dataDir, "fleet-tls")
 	if fc.CA != "" {
 		// The host's certificate, issued once into the data directory,
 		// names it and the address it records.
-		out := filepath.Join(dataDir, "fleet-tls")
 		var dns []string
 		var ips []net.IP
 		if h, _, err := net.SplitHostPort(fc.Listen); err == nil && h != "" {
@@ -79,6 +126,18 @@ func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64,
 		}
 		if tlsCfg, err = pki.ClientConfig(out); err != nil {
 			return nil, fmt.Errorf("--fleet-ca: %w", err)
+		}
+		m.peerTLS = tlsCfg
+	}
+	addr := fc.Listen
+	if fc.Listen != "" {
+		if m.ln, err = listenFleet(fc, out); err != nil {
+			return nil, err
+		}
+		// A port of 0 takes one: the one taken is what others reach.
+		if h, p, _ := net.SplitHostPort(fc.Listen); p == "0" {
+			_, got, _ := net.SplitHostPort(m.ln.Addr().String())
+			addr = net.JoinHostPort(h, got)
 		}
 	}
 	facts := func(ctx context.Context) (fleet.Facts, error) {
@@ -102,9 +161,13 @@ func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64,
 	}
 	jctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return fleet.Start(jctx, fleet.Config{Endpoints: fc.Endpoints, TLS: tlsCfg, HostConfig: fleet.HostConfig{
-		ID: fc.HostID, Addr: fc.Listen, Instance: inst, TTL: fc.TTL, Facts: facts, Logger: log,
+	m.node, err = fleet.Start(jctx, fleet.Config{Endpoints: fc.Endpoints, TLS: tlsCfg, HostConfig: fleet.HostConfig{
+		ID: fc.HostID, Addr: addr, Instance: inst, TTL: fc.TTL, Facts: facts, Logger: log,
 	}})
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // instanceID is the data directory's own id, made on first use: a

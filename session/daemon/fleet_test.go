@@ -1,9 +1,12 @@
 package daemon
 
 import (
+	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berthvm/berth/session/fleet/pki"
 )
 
 func TestFleetConfig(t *testing.T) {
@@ -56,5 +59,53 @@ func TestInstanceID(t *testing.T) {
 	}
 	if c, _ := instanceID(t.TempDir()); c == a {
 		t.Errorf("two data directories share the id %s", a)
+	}
+}
+
+// --listen: plain text on loopback only; with a CA, mutual TLS anywhere.
+func TestListenFleet(t *testing.T) {
+	ca := t.TempDir() + "/ca"
+	if err := pki.Init(ca, "t"); err != nil {
+		t.Fatal(err)
+	}
+	certs := t.TempDir() + "/h"
+	if err := pki.Issue(ca, certs, "h", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		listen, ca string
+		tls        bool
+		err        string
+	}{
+		{listen: "127.0.0.1:0"},
+		{listen: "[::1]:0"},
+		{listen: "localhost:0"},
+		{listen: "0.0.0.0:0", err: "--fleet-ca DIR"},
+		{listen: ":0", err: "--fleet-ca DIR"},
+		{listen: "192.0.2.1:0", err: "--fleet-ca DIR"},
+		{listen: "0.0.0.0:0", ca: ca, tls: true},
+		{listen: "127.0.0.1", err: "want HOST:PORT"},
+	} {
+		ln, err := listenFleet(FleetConfig{Listen: c.listen, CA: c.ca}, certs)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("listen %s (CA %q): %v, want an error saying %q", c.listen, c.ca, err, c.err)
+			}
+			if ln != nil {
+				ln.Close()
+			}
+			continue
+		}
+		if err != nil {
+			if strings.Contains(err.Error(), "cannot assign") { // no IPv6 loopback here
+				continue
+			}
+			t.Errorf("listen %s (CA %q): %v", c.listen, c.ca, err)
+			continue
+		}
+		if _, plain := ln.(*net.TCPListener); plain == c.tls {
+			t.Errorf("listen %s (CA %q): a %T, want TLS %v", c.listen, c.ca, ln, c.tls)
+		}
+		ln.Close()
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
+	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -111,8 +113,9 @@ func TestFleetEndToEnd(t *testing.T) {
 	serve := func(e *daemontest.Env, id, addr string) {
 		e.StartDaemon("--fleet", url, "--host-id", id, "--listen", addr, "--fleet-ttl", ttl.String())
 	}
-	serve(a, "a", "127.0.0.1:7001")
-	serve(b, "b", "127.0.0.1:7002")
+	// Port 0: each takes one, and records the one it took.
+	serve(a, "a", "127.0.0.1:0")
+	serve(b, "b", "127.0.0.1:0")
 
 	for _, c := range []struct {
 		e    *daemontest.Env
@@ -128,7 +131,7 @@ func TestFleetEndToEnd(t *testing.T) {
 			}
 		}
 		table := c.e.OK("host", "ls")
-		if !strings.Contains(table, c.self+" (this)") || !strings.Contains(table, "127.0.0.1:7001") {
+		if !strings.Contains(table, c.self+" (this)") || !strings.Contains(table, "127.0.0.1:") || strings.Contains(table, "127.0.0.1:0 ") {
 			t.Errorf("host ls from %s:\n%s", c.self, table)
 		}
 	}
@@ -147,7 +150,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		t.Errorf("host a gone %s after SIGKILL, before its %s TTL", took, ttl)
 	}
 	// Restarted on its data directory it is the same host, ready again.
-	serve(a, "a", "127.0.0.1:7001")
+	serve(a, "a", "127.0.0.1:0")
 	if h := stateOf(hostLs(t, b), "a"); h.State != session.HostReady {
 		t.Errorf("host a after its restart: %q", h.State)
 	}
@@ -211,5 +214,97 @@ func TestFleetTLSEndToEnd(t *testing.T) {
 	a.StartDaemon("--fleet", url, "--host-id", "a", "--fleet-ca", ca, "--fleet-ttl", "2s")
 	if l := hostLs(t, a); !l.Fleet || stateOf(l, "a").State != session.HostReady {
 		t.Errorf("host ls over mutual TLS: %+v", l)
+	}
+}
+
+// Two hosts over mutual TLS with an operator's certificate: berth --host
+// on host a makes a session --on b, runs commands in it through a (its
+// output, its exit status, stdin), lists it with its host from either,
+// and deletes it; a client without a certificate is refused; plain text
+// beyond loopback is refused. Boots one VM, on b.
+func TestFleetFrontDoorEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a VM")
+	}
+	a := daemontest.New(t, t.TempDir())
+	b := daemontest.New(t, vmmtest.DataDir(t))
+	ca := filepath.Join(t.TempDir(), "ca")
+	a.OK("fleet", "init", "--dir", ca)
+	op := filepath.Join(t.TempDir(), "op")
+	if out := a.OK("fleet", "cert", "--dir", ca, "--name", "operator", "--out", op); !strings.HasPrefix(out, "issued operator's certificate into ") {
+		t.Errorf("fleet cert said %q", out)
+	}
+	url, _ := startEtcd(t, a.Berth, "--fleet-ca", ca)
+	// Host a serves SSH too, for a key of the test's.
+	sshDir := t.TempDir()
+	key := filepath.Join(sshDir, "key")
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "op@test", "-f", key).CombinedOutput(); err != nil {
+		t.Skipf("ssh-keygen: %v %s", err, out)
+	}
+	a.OK("ssh", "add-key", "--role", "admin", key+".pub")
+	sshLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sshAddr := sshLn.Addr().String()
+	sshLn.Close()
+	a.StartDaemon("--fleet", url, "--host-id", "a", "--listen", "127.0.0.1:0", "--fleet-ca", ca, "--fleet-ttl", "2s", "--ssh", sshAddr)
+	b.StartDaemon("--fleet", url, "--host-id", "b", "--listen", "127.0.0.1:0", "--fleet-ca", ca, "--fleet-ttl", "2s")
+	addr := stateOf(hostLs(t, a), "a").Addr
+	if !strings.HasPrefix(addr, "127.0.0.1:") || strings.HasSuffix(addr, ":0") {
+		t.Fatalf("host a records address %q", addr)
+	}
+	// The operator's berth: no data directory of its own in use, host a.
+	remote := func(args ...string) []string {
+		return append([]string{"--host", "tcp://" + addr, "--cert-dir", op}, args...)
+	}
+	out := a.OK(remote("create", "far", "--on", "b", "--memory", "384M", "--disk", "256M")...)
+	if !strings.Contains(out, "host b") {
+		t.Errorf("create --on b said %q", out)
+	}
+	r := a.RunIn("through a\n", remote("exec", "far", "--", "cat")...)
+	if r.Code != 0 || r.Stdout != "through a\n" {
+		t.Errorf("exec cat through a: %+v", r)
+	}
+	r = a.Run(remote("exec", "far", "--", "sh", "-c", "echo out; echo err >&2; exit 3")...)
+	if r.Code != 3 || r.Stdout != "out\n" || !strings.Contains(r.Stderr, "err\n") {
+		t.Errorf("exec through a: %+v, want exit 3 with its output", r)
+	}
+	// ssh NAME@host-a reaches the session on b.
+	_, sshPort, _ := net.SplitHostPort(sshAddr)
+	ssh := exec.Command("ssh", "-F", "/dev/null", "-i", key, "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
+		"-o", "UserKnownHostsFile="+filepath.Join(sshDir, "known_hosts"), "-o", "StrictHostKeyChecking=accept-new",
+		"-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-p", sshPort, "far@127.0.0.1", "sh", "-c", "'echo via ssh; exit 4'")
+	ssh.Env = append(os.Environ(), "HOME="+sshDir)
+	sshOut, err := ssh.Output()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 4 || string(sshOut) != "via ssh\n" {
+		t.Errorf("ssh far@a: %q, %v (want exit 4); log of a:\n%s", sshOut, err, a.DaemonLog())
+	}
+	// BERTH_HOST and BERTH_CERT_DIR say the same.
+	c := a.Cmd("ls", "--json")
+	c.Env = append(c.Env, "BERTH_HOST=tcp://"+addr, "BERTH_CERT_DIR="+op)
+	lsOut, err := c.Output()
+	if err != nil {
+		t.Fatalf("ls with BERTH_HOST: %v", err)
+	}
+	var list []session.Session
+	if err := json.Unmarshal(lsOut, &list); err != nil || len(list) != 1 || list[0].Host != "b" || list[0].State != session.StateRunning {
+		t.Errorf("ls --json through a: %s (%v)", lsOut, err)
+	}
+	if table := b.OK("ls"); !strings.Contains(table, "HOST") || !strings.Contains(table, "far   b ") {
+		t.Errorf("ls on b:\n%s", table)
+	}
+	// No certificate, no entry.
+	if r := a.Run("--host", "tcp://"+addr, "--cert-dir", filepath.Join(t.TempDir(), "none"), "ls"); r.Code == 0 {
+		t.Errorf("ls without a certificate: %+v", r)
+	}
+	a.OK(remote("delete", "far", "--yes")...)
+	if l := hostLs(t, a); stateOf(l, "b").Used.Sessions != 0 {
+		t.Errorf("after delete, host b has %d sessions promised", stateOf(l, "b").Used.Sessions)
+	}
+	// Plain text beyond loopback is refused at start.
+	c3 := daemontest.New(t, t.TempDir())
+	if r := c3.Run("serve", "--fleet", url, "--host-id", "c", "--listen", "0.0.0.0:0"); r.Code == 0 || !strings.Contains(r.Stderr, "--fleet-ca") {
+		t.Errorf("serve --listen 0.0.0.0:0 without a CA: %+v", r)
 	}
 }

@@ -330,6 +330,13 @@ func TestPlaceChoosesAndPins(t *testing.T) {
 	join(t, cli, "lowdisk", Facts{CPUs: 16, MemoryMiB: 32 << 10, DiskFree: 2 << 30, Floor: 1536 << 20})
 	gone := join(t, cli, "gone", big)
 	gone.leaveOnce(ctxT(t))
+	// A host without --listen: only it can be the door that places there.
+	noaddr, err := Join(ctxT(t), cli, HostConfig{ID: "noaddr", Instance: "i-noaddr", TTL: time.Second,
+		Facts: func(context.Context) (Facts, error) { return Facts{CPUs: 1, MemoryMiB: 1024, DiskFree: 1 << 40}, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noaddr.leaveOnce(context.Background())
 	deb := opts("x", 2, 1024)
 	deb.Image = "debian"
 	for _, c := range []struct {
@@ -345,6 +352,8 @@ func TestPlaceChoosesAndPins(t *testing.T) {
 		{"pinned below the disk floor", Request{Opts: opts("p4", 1, 256), On: "lowdisk"}, "", session.ErrNoSpace},
 		{"pinned to a gone host", Request{Opts: opts("p5", 1, 256), On: "gone"}, "", session.ErrInvalidState},
 		{"pinned to no such host", Request{Opts: opts("p6", 1, 256), On: "nope"}, "", session.ErrNotFound},
+		{"pinned to a host no door reaches", Request{Opts: opts("p8", 1, 256), On: "noaddr", Door: "empty"}, "", session.ErrInvalidState},
+		{"pinned to itself without an address", Request{Opts: opts("p9", 1, 256), On: "noaddr", Door: "noaddr"}, "noaddr", nil},
 		{"too big for all", Request{Opts: opts("p7", 32, 256)}, "", session.ErrNoSpace},
 		{"name taken", Request{Opts: opts("x", 1, 256)}, "", session.ErrExists},
 		{"bad name", Request{Opts: opts("X!", 1, 256)}, "", session.ErrInvalid},
@@ -424,5 +433,28 @@ func TestNodeCloseLeavesNoGoroutine(t *testing.T) {
 			t.Fatalf("a goroutine in %s outlives Close", left)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A door never places on a host it cannot reach (no address), however
+// empty that host is; that host's own door does.
+func TestPlaceSkipsHostsTheDoorCannotReach(t *testing.T) {
+	t.Parallel()
+	cli := dial(t, fleettest.Etcd(t))
+	join(t, cli, "busy", Facts{CPUs: 64, MemoryMiB: 64 << 10, DiskFree: 1 << 40})
+	h, err := Join(ctxT(t), cli, HostConfig{ID: "quiet", Instance: "i-quiet", TTL: time.Second,
+		Facts: func(context.Context) (Facts, error) { return big, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.leaveOnce(context.Background())
+	for i := range 10 {
+		p, err := Place(ctxT(t), cli, Request{Opts: opts(fmt.Sprintf("s%d", i), 1, 256), Door: "busy"})
+		if err != nil || p.Host != "busy" {
+			t.Fatalf("place from busy: %+v, %v; want busy (quiet has no address)", p, err)
+		}
+	}
+	if p, err := Place(ctxT(t), cli, Request{Opts: opts("mine", 1, 256), Door: "quiet", On: "quiet"}); err != nil || p.Host != "quiet" {
+		t.Errorf("place from quiet on itself: %+v, %v", p, err)
 	}
 }

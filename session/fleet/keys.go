@@ -1,7 +1,10 @@
 // Package fleet is berth across hosts on etcd: a host's registration
 // under a lease (Join), the fleet's hosts as `berth host ls` shows them
-// (List), and the placement of a new session by one transaction (Place).
-// The daemon uses it only through Host and List; it imports no engine.
+// (List), the placement of a new session by one transaction (Place), and
+// every host's front door (Router), a session.Service that serves each
+// session from its owner, forwarding over the API at the session's
+// epoch. The daemon uses it through Node and Router; it imports no
+// engine (the Router is given the host's own Service).
 //
 // # Keys
 //
@@ -16,7 +19,8 @@
 //	alloc/H            Alloc       no lease: what placement promised H (CPUs, memory,
 //	                               sessions); its mod revision guards placement
 //	sessions/S/spec    Spec        S's create options, desired state (a Session CRD's .spec)
-//	sessions/S/owner   Owner       the host that holds S; its mod revision is S's epoch
+//	sessions/S/owner   Owner       the host that holds S; its mod revision is S's epoch,
+//	                               which every call a front door forwards carries
 //	sessions/S/status  (reserved)  S's state, written only by the owner at the
 //	                               current epoch (a CRD's .status); nothing writes it yet
 //

@@ -18,6 +18,10 @@ type Request struct {
 	Opts session.CreateOptions
 	// On pins the session to this host (create --on H).
 	On string
+	// Door, if set, is the front door placing it: a host that registered
+	// no address (no --listen) is a candidate only when it is the door,
+	// since no other host could forward to it.
+	Door string
 }
 
 // Placement is where a session went.
@@ -25,7 +29,9 @@ type Placement struct {
 	Host string
 	// Epoch is the owner key's mod revision: the session's fencing token.
 	Epoch int64
-	// Tries is how many transactions it took (1 without contention).
+	// Tries is how many commit transactions it took (1 without
+	// contention); it is set also with ErrExists (0: the name was seen
+	// taken before any commit).
 	Tries int
 }
 
@@ -61,7 +67,7 @@ func Place(ctx context.Context, cli *clientv3.Client, req Request) (Placement, e
 			return Placement{}, err
 		}
 		if kvs := extra[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			return Placement{}, exists(o.Name, kvs[0].Value)
+			return Placement{Tries: try - 1}, exists(o.Name, kvs[0].Value)
 		}
 		if req.On != "" && extra[1].GetResponseRange().Count > 0 {
 			v.seen[req.On] = HostRecord{ID: req.On} // remembered: gone, not unknown
@@ -91,7 +97,7 @@ func Place(ctx context.Context, cli *clientv3.Client, req Request) (Placement, e
 			return Placement{Host: host, Epoch: r.Header.Revision, Tries: try}, nil
 		}
 		if kvs := r.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			return Placement{}, exists(o.Name, kvs[0].Value)
+			return Placement{Tries: try}, exists(o.Name, kvs[0].Value)
 		}
 		if try >= maxTries {
 			return Placement{}, fmt.Errorf("place %s: host %s kept changing under %d tries (heavy contention): try again: %w", o.Name, host, try, session.ErrConflict)
@@ -132,6 +138,14 @@ func (v *view) fits(id string, o session.CreateOptions) string {
 	return ""
 }
 
+// unreachable says why the door cannot reach host id, or "".
+func (v *view) unreachable(req Request, id string) string {
+	if req.Door == "" || id == req.Door || v.live[id].rec.Addr != "" {
+		return ""
+	}
+	return fmt.Sprintf("it serves no address for other hosts (its berth serve has no --listen), and the front door is %s", req.Door)
+}
+
 // pick chooses the host among those with room: those with the image
 // first, then the less promised (the larger of its CPU and memory
 // shares) of two drawn at random.
@@ -143,6 +157,9 @@ func (v *view) pick(req Request) (string, error) {
 				return "", &session.Error{Class: session.ErrInvalidState, Msg: fmt.Sprintf("host %s is gone (its lease expired or it left)", req.On)}
 			}
 			return "", &session.Error{Class: session.ErrNotFound, Msg: fmt.Sprintf("no host %s in the fleet", req.On), Hint: "berth host ls lists them"}
+		}
+		if why := v.unreachable(req, req.On); why != "" {
+			return "", &session.Error{Class: session.ErrInvalidState, Msg: fmt.Sprintf("host %s cannot take %s: %s", req.On, o.Name, why)}
 		}
 		if why := v.fits(req.On, o); why != "" {
 			class := session.ErrNoSpace
@@ -160,7 +177,7 @@ func (v *view) pick(req Request) (string, error) {
 	}
 	var cs []cand
 	for id, l := range v.live {
-		if v.fits(id, o) != "" {
+		if v.fits(id, o) != "" || v.unreachable(req, id) != "" {
 			continue
 		}
 		a := v.alloc[id].a
@@ -188,6 +205,13 @@ func (v *view) pick(req Request) (string, error) {
 // allocation shrinks, in one transaction guarded by the owner's epoch and
 // the allocation's revision. A session not in the fleet is ErrNotFound.
 func Release(ctx context.Context, cli *clientv3.Client, name string) error {
+	return ReleaseAt(ctx, cli, name, 0)
+}
+
+// ReleaseAt is Release by the holder of epoch (0: any): an owner key at
+// another epoch (the session moved, or was made again) is refused with
+// CodeStaleEpoch and left alone.
+func ReleaseAt(ctx context.Context, cli *clientv3.Client, name string, epoch int64) error {
 	for try := 1; ; try++ {
 		r, err := cli.Txn(ctx).Then(clientv3.OpGet(specKey(name)), clientv3.OpGet(ownerKey(name))).Commit()
 		if err != nil {
@@ -200,6 +224,10 @@ func Release(ctx context.Context, cli *clientv3.Client, name string) error {
 		owner, err := ParseOwner(okv[0].Value)
 		if err != nil {
 			return fmt.Errorf("release %s: %w", name, err)
+		}
+		if epoch != 0 && okv[0].ModRevision != epoch {
+			return &session.Error{Class: session.ErrConflict, Code: session.CodeStaleEpoch,
+				Msg: fmt.Sprintf("release %s at epoch %d: the owner is now at %d on host %s", name, epoch, okv[0].ModRevision, owner.Host)}
 		}
 		var spec session.CreateOptions
 		if len(skv) > 0 {

@@ -35,14 +35,14 @@ import (
 func Main(args []string, version string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	g := &cli.Globals{Data: dataDir(), Cache: cacheDir()}
+	g := &cli.Globals{Data: dataDir(), Cache: cacheDir(), Host: os.Getenv("BERTH_HOST"), CertDir: os.Getenv("BERTH_CERT_DIR")}
 	return cli.Run(ctx, CLIEnv(g), args, Commands(version)...)
 }
 
 // Commands are the commands only the daemon's host runs, for cli.Run's
 // table. They read the global flags from Env.Globals, which must be set.
 func Commands(version string) []*cli.Command {
-	return []*cli.Command{tuiCmd(), serveCmd(version), portForwardCmd(), imageBuildCmd(), imageImportCmd(), imageCommitCmd(), imageExportCmd(), imageLsCmd(), imageRmCmd(), hostLsCmd(), etcdCmd(), fleetInitCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
+	return []*cli.Command{tuiCmd(), serveCmd(version), portForwardCmd(), imageBuildCmd(), imageImportCmd(), imageCommitCmd(), imageExportCmd(), imageLsCmd(), imageRmCmd(), hostLsCmd(), etcdCmd(), fleetInitCmd(), fleetCertCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
 }
 
 // The daemon's log in the background is rotated at logMax, logKeep old
@@ -83,6 +83,9 @@ func cacheDir() string {
 // Connect finds the daemon on the data directory's socket, starting it in
 // the background first when none answers (as tmux does).
 func Connect(ctx context.Context, g cli.Globals, who string, quiet bool) (*api.Client, error) {
+	if g.Host != "" {
+		return connectHost(ctx, g, who)
+	}
 	sock := daemon.SocketPath(g.Data)
 	c := api.Dial(sock, api.WithActor(who))
 	// A connect, not a ping: the first real call is the check, and a
@@ -151,7 +154,15 @@ func CLIEnv(g *cli.Globals) cli.Env {
 		env.Trace = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	env.ConnectRunning = func(ctx context.Context) (session.Service, error) {
-		c := api.Dial(daemon.SocketPath(g.Data), api.WithActor("cli"))
+		var c *api.Client
+		if g.Host != "" {
+			var err error
+			if c, err = dialHost(*g, "cli"); err != nil {
+				return nil, err
+			}
+		} else {
+			c = api.Dial(daemon.SocketPath(g.Data), api.WithActor("cli"))
+		}
 		if _, err := c.Ping(ctx); err != nil {
 			c.Close()
 			return nil, err
@@ -212,6 +223,9 @@ func tuiCmd() *cli.Command {
 				}
 				defer client.Close()
 				sock := daemon.SocketPath(g.Data)
+				if g.Host != "" {
+					sock = g.Host
+				}
 				err = ui.Run(ctx, client, ui.Options{ReadOnly: g.ReadOnly, Who: "tui", DaemonStatus: func() string { return sock }})
 				if err != nil && !errors.Is(err, context.Canceled) {
 					return err
@@ -226,7 +240,7 @@ func serveCmd(version string) *cli.Command {
 	return &cli.Command{
 		Name: "serve", Group: local, Usage: "[--ssh ADDR] [--metrics ADDR [--metrics-public]] [--fleet URLS --host-id H [--listen ADDR] [--fleet-ca DIR]] [--ch-binary PATH] [--log FILE] [-v]",
 		Summary: "run the daemon in the foreground",
-		Help:    "Runs the daemon in the foreground: it owns the store and the VMs and serves\nthe API on <data>/berth.sock. SIGTERM stops it; VMs keep running. SIGQUIT\nwrites every goroutine's stack to its log and exits (VMs keep running): attach it\nto a bug report about a daemon that stopped answering.\nWith --metrics it also serves /metrics (Prometheus text format: per-session CPU,\nmemory, disk and execution figures, and the daemon's own) and /healthz over HTTP.\nWith --fleet it joins the fleet whose etcd answers there as host --host-id (in\nprogress: registration and berth host ls; sessions stay on the host they are made on).",
+		Help:    "Runs the daemon in the foreground: it owns the store and the VMs and serves\nthe API on <data>/berth.sock. SIGTERM stops it; VMs keep running. SIGQUIT\nwrites every goroutine's stack to its log and exits (VMs keep running): attach it\nto a bug report about a daemon that stopped answering.\nWith --metrics it also serves /metrics (Prometheus text format: per-session CPU,\nmemory, disk and execution figures, and the daemon's own) and /healthz over HTTP.\nWith --fleet it joins the fleet whose etcd answers there as host --host-id and is one\nof its front doors: every session of the fleet is reached through it, served by its\nowner; new sessions are placed. --listen serves the API to other hosts and operators\n(berth --host): mutual TLS with --fleet-ca, else plain text on loopback only.",
 		Example: "berth serve --ssh :2222",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
 			sshAddr := fs.String("ssh", "", "also serve the TUI, commands and sftp over SSH on `ADDR` (e.g. :2222)")
@@ -238,7 +252,7 @@ func serveCmd(version string) *cli.Command {
 			var fc daemon.FleetConfig
 			fs.StringVar(&fc.Endpoints, "fleet", "", "join the fleet whose etcd answers on `URLS` (comma-separated; or fleet in config.toml)")
 			fs.StringVar(&fc.HostID, "host-id", "", "this host's `ID` in the fleet (or host_id in config.toml)")
-			fs.StringVar(&fc.Listen, "listen", "", "the `ADDR` (HOST:PORT) recorded for other hosts to reach this one (or listen in config.toml)")
+			fs.StringVar(&fc.Listen, "listen", "", "serve the API to the fleet's hosts and operators on `ADDR` (HOST:PORT; port 0 takes one), and record it (or listen in config.toml)")
 			fs.StringVar(&fc.CA, "fleet-ca", "", "reach etcd over mutual TLS with a certificate issued from (or loaded beside) the fleet CA in `DIR` (or fleet_ca in config.toml)")
 			fs.DurationVar(&fc.TTL, "fleet-ttl", 0, "the host lease's time to live, `D` (default 10s; or fleet_ttl in config.toml)")
 			return func(ctx context.Context, c *cli.Call, _ []string) error {

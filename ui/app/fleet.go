@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -152,6 +153,55 @@ where only the fleet's operators can read it.`,
 					return cli.Exit(cli.ExitFailed, err.Error())
 				}
 				fmt.Fprintf(c.Env().Stdout, "made the fleet CA in %s (%s, %s)\n", *dir, pki.CACert, pki.CAKey)
+				return nil
+			}
+		},
+	}
+}
+
+func fleetCertCmd() *cli.Command {
+	return &cli.Command{
+		Name: "fleet cert", Group: local, Usage: "--dir CA --name NAME --out DIR [--dns NAME,…] [--ip IP,…]",
+		Summary: "issue a certificate of the fleet's CA: an operator's, to reach hosts with --host",
+		Help: `Issues a certificate and key for NAME, signed by the CA in --dir (berth fleet init), into
+--out, with the CA's certificate beside them: out alone is then enough. It is good as client
+and server, so the same command makes a host's certificate for a host that has only ca.crt
+(its berth serve --fleet-ca then names a directory holding ca.crt, and its data directory's
+fleet-tls/ this certificate). An operator gives the directory to berth --cert-dir DIR (or
+BERTH_CERT_DIR) with --host tcp://HOST:PORT (or BERTH_HOST), and every command reaches the
+sessions of the whole fleet through that host.`,
+		Example: "berth fleet cert --dir /etc/berth/fleet-ca --name alice --out ~/.config/berth/alice\nberth --host tcp://h1:7443 --cert-dir ~/.config/berth/alice ls",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			dir := fs.String("dir", "", "the fleet CA's `DIR` (with ca.key)")
+			name := fs.String("name", "", "the certificate's `NAME`: an operator's or a host id")
+			out := fs.String("out", "", "write tls.crt, tls.key and ca.crt into `DIR`")
+			dnsList := fs.String("dns", "", "more DNS `NAMES` it is good for, comma-separated (a host's)")
+			ipList := fs.String("ip", "", "more `IPS` it is good for, comma-separated (a host's)")
+			return func(_ context.Context, c *cli.Call, _ []string) error {
+				if *dir == "" || *name == "" || *out == "" {
+					return cli.UsageErrorf("--dir, --name and --out are needed")
+				}
+				var dns []string
+				var ips []net.IP
+				for _, d := range strings.Split(*dnsList, ",") {
+					if d = strings.TrimSpace(d); d != "" {
+						dns = append(dns, d)
+					}
+				}
+				for _, s := range strings.Split(*ipList, ",") {
+					if s = strings.TrimSpace(s); s == "" {
+						continue
+					}
+					ip := net.ParseIP(s)
+					if ip == nil {
+						return cli.UsageErrorf("--ip %q is not an IP address", s)
+					}
+					ips = append(ips, ip)
+				}
+				if err := pki.Issue(*dir, *out, *name, dns, ips); err != nil {
+					return cli.Exit(cli.ExitFailed, err.Error())
+				}
+				fmt.Fprintf(c.Env().Stdout, "issued %s's certificate into %s (%s, %s, %s)\n", *name, *out, pki.Cert, pki.Key, pki.CACert)
 				return nil
 			}
 		},

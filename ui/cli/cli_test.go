@@ -660,3 +660,38 @@ func TestExecUser(t *testing.T) {
 		t.Errorf("the record of a command run as root says user %q", x.User)
 	}
 }
+
+// fleetService lists a fleet's sessions: each with its host, one on a
+// host that is gone.
+type fleetService struct {
+	session.Service
+	list []session.Session
+}
+
+func (f fleetService) List(context.Context) ([]session.Session, error) { return f.list, nil }
+
+// In a fleet ls has a HOST column, and an unreachable session shows its
+// spec with dashes for what is not known; alone, no HOST column.
+func TestLsInAFleet(t *testing.T) {
+	w := newWorld(t, sessiontest.Options{})
+	w.sh(t, "create", "demo")
+	created := now.Add(-time.Hour)
+	svc := fleetService{Service: w.client, list: []session.Session{
+		{Name: "demo", Host: "h1", State: session.StateRunning, Image: "mini", CPUs: 1, MemoryMiB: 512, DiskBytes: 4 << 30, CreatedAt: created},
+		{Name: "far", Host: "h2", State: session.StateUnreachable, Image: "mini", CPUs: 2, MemoryMiB: 1024, DiskBytes: 8 << 30},
+	}}
+	env := cli.Env{Connect: func(context.Context) (session.Service, error) { return svc, nil }}
+	r := w.run(t.Context(), env, "ls")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "NAME  HOST  STATE") ||
+		!strings.HasPrefix(lines[1], "demo  h1    running") || !strings.HasPrefix(lines[2], "far   h2    unreachable") || !strings.HasSuffix(lines[2], "-") {
+		t.Errorf("ls in a fleet:\n%s", r.stdout)
+	}
+	r = w.run(t.Context(), env, "ls", "--json")
+	if !strings.Contains(r.stdout, `"host": "h2"`) {
+		t.Errorf("ls --json lacks the host:\n%s", r.stdout)
+	}
+	if out := w.sh(t, "ls"); strings.Contains(out, "HOST") {
+		t.Errorf("ls alone has a HOST column:\n%s", out)
+	}
+}

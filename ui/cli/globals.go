@@ -9,10 +9,14 @@ import (
 )
 
 // Globals are the flags that go before the command on the daemon's host:
-// berth [--data DIR] [--cache DIR] [--readonly] [COMMAND].
+// berth [--data DIR] [--cache DIR] [--host tcp://HOST:PORT [--cert-dir DIR]] [--readonly] [COMMAND].
 type Globals struct {
 	Data, Cache string
-	ReadOnly    bool // TUI: hide and refuse every change
+	// Host, when set, is a fleet host's API address (tcp://HOST:PORT)
+	// to reach instead of the data directory's socket; CertDir holds
+	// the client certificate it takes (berth fleet cert).
+	Host, CertDir string
+	ReadOnly      bool // TUI: hide and refuse every change
 }
 
 // globalFlags binds the global flags to g, its values the defaults.
@@ -22,6 +26,8 @@ func globalFlags(g *Globals) *flag.FlagSet {
 	fs.Usage = func() {}
 	fs.StringVar(&g.Data, "data", g.Data, "keep sessions, images and the socket in `DIR` (or BERTH_DATA; default $XDG_DATA_HOME/berth)")
 	fs.StringVar(&g.Cache, "cache", g.Cache, "keep downloads and build caches in `DIR` (or BERTH_CACHE)")
+	fs.StringVar(&g.Host, "host", g.Host, "reach the berth of a fleet's host at `tcp://HOST:PORT` instead of the local socket (or BERTH_HOST)")
+	fs.StringVar(&g.CertDir, "cert-dir", g.CertDir, "the client certificate for --host, from berth fleet cert, in `DIR` (or BERTH_CERT_DIR)")
 	fs.BoolVar(&g.ReadOnly, "readonly", g.ReadOnly, "the TUI: hide and refuse every change")
 	return fs
 }
@@ -41,7 +47,11 @@ func parseGlobals(g *Globals, args []string) ([]string, error) {
 		n := 1 // one flag at a time: the next argument may be a command
 		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !hasValue && !(ok && b.IsBoolFlag()) {
 			if len(args) < 2 {
-				return nil, fmt.Errorf("--%s needs a directory", name)
+				what := "a directory"
+				if name == "host" {
+					what = "an address, tcp://HOST:PORT"
+				}
+				return nil, fmt.Errorf("--%s needs %s", name, what)
 			}
 			n = 2
 		}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 func createCmd() *Command {
 	return &Command{
 		Name: "create", Action: session.ActionCreate, Group: "Sessions",
-		Usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--system-disk SIZE] [--vmm qemu|cloud-hypervisor] [--idle-timeout D] [--net POLICY] [--from SESSION[@ID]]",
+		Usage:   "NAME [--cpus N] [--memory SIZE] [--disk SIZE] [--image NAME] [--system-disk SIZE] [--vmm qemu|cloud-hypervisor] [--idle-timeout D] [--net POLICY] [--from SESSION[@ID]] [--on HOST]",
 		Args:    []string{"NAME"},
 		Summary: "create a session and boot it",
 		Help: "Creates the session's workspace volume and boots its VM. Unset flags take the daemon's defaults.\n" +
@@ -27,7 +28,9 @@ func createCmd() *Command {
 			"filesystem can), on its image, with an identity of its own as a fork has (hostname,\n" +
 			"machine-id, boot id, RNG state, filesystem UUIDs). A checkpoint taken with --memory resumes\n" +
 			"its processes, on a VM of its size. --image, --disk and --system-disk are the checkpoint's;\n" +
-			"unset --cpus, --memory, --vmm, --idle-timeout and --net are SESSION's.\n\n" + netHelp,
+			"unset --cpus, --memory, --vmm, --idle-timeout and --net are SESSION's.\n\n" +
+			"In a fleet the session is placed on a live, non-draining host with room (one that has the\n" +
+			"image first); --on HOST pins it there. A session --from a checkpoint is made where it is.\n\n" + netHelp,
 		Example: "berth create demo --cpus 2 --memory 1G --disk 8G\nberth create try --from demo@c3",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			cpus := fs.Int("cpus", 0, "`N` virtual CPUs, 1 to 64 (default: the daemon's)")
@@ -43,6 +46,7 @@ func createCmd() *Command {
 			idle := fs.String("idle-timeout", "", "sleep after this long idle, e.g. `15m`; 0 never (default: the daemon's)")
 			netPolicy := fs.String("net", "", "network `POLICY`: none, open or allow:ENTRY,… (default: the daemon's, none)")
 			from := fs.String("from", "", "make it from checkpoint `SESSION@ID` of another session (SESSION: its newest)")
+			on := fs.String("on", "", "in a fleet: make it on host `HOST` (berth host ls lists them)")
 			return func(ctx context.Context, c *Call, args []string) error {
 				// Unset, 0 means the daemon's default; given, it is refused
 				// by the same rule the daemon applies.
@@ -53,7 +57,7 @@ func createCmd() *Command {
 				}
 				opts := session.CreateOptions{
 					Name: args[0], CPUs: *cpus, MemoryMiB: memory.mib, DiskBytes: disk.n,
-					Image: *image, VMM: vmm.value, SystemBytes: system.n, Net: *netPolicy, From: *from,
+					Image: *image, VMM: vmm.value, SystemBytes: system.n, Net: *netPolicy, From: *from, On: *on,
 				}
 				if opts.From != "" {
 					// The same rule the daemon applies, before connecting.
@@ -80,8 +84,12 @@ func createCmd() *Command {
 				if s.SystemBytes > 0 {
 					sys = ", " + session.FormatBytes(s.SystemBytes) + " system disk"
 				}
-				fmt.Fprintf(c.env.Stdout, "created %s: %s, %s, %s memory, %s disk%s, image %s on %s\n",
-					s.Name, s.State, plural(s.CPUs, "CPU"), session.FormatBytes(int64(s.MemoryMiB)<<20), session.FormatBytes(s.DiskBytes), sys, s.Image, s.VMM)
+				where := ""
+				if s.Host != "" {
+					where = ", host " + s.Host
+				}
+				fmt.Fprintf(c.env.Stdout, "created %s: %s, %s, %s memory, %s disk%s, image %s on %s%s\n",
+					s.Name, s.State, plural(s.CPUs, "CPU"), session.FormatBytes(int64(s.MemoryMiB)<<20), session.FormatBytes(s.DiskBytes), sys, s.Image, s.VMM, where)
 				if opts.From != "" {
 					fmt.Fprintf(c.env.Stdout, "%s\n", s.Cause)
 				}
@@ -124,11 +132,26 @@ func lsCmd() *Command {
 					return nil
 				}
 				now := c.env.Now()
-				t := newTable(c.env.Stdout, "NAME", "STATE", "IMAGE", "CPUS", "MEMORY", "DISK", "USED", "SYSTEM", "DIRTY", "RUNNING", "CREATED")
+				// In a fleet every session has its host, and a HOST column
+				// shows it; alone, the table is as it was.
+				fleet := slices.ContainsFunc(list, func(s session.Session) bool { return s.Host != "" })
+				head := []string{"NAME", "STATE", "IMAGE", "CPUS", "MEMORY", "DISK", "USED", "SYSTEM", "DIRTY", "RUNNING", "CREATED"}
+				if fleet {
+					head = slices.Insert(head, 1, "HOST")
+				}
+				t := newTable(c.env.Stdout, head...)
 				for _, s := range list {
-					t.row(s.Name, stateText(s), s.Image, fmt.Sprint(s.CPUs), session.FormatBytes(int64(s.MemoryMiB)<<20),
+					row := []string{s.Name, stateText(s), s.Image, fmt.Sprint(s.CPUs), session.FormatBytes(int64(s.MemoryMiB) << 20),
 						session.FormatBytes(s.DiskBytes), usedText(s), systemText(s), session.FormatBytes(s.DirtyBytes),
-						fmt.Sprint(s.Running), ago(now, s.CreatedAt))
+						fmt.Sprint(s.Running), ago(now, s.CreatedAt)}
+					if s.State == session.StateUnreachable {
+						// Nothing live is known of it: its spec, and dashes.
+						row[6], row[7], row[8], row[9], row[10] = "-", "-", "-", "-", "-"
+					}
+					if fleet {
+						row = slices.Insert(row, 1, s.Host)
+					}
+					t.row(row...)
 				}
 				return t.flush()
 			}
@@ -201,6 +224,9 @@ func writeInfo(w io.Writer, c *Call, s session.Session) {
 		state += " (" + s.Cause + ")"
 	}
 	t.row("State:", state)
+	if s.Host != "" {
+		t.row("Host:", s.Host)
+	}
 	vm := s.VMM
 	if s.Accel != "" {
 		vm += ", " + s.Accel

@@ -162,7 +162,7 @@ func (s *Styles) StateColor(st session.State) color.Color {
 		return s.Palette.OK
 	case session.StatePaused:
 		return s.Palette.Warn
-	case session.StateCrashed:
+	case session.StateCrashed, session.StateUnreachable:
 		return s.Palette.Err
 	case session.StateSleeping:
 		return s.Palette.Info
@@ -191,6 +191,8 @@ func StateMark(st session.State) string {
 		return "○"
 	case session.StateSleeping:
 		return "z"
+	case session.StateUnreachable:
+		return "?"
 	}
 	return "◌"
 }

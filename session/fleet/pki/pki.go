@@ -172,7 +172,7 @@ func Ensure(caDir, out, name string, dns []string, ips []net.IP) error {
 		}
 	}
 	if _, err := os.Stat(filepath.Join(caDir, CAKey)); errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("no certificate for %s in %s, and %s has no CA key to issue one: issue it where the CA key is (berth fleet issue is not built yet) or give the CA directory", name, out, caDir)
+		return fmt.Errorf("no certificate for %s in %s, and %s has no CA key to issue one: issue it where the CA key is (berth fleet cert --dir CA --name NAME --out DIR) or give the CA directory", name, out, caDir)
 	}
 	return Issue(caDir, out, name, dns, ips)
 }
@@ -227,4 +227,18 @@ func ClientConfig(dir string) (*tls.Config, error) {
 	pool := x509.NewCertPool()
 	pool.AddCert(ca)
 	return &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS13}, nil
+}
+
+// ServerConfig is a mutual-TLS server configuration from an issued
+// certificate's directory: it presents the certificate and admits only
+// clients that present one of the fleet's CA (hosts and operators'
+// client certificates alike).
+func ServerConfig(dir string) (*tls.Config, error) {
+	cfg, err := ClientConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ClientCAs, cfg.RootCAs = cfg.RootCAs, nil
+	cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	return cfg, nil
 }

@@ -90,7 +90,7 @@ func fuzzy(s, pat string) bool {
 // stateOrder sorts states by how much attention they need.
 func stateOrder(st session.State) int {
 	switch st {
-	case session.StateCrashed:
+	case session.StateCrashed, session.StateUnreachable:
 		return 0
 	case session.StateCreating, session.StateStopping, session.StateDeleting:
 		return 1

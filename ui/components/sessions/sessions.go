@@ -35,11 +35,14 @@ const (
 	ColUptime
 	ColActivity
 	ColCPU // live: the VMM's CPU as a share of the vCPUs (shown after VCPU)
+	// ColHost is the fleet host that owns the session: shown only once a
+	// session has one (the daemon is in a fleet).
+	ColHost
 	numColumns
 )
 
 // display is the columns' order on screen.
-var display = [numColumns]Column{ColName, ColState, ColCPUs, ColCPU, ColMemory, ColWorkspace, ColDirty, ColRunning, ColUptime, ColActivity}
+var display = [numColumns]Column{ColName, ColHost, ColState, ColCPUs, ColCPU, ColMemory, ColWorkspace, ColDirty, ColRunning, ColUptime, ColActivity}
 
 type colSpec struct {
 	title string
@@ -55,6 +58,8 @@ func spec(c Column) colSpec {
 		return colSpec{title: "NAME"}
 	case ColState:
 		return colSpec{title: "STATE", width: 10}
+	case ColHost:
+		return colSpec{title: "HOST", width: 10, drop: 2}
 	case ColCPU:
 		return colSpec{title: "CPU", width: 5, right: true, drop: 1, desc: true}
 	case ColCPUs:
@@ -157,6 +162,7 @@ type Model struct {
 	sorted  []*row // all rows in sort order
 	visible []*row // sorted rows that pass the filter
 	counts  map[session.State]int
+	fleet   bool // a session has a host: the HOST column is shown
 
 	cursor, offset int
 	selName        string // keeps the selection on the same session across re-sorts
@@ -349,6 +355,10 @@ func (m *Model) Apply(evs []session.Event) tea.Cmd {
 			if s.Name == "" {
 				s.Name = ev.Name
 			}
+			if s.Host != "" && !m.fleet {
+				m.fleet = true // a HOST column from now on
+				m.layout()
+			}
 			r, ok := m.rows[s.Name]
 			if !ok {
 				r = &row{s: s, lower: strings.ToLower(s.Name)}
@@ -446,6 +456,8 @@ func (m *Model) compare(a, b *session.Session) int {
 		return cmp.Compare(uptimeKey(b), uptimeKey(a))
 	case ColActivity:
 		return a.LastActivity.Compare(b.LastActivity)
+	case ColHost:
+		return strings.Compare(a.Host, b.Host)
 	}
 	return 0
 }
@@ -695,6 +707,9 @@ func (m *Model) columnAt(x int) (Column, bool) {
 // out (activity first) until the name gets at least minName cells.
 func (m *Model) layout() {
 	all := append(make([]Column, 0, numColumns), display[:]...)
+	if !m.fleet {
+		all = slices.DeleteFunc(all, func(c Column) bool { return c == ColHost })
+	}
 	for {
 		fixed := marker
 		for _, c := range all {
@@ -799,6 +814,8 @@ func (m *Model) renderRow(r *row, selected bool, now time.Time) string {
 		switch c {
 		case ColName:
 			cell = common.Fit(common.SanitizeLine(s.Name), w)
+		case ColHost:
+			cell = common.Fit(common.SanitizeLine(s.Host), w)
 		case ColState:
 			if styled {
 				cell = common.Fit(st.StateBadge(s.State), w)

@@ -292,3 +292,26 @@ func TestSortKeyCyclesLeftToRight(t *testing.T) {
 		}
 	}
 }
+
+// In a fleet (sessions have hosts) a HOST column follows NAME, and an
+// unreachable session is shown with its host; alone, no HOST column.
+func TestHostColumnInAFleet(t *testing.T) {
+	m := newTable(t, 120, 20, some()...)
+	if strings.Contains(ansi.Strip(m.View()), "HOST") {
+		t.Errorf("a HOST column with no fleet:\n%s", ansi.Strip(m.View()))
+	}
+	ss := some()
+	for i := range ss {
+		ss[i].Host = "h1"
+	}
+	ss[0].Host, ss[0].State = "h2", session.StateUnreachable
+	m = newTable(t, 120, 20, ss...)
+	lines := strings.Split(ansi.Strip(m.View()), "\n")
+	if h := strings.Fields(lines[0]); len(h) < 3 || !strings.HasPrefix(h[0], "NAME") || h[1] != "HOST" {
+		t.Fatalf("header %v, want NAME HOST …", h)
+	}
+	view := strings.Join(lines, "\n")
+	if !strings.Contains(view, "h2") || !strings.Contains(view, "unreach") {
+		t.Errorf("the unreachable session and its host are not shown:\n%s", view)
+	}
+}
