@@ -190,14 +190,48 @@ func TestBenchScale(t *testing.T) {
 	}
 	phase(fmt.Sprintf("start %d hosts + the lone one", nHosts), start)
 
-	// Creates on the lone host: the reference, and the idle fleet's
-	// background in etcd meanwhile.
+	// The idle fleet's own load on etcd, over one TTL (one refresh of
+	// every host's record, three keep-alives of its lease): subtracted
+	// from the creates' counts below.
 	start = time.Now()
 	bg0 := etcdCounters(t, cli, clients)
-	loneCreate := creates(t, nSessions, nClients, func(int) *api.Client { return lone })
+	time.Sleep(ttl)
 	bg := etcdCounters(t, cli, clients).minus(bg0)
 	bgSecs := time.Since(start).Seconds()
+	leases, err := cli.Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	phase("idle fleet, one TTL", start)
+
+	// Creates on the lone host: the reference.
+	start = time.Now()
+	loneCreate := creates(t, nSessions, nClients, func(int) *api.Client { return lone })
 	phase(fmt.Sprintf("%d creates on the lone host", nSessions), start)
+
+	// One etcd write of a spec's size, as many at once as the creates:
+	// the floor under a placement's commit on this cluster and disk.
+	start = time.Now()
+	spec := strings.Repeat("x", 300)
+	puts := make([]time.Duration, 1000)
+	var pwg sync.WaitGroup
+	for w := range nClients {
+		pwg.Go(func() {
+			for j := w; j < len(puts); j += nClients {
+				s := time.Now()
+				if _, err := cli.Put(ctx, fmt.Sprintf("/bench/put/%d", j), spec); err != nil {
+					t.Error(err)
+					return
+				}
+				puts[j] = time.Since(s)
+			}
+		})
+	}
+	pwg.Wait()
+	if _, err := cli.Delete(ctx, "/bench/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	phase("1,000 etcd puts", start)
 
 	start = time.Now()
 	c0 := etcdCounters(t, cli, clients)
@@ -217,14 +251,17 @@ func TestBenchScale(t *testing.T) {
 	lp50 := quantile(loneCreate, 0.5)
 	t.Logf("BENCH %-40s p50 %8s p99 %8s", "create on the lone host (reference)", lp50.Round(time.Microsecond), quantile(loneCreate, 0.99).Round(time.Microsecond))
 	t.Logf("BENCH %-40s p50 %8s p99 %8s  ratio %.2fx p50, %.2fx p99 vs the lone host; %d clients, %.2f placement transactions a create (%d failed)",
-		"create through a door, 50 hosts", quantile(fleetCreate, 0.5).Round(time.Microsecond), quantile(fleetCreate, 0.99).Round(time.Microsecond),
+		fmt.Sprintf("create through a door, %d hosts", nHosts), quantile(fleetCreate, 0.5).Round(time.Microsecond), quantile(fleetCreate, 0.99).Round(time.Microsecond),
 		float64(quantile(fleetCreate, 0.5))/float64(lp50), float64(quantile(fleetCreate, 0.99))/float64(quantile(loneCreate, 0.99)),
 		nClients, float64(tries)/float64(max(places, 1)), failed)
-	t.Logf("BENCH %-40s %.2f revisions, %.2f keys put, %.2f range reads a create (idle fleet's own %.1f revisions/s, %.1f ranges/s subtracted; raw %.2f, %.2f, %.2f)",
+	t.Logf("BENCH %-40s p50 %8s p99 %8s  the fleet's create is %.2fx p50 of one etcd write (%d at once)",
+		"etcd Put, 300 bytes (reference)", quantile(puts, 0.5).Round(time.Microsecond), quantile(puts, 0.99).Round(time.Microsecond),
+		float64(quantile(fleetCreate, 0.5))/float64(quantile(puts, 0.5)), nClients)
+	t.Logf("BENCH %-40s %.2f revisions, %.2f keys put, %.2f range ops (compares included, counted on each member that applies a write) a create (idle fleet's own %.1f revisions/s, %.1f ranges/s subtracted; raw %.2f, %.2f, %.2f)",
 		"etcd writes per create", perCreate(dc.rev, bg.rev), perCreate(dc.puts, bg.puts), perCreate(dc.ranges, bg.ranges),
 		bg.rev/bgSecs, bg.ranges/bgSecs, dc.rev/nSessions, dc.puts/nSessions, dc.ranges/nSessions)
-	t.Logf("BENCH %-40s %.1f revisions/s, %.1f keys put/s, %.1f lease renewals/s (%d hosts, TTL %s)",
-		"idle fleet's etcd load", bg.rev/bgSecs, bg.puts/bgSecs, bg.leaseRenew/bgSecs, nHosts, ttl)
+	t.Logf("BENCH %-40s %.1f revisions/s, %.1f keys put/s, %.1f lease renewals/s, %.1f range ops/s; %d leases (%d hosts, TTL %s, over %.1fs)",
+		"idle fleet's etcd load", bg.rev/bgSecs, bg.puts/bgSecs, bg.leaseRenew/bgSecs, bg.ranges/bgSecs, len(leases.Leases), nHosts, ttl, bgSecs)
 
 	// A fleet List of 10,000 vs the lone host's.
 	start = time.Now()
@@ -251,11 +288,17 @@ func TestBenchScale(t *testing.T) {
 			hostOf[s.Name] = s.Host
 		}
 	}
-	keys, bytes := rangeSize(t, cli, fleet.Prefix+"sessions/")
+	var keys, bytes int
+	var reads []time.Duration
+	for range 5 {
+		s := time.Now()
+		keys, bytes = rangeSize(t, cli, fleet.Prefix+"sessions/")
+		reads = append(reads, time.Since(s))
+	}
 	phase("5 fleet Lists + 5 lone", start)
-	t.Logf("BENCH %-40s %10s vs lone %10s  ratio %.2fx  (median of 5; sessions/ holds %d keys, %.1f MB, read whole by each)",
-		"fleet List of 10,000 sessions, 50 hosts", quantile(fleetList, 0.5).Round(time.Microsecond), quantile(loneList, 0.5).Round(time.Microsecond),
-		float64(quantile(fleetList, 0.5))/float64(quantile(loneList, 0.5)), keys, float64(bytes)/1e6)
+	t.Logf("BENCH %-40s %10s vs lone %10s  ratio %.2fx  (median of 5; sessions/ holds %d keys, %.1f MB, read whole by each: %s of it)",
+		fmt.Sprintf("fleet List of %d sessions, %d hosts", nSessions, nHosts), quantile(fleetList, 0.5).Round(time.Microsecond), quantile(loneList, 0.5).Round(time.Microsecond),
+		float64(quantile(fleetList, 0.5))/float64(quantile(loneList, 0.5)), keys, float64(bytes)/1e6, quantile(reads, 0.5).Round(time.Microsecond))
 
 	// Events: 20 followers through 20 doors, one state change at a time
 	// made on its owner directly (so the figure is the fan-out, not the
@@ -302,7 +345,7 @@ func TestBenchScale(t *testing.T) {
 	}
 	stopWatch()
 	t.Logf("BENCH %-40s p50 %8s p99 %8s vs lone %8s (p99 %8s)  ratio %.2fx p50  (one follower's own p50 %s; %d events; %.0f etcd watchers, %d host streams, %d on each host)",
-		"event to all 20 followers, 50 hosts", quantile(fan, 0.5).Round(time.Microsecond), quantile(fan, 0.99).Round(time.Microsecond),
+		fmt.Sprintf("event to all %d followers, %d hosts", nFollowers, nHosts), quantile(fan, 0.5).Round(time.Microsecond), quantile(fan, 0.99).Round(time.Microsecond),
 		quantile(loneFan, 0.5).Round(time.Microsecond), quantile(loneFan, 0.99).Round(time.Microsecond),
 		float64(quantile(fan, 0.5))/float64(quantile(loneFan, 0.5)), quantile(fanEach, 0.5).Round(time.Microsecond), rounds,
 		w0.watchers, nFollowers*(nHosts-1), nFollowers)
@@ -338,7 +381,7 @@ func TestBenchScale(t *testing.T) {
 	if len(gone) == nHosts-1 {
 		slices.Sort(gone)
 		t.Logf("BENCH %-40s %8s everywhere (first %s, p50 %s) vs TTL %s  ratio %.2fx  (%d hosts polling every %s; etcd renews at TTL/3, so ≥ 0.67x)",
-			"host loss shown gone, 49 other hosts", gone[len(gone)-1].Round(time.Millisecond), gone[0].Round(time.Millisecond),
+			fmt.Sprintf("host loss shown gone, %d other hosts", nHosts-1), gone[len(gone)-1].Round(time.Millisecond), gone[0].Round(time.Millisecond),
 			quantile(gone, 0.5).Round(time.Millisecond), ttl, float64(gone[len(gone)-1])/float64(ttl), nHosts-1, poll)
 	}
 	t.Logf("BENCH %-40s %s (whole run %s)", "scale simulation phases", strings.Join(phases, "; "), time.Since(began).Round(time.Second))
