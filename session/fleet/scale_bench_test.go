@@ -384,6 +384,41 @@ func TestBenchScale(t *testing.T) {
 			fmt.Sprintf("host loss shown gone, %d other hosts", nHosts-1), gone[len(gone)-1].Round(time.Millisecond), gone[0].Round(time.Millisecond),
 			quantile(gone, 0.5).Round(time.Millisecond), ttl, float64(gone[len(gone)-1])/float64(ttl), nHosts-1, poll)
 	}
+
+	// Placement alone, from this process (no door, no forward), as many
+	// at once as the creates, against the 49 live hosts left; and the
+	// read every placement try makes: hosts/ and alloc/ whole.
+	start = time.Now()
+	place := make([]time.Duration, 1000)
+	var plwg sync.WaitGroup
+	for w := range nClients {
+		plwg.Go(func() {
+			for j := w; j < len(place); j += nClients {
+				s := time.Now()
+				if _, err := fleet.Place(ctx, cli, fleet.Request{Opts: session.CreateOptions{Name: fmt.Sprintf("p%04d", j)}.WithDefaults(session.DefaultCreate())}); err != nil {
+					t.Error(err)
+					return
+				}
+				place[j] = time.Since(s)
+			}
+		})
+	}
+	plwg.Wait()
+	var hostReads []time.Duration
+	for range 20 {
+		s := time.Now()
+		if _, err := fleet.List(ctx, cli); err != nil {
+			t.Fatal(err)
+		}
+		hostReads = append(hostReads, time.Since(s))
+	}
+	hk, hb := rangeSize(t, cli, fleet.Prefix+"hosts/")
+	ak, ab := rangeSize(t, cli, fleet.Prefix+"alloc/")
+	phase("1,000 placements alone", start)
+	t.Logf("BENCH %-40s p50 %8s p99 %8s  ratio %.2fx p50 vs etcd Put; a create through a door is %.2fx of it  (each try reads %d host and %d alloc records, %d bytes, in %s p50 with seen/)",
+		fmt.Sprintf("placement alone, %d hosts", nHosts-1), quantile(place, 0.5).Round(time.Microsecond), quantile(place, 0.99).Round(time.Microsecond),
+		float64(quantile(place, 0.5))/float64(quantile(puts, 0.5)), float64(quantile(fleetCreate, 0.5))/float64(quantile(place, 0.5)),
+		hk, ak, hb+ab, quantile(hostReads, 0.5).Round(time.Microsecond))
 	t.Logf("BENCH %-40s %s (whole run %s)", "scale simulation phases", strings.Join(phases, "; "), time.Since(began).Round(time.Second))
 }
 
