@@ -91,8 +91,8 @@ import (
 //     hosts/H and seen/H every TTL and renews every TTL/3) — 100
 //     revisions, 200 puts and 300 renewals a second at 1,000 hosts, and
 //     every record rewrite is an event to every fleet Watch's hosts/
-//     watch. A host's loss shows gone everywhere 0.8x to 1.04x the TTL
-//     after the kill across runs (where in the TTL/3 renewal cycle the
+//     watch. A host's loss shows gone everywhere 0.78x to 1.04x the TTL
+//     after the kill over three runs (where in the TTL/3 renewal cycle the
 //     kill lands, plus etcd's expiry sweep and the 250 ms poll): it does
 //     not grow with the host count.
 //
@@ -116,11 +116,11 @@ import (
 //     reserved) and followers watch one prefix of etcd, from a
 //     revision, resumable, with no stream to any host.
 //   - Lease count: one lease per host is 1,000 leases, which etcd's
-//     lessor holds easily (its checkpointing and expiry are per lease,
-//     O(log n)); what grows is the renewals, 300 a second at TTL 10 s,
-//     and with records refreshed only on change there are no idle
-//     writes at all. Sessions get no lease of their own: a session's
-//     liveness is its host's.
+//     lessor holds easily (their expiry is kept in a heap); what grows
+//     is the renewals, 300 a second at TTL 10 s, and with records
+//     refreshed only on change there are no idle writes at all.
+//     Sessions get no lease of their own: a session's liveness is its
+//     host's.
 func TestBenchScale(t *testing.T) {
 	if os.Getenv("BERTH_BENCH") == "" {
 		t.Skip("set BERTH_BENCH=1 (make bench)")
