@@ -121,6 +121,20 @@ func Run(ctx context.Context, env Env, args []string, extra ...*Command) int {
 	return c.finish(ctx, cmd, c.run(ctx, cmd, args[n:]))
 }
 
+// Handles reports whether Run without extra commands runs the command
+// line args (without the program name) as it would with them: one of the
+// built-in commands, other than those that read the whole table (help,
+// completion). A binary that has only the built-in commands (berth, which
+// links no daemon) hands every other command line to one that has all.
+func Handles(args []string) bool {
+	args, err := parseGlobals(&Globals{}, args)
+	if err != nil || len(args) == 0 || isHelp(args[0]) {
+		return false
+	}
+	cmd, _ := cmdTable(commands()).lookup(args)
+	return cmd != nil && cmd.Name != "completion" && cmd.Name != "__complete"
+}
+
 // defaults fills env's zero fields and puts its caller on ctx.
 func (env Env) defaults(ctx context.Context) (context.Context, Env) {
 	if env.Who != "" {

@@ -660,3 +660,31 @@ func TestExecUser(t *testing.T) {
 		t.Errorf("the record of a command run as root says user %q", x.User)
 	}
 }
+
+// Handles tells the built-in commands, which berth runs itself, from the
+// command lines it hands to berth-host: the host's own commands, help and
+// completion (they read the whole table), and anything it cannot parse.
+func TestHandles(t *testing.T) {
+	for args, want := range map[string]bool{
+		"exec demo -- true":               true,
+		"--data /tmp/d exec demo -- true": true,
+		"ls":                              true,
+		"run start demo":                  true,
+		"":                                false, // the TUI
+		"serve":                           false,
+		"--data /tmp/d serve":             false,
+		"image build mini":                false,
+		"port-forward demo 8080":          false,
+		"version":                         false,
+		"help":                            false,
+		"--help":                          false,
+		"completion bash":                 false,
+		"__complete exec":                 false,
+		"nosuch":                          false,
+		"--data":                          false,
+	} {
+		if got := cli.Handles(strings.Fields(args)); got != want {
+			t.Errorf("Handles(%q) = %v, want %v", args, got, want)
+		}
+	}
+}
