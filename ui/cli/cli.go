@@ -33,6 +33,10 @@ type Env struct {
 	Stdin  io.Reader
 	Stdout io.Writer
 	Stderr io.Writer
+	// StdinNull says Stdin is /dev/null: exec starts its command without
+	// a stdin to forward (the guest gives it its own /dev/null), which
+	// saves the guest a pipe and the end-of-input message.
+	StdinNull bool
 
 	// Connect returns the service to use. Run calls it at most once, only
 	// for commands that need it.

@@ -470,6 +470,12 @@ func TestExec(t *testing.T) {
 		tc{stderr: "no running commands (--all shows finished ones)\n"}.check(t, w.run(t.Context(), cli.Env{}, "ps", "demo"))
 		tc{code: 1, stderr: "berth: session \"nope\": not found\n"}.check(t, w.run(t.Context(), cli.Env{}, "ps", "nope"))
 	})
+	// A command whose stdin here is /dev/null gets none to read from
+	// (not even what Stdin would give): nothing is forwarded.
+	t.Run("stdin /dev/null", func(t *testing.T) {
+		r := w.run(t.Context(), cli.Env{StdinNull: true, Stdin: strings.NewReader("not forwarded")}, "exec", "demo", "cat")
+		tc{stdout: ""}.check(t, r)
+	})
 }
 
 func waitDone(t *testing.T, w *world, id string) session.Execution {

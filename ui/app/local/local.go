@@ -151,6 +151,17 @@ func lastLine(path string) string {
 	return lines[len(lines)-1]
 }
 
+// isDevNull reports whether f is /dev/null (scripts and harnesses run
+// commands with it as stdin).
+func isDevNull(f *os.File) bool {
+	fi, err := f.Stat()
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	null, err := os.Stat(os.DevNull)
+	return err == nil && os.SameFile(fi, null)
+}
+
 // CLIEnv is the process's terminal for cli.Run, connecting to the daemon
 // of g's data directory (once Run has parsed the global flags into g).
 func CLIEnv(g *cli.Globals) cli.Env {
@@ -160,6 +171,7 @@ func CLIEnv(g *cli.Globals) cli.Env {
 		StdinTTY: term.IsTerminal(in), StdoutTTY: term.IsTerminal(out), StderrTTY: term.IsTerminal(errf),
 		Term: os.Getenv("TERM"), Who: "cli", Globals: g,
 	}
+	env.StdinNull = isDevNull(os.Stdin)
 	env.Connect = func(ctx context.Context) (session.Service, error) { return Connect(ctx, *g, "cli", false) }
 	if os.Getenv("BERTH_TRACE") != "" {
 		env.Trace = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
