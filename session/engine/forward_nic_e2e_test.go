@@ -67,7 +67,8 @@ func peer(t *testing.T, addr string) string {
 	if err != nil {
 		t.Fatalf("GET /cgi-bin/peer through %s: %q %v", addr, body, err)
 	}
-	return strings.TrimSpace(body)
+	// httpd on a dual-stack socket writes an IPv4 peer as [::ffff:A].
+	return strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(body), "[::ffff:"), "]")
 }
 
 // With net_nic on, port-forward and ssh -L reach a guest port through the
@@ -134,6 +135,18 @@ func TestForwardNIC(t *testing.T) {
 		}
 		if p := peer(t, fw.addrs[1]); p != "127.0.0.1" {
 			t.Errorf("after the wake, the loopback listener's forward came from %q", p)
+		}
+	})
+
+	e.Subtest(t, "a guest whose NIC is down is reached through the agent", func(t *testing.T) {
+		e.OK("exec", "f1", "--", "ip", "link", "set", "eth0", "down")
+		start := time.Now()
+		if p := peer(t, fw.addrs[0]); p != "127.0.0.1" {
+			t.Errorf("with eth0 down the guest saw the forward come from %q, want 127.0.0.1 (the agent)", p)
+		}
+		// The NIC's try is bounded (2 s), then the agent's dial.
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("the forward took %s", took)
 		}
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/guest/image"
@@ -65,7 +66,11 @@ func (m *Manager) Forward(ctx context.Context, name string, port int) (net.Conn,
 	}
 	var conn net.Conn
 	if g := s.nic.Load(); g != nil && !m.cfg.ForwardViaAgent {
-		conn, err = g.DialTCP(ctx, port)
+		// A guest that drops what comes in on its NIC (eth0 down, a
+		// firewall) must not hold the forward: the agent is tried then.
+		dctx, cancel := context.WithTimeout(ctx, nicForwardWait)
+		conn, err = g.DialTCP(dctx, port)
+		cancel()
 		if err != nil && ctx.Err() != nil {
 			return nil, fmt.Errorf("session %s: connect to port %d: %w", name, port, err)
 		}
@@ -86,6 +91,10 @@ func (m *Manager) Forward(ctx context.Context, name string, port int) (net.Conn,
 		s.touch()
 	}}, nil
 }
+
+// nicForwardWait bounds a forward's connection through the NIC's stack;
+// the guest's kernel answers in milliseconds, also under TCG.
+const nicForwardWait = 2 * time.Second
 
 // forwardConn counts a forwarded connection while it is open.
 type forwardConn struct {
