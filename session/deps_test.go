@@ -46,9 +46,11 @@ func TestDependenciesPointOneWay(t *testing.T) {
 	}
 	forbidden = append(forbidden, "go.etcd.io/", "github.com/berthvm/berth/session/fleet")
 	// berth runs the client commands and links no daemon: the daemon's
-	// packages cost every command's start about 7 ms (berth-host has them).
+	// packages cost every command's start about 7 ms, the MCP server's
+	// about 1 ms (berth-host has them).
 	for _, dep := range list("github.com/berthvm/berth") {
-		for _, f := range append(forbidden, "github.com/berthvm/berth/session/daemon", "gvisor.dev/", "github.com/prometheus/", "github.com/berthvm/berth/ui/app") {
+		for _, f := range append(forbidden, "github.com/berthvm/berth/session/daemon", "gvisor.dev/", "github.com/prometheus/", "github.com/berthvm/berth/ui/app",
+			"github.com/berthvm/berth/ui/mcpserver", "github.com/modelcontextprotocol/") {
 			if strings.HasPrefix(dep, f) && dep != "github.com/berthvm/berth/ui/app/local" {
 				t.Errorf("berth links %s; the daemon's packages belong in berth-host", dep)
 			}

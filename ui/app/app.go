@@ -24,6 +24,7 @@ import (
 	"github.com/berthvm/berth/ui"
 	"github.com/berthvm/berth/ui/app/local"
 	"github.com/berthvm/berth/ui/cli"
+	"github.com/berthvm/berth/ui/mcpserver"
 )
 
 // Main runs the berth command line (args without the program name) on
@@ -33,7 +34,9 @@ func Main(args []string, version string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	g := &cli.Globals{Data: local.DataDir(), Cache: local.CacheDir()}
-	return cli.Run(ctx, local.CLIEnv(g), args, Commands(version)...)
+	env := local.CLIEnv(g)
+	env.MCP = mcpserver.Stdio
+	return cli.Run(ctx, env, args, Commands(version)...)
 }
 
 // Commands are the commands only the daemon's host runs, for cli.Run's

@@ -686,6 +686,7 @@ func TestHandles(t *testing.T) {
 		"--help":                          false,
 		"completion bash":                 false,
 		"__complete exec":                 false,
+		"mcp --session demo":              false, // Env.MCP: berth does not link the server
 		"nosuch":                          false,
 		"--data":                          false,
 	} {
