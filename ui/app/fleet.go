@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/berthvm/berth/ui/app/local"
 	"io"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/fleet/memberconf"
 	"github.com/berthvm/berth/session/fleet/pki"
+	"github.com/berthvm/berth/ui/app/local"
 	"github.com/berthvm/berth/ui/cli"
 )
 

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/berthvm/berth/ui/app/local"
 	"io"
 	"strings"
 	"sync"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/ui/app/local"
 	"github.com/berthvm/berth/ui/cli"
 	"github.com/berthvm/berth/ui/portfwd"
 )

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/berthvm/berth/ui/app/local"
 	"io"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/berthvm/berth/guest/image"
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/ui/app/local"
 	"github.com/berthvm/berth/ui/cli"
 )
 
