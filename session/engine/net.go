@@ -71,8 +71,11 @@ func (m *Manager) Forward(ctx context.Context, name string, port int) (net.Conn,
 		dctx, cancel := context.WithTimeout(ctx, nicForwardWait)
 		conn, err = g.DialTCP(dctx, port)
 		cancel()
-		if err != nil && ctx.Err() != nil {
-			return nil, fmt.Errorf("session %s: connect to port %d: %w", name, port, err)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("session %s: connect to port %d: %w", name, port, err)
+			}
+			m.log.Debug("forward: through the agent", "session", name, "port", port, "nic", err)
 		}
 	}
 	if conn == nil {
