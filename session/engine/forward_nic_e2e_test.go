@@ -71,6 +71,20 @@ func peer(t *testing.T, addr string) string {
 	return strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(body), "[::ffff:"), "]")
 }
 
+// peerBecomes waits up to 10 s for the guest to see connections through
+// addr come from want: the NIC's stack is served beside the VM, and a
+// forward made before it is up goes through the agent.
+func peerBecomes(t *testing.T, addr, want string) string {
+	t.Helper()
+	got := ""
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if got = peer(t, addr); got == want {
+			break
+		}
+	}
+	return got
+}
+
 // With net_nic on, port-forward and ssh -L reach a guest port through the
 // NIC's stack (the guest sees host.berth.internal connect), a port the
 // guest serves on its loopback only through the agent, and both again
@@ -89,7 +103,7 @@ func TestForwardNIC(t *testing.T) {
 		if body, err := httpGet(t, "http://"+fw.addrs[0]+"/"); err != nil || body != "hi\n" {
 			t.Fatalf("GET through the forward: %q %v", body, err)
 		}
-		if p := peer(t, fw.addrs[0]); p != "10.0.2.2" {
+		if p := peerBecomes(t, fw.addrs[0], "10.0.2.2"); p != "10.0.2.2" {
 			t.Errorf("the guest saw the forward come from %q, want 10.0.2.2 (the NIC's stack)", p)
 		}
 		if p := peer(t, fw.addrs[1]); p != "127.0.0.1" {
@@ -121,13 +135,7 @@ func TestForwardNIC(t *testing.T) {
 		if s := e.Info("f1"); s.State != session.StateRunning {
 			t.Fatalf("after the wake: %s", s.State)
 		}
-		got := ""
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-			if got = peer(t, fw.addrs[0]); got == "10.0.2.2" {
-				break
-			}
-		}
-		if got != "10.0.2.2" {
+		if got := peerBecomes(t, fw.addrs[0], "10.0.2.2"); got != "10.0.2.2" {
 			t.Errorf("after the wake the guest saw the forward come from %q, want 10.0.2.2 (the NIC's stack)", got)
 		}
 		if out := e.OK("exec", "f1", "--", "ip", "addr", "show", "eth0"); !strings.Contains(out, "inet 10.0.2.15/24") {
