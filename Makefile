@@ -28,7 +28,8 @@ deps:
 	fi
 
 build:
-	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/berth .
+	$(GO) build -o $(BIN)/berth .
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/berth-host ./ui/app/cmd/berth-host
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w -X main.build=$(VERSION)' -o $(BIN)/berth-agent ./guest/cmd/berth-agent
 	$(GO) build -o $(BIN)/berth-etcd ./session/fleet/member/cmd/berth-etcd
 
@@ -64,14 +65,14 @@ bench: deps build
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./ui/ ./ui/components/output/ 2>&1 | grep -E 'Benchmark|ok' || true
 	$(GO) test -run '^$$' -bench . ./store/ 2>&1 | grep -E 'Benchmark|ok' || true
 
-# install puts berth and its guest agent side by side (berth finds the
-# agent next to itself) and the shell completion scripts where bash, zsh
-# and fish look for them.
+# install puts berth, berth-host and the guest agent side by side (berth
+# finds berth-host, and the daemon the agent, next to itself) and the shell
+# completion scripts where bash, zsh and fish look for them.
 PREFIX ?= /usr/local
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
 		$(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
-	install -m 0755 $(BIN)/berth $(BIN)/berth-agent $(BIN)/berth-etcd $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BIN)/berth $(BIN)/berth-host $(BIN)/berth-agent $(BIN)/berth-etcd $(DESTDIR)$(PREFIX)/bin/
 	$(BIN)/berth completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/berth
 	$(BIN)/berth completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_berth
 	$(BIN)/berth completion fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/berth.fish

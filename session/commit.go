@@ -2,7 +2,6 @@ package session
 
 import (
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 )
@@ -33,8 +32,6 @@ func (r CommitRequest) Validate() error {
 	return ValidateLabel(r.Label)
 }
 
-var imageNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-
 // ValidateImageName checks the name of an image to make: 1-63 of a-z,
 // 0-9 and '-', starting with a letter or digit, as the image store
 // (guest/image.ValidateName, which names directories with it) has it.
@@ -42,7 +39,7 @@ func ValidateImageName(name string) error {
 	if name == "" {
 		return &Error{Class: ErrInvalid, Field: FieldNewImage, Msg: "is missing", Hint: "name the image to make"}
 	}
-	if !imageNameRE.MatchString(name) {
+	if !isName(name) {
 		return &Error{Class: ErrInvalid, Field: FieldNewImage, Msg: fmt.Sprintf("%q is not a name: use 1-63 of a-z, 0-9 and '-', starting with a letter or digit", oneLine(name, 80))}
 	}
 	return nil

@@ -37,14 +37,27 @@ func TestDependenciesPointOneWay(t *testing.T) {
 			}
 		}
 	}
-	// berth itself links etcd's client, not its server: the server's
+	// berth-host links etcd's client, not its server: the server's
 	// start-up would cost every command about 5 ms (berth-etcd has it).
-	for _, dep := range list("github.com/berthvm/berth") {
+	for _, dep := range list("github.com/berthvm/berth/ui/app/cmd/berth-host") {
 		if strings.HasPrefix(dep, "go.etcd.io/etcd/server/") || dep == "github.com/berthvm/berth/session/fleet/member" {
-			t.Errorf("berth links %s; etcd's server belongs in berth-etcd", dep)
+			t.Errorf("berth-host links %s; etcd's server belongs in berth-etcd", dep)
 		}
 	}
 	forbidden = append(forbidden, "go.etcd.io/", "github.com/berthvm/berth/session/fleet")
+	// berth runs the client commands and links no daemon: the daemon's
+	// packages cost every command's start about 7 ms, the MCP server's
+	// about 1 ms (berth-host has them).
+	for _, dep := range list("github.com/berthvm/berth") {
+		for _, f := range append(forbidden, "github.com/berthvm/berth/session/daemon", "gvisor.dev/", "github.com/prometheus/", "github.com/berthvm/berth/ui/app",
+			"github.com/berthvm/berth/ui/mcpserver", "github.com/modelcontextprotocol/") {
+			// pki (the standard library's crypto alone) makes the client
+			// certificate that reaches a fleet host with --host.
+			if strings.HasPrefix(dep, f) && dep != "github.com/berthvm/berth/ui/app/local" && dep != "github.com/berthvm/berth/session/fleet/pki" {
+				t.Errorf("berth links %s; the daemon's packages belong in berth-host", dep)
+			}
+		}
+	}
 	for _, fe := range []string{
 		"github.com/berthvm/berth/ui", "github.com/berthvm/berth/ui/cli", "github.com/berthvm/berth/ui/sshd",
 		"github.com/berthvm/berth/ui/mcpserver", "github.com/berthvm/berth/ui/components/...", "github.com/berthvm/berth/session/api",

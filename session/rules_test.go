@@ -2,6 +2,7 @@ package session
 
 import (
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -353,6 +354,18 @@ func TestValidateUser(t *testing.T) {
 		err := ValidateUser(spec)
 		if ok != (err == nil) || err != nil && (!errors.Is(err, ErrInvalid) || FieldOf(err) != FieldUser) {
 			t.Errorf("ValidateUser(%q) = %v, want ok %v (else ErrInvalid of field user)", spec, err, ok)
+		}
+	}
+}
+
+// isName is the regular expression ^[a-z0-9][a-z0-9-]{0,62}$ written as a
+// loop (see its comment): both agree.
+func TestIsNameIsTheExpression(t *testing.T) {
+	re := regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+	for _, s := range []string{"", "a", "-", "a-", "-a", "A", "a_b", "web-1", "9", "a b", "é", "a\n",
+		strings.Repeat("a", 63), strings.Repeat("a", 64), "0" + strings.Repeat("-", 62), "0" + strings.Repeat("-", 63)} {
+		if got, want := isName(s), re.MatchString(s); got != want {
+			t.Errorf("isName(%q) = %v, the expression says %v", s, got, want)
 		}
 	}
 }

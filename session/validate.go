@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // The rules every front end (CLI, TUI, SSH server) and fake shares live
@@ -14,7 +15,21 @@ import (
 // Front ends call them; where they check early (the CLI refusing a bad name
 // before it connects) they call the same function the service does.
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+// isName reports whether s is 1-63 of a-z, 0-9 and '-', starting with a
+// letter or digit: the form of session and image names. (A loop, not a
+// regular expression: every berth command links this package, and one
+// compiled at init is start-up time every command pays.)
+func isName(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // ReservedName is no session's name: over SSH, berth@HOST is the
 // workbench while NAME@HOST is session NAME.
@@ -37,7 +52,7 @@ func (e *NameError) Unwrap() error { return ErrInvalid }
 // dashes, starting with a letter or digit, at most 63 characters (it is
 // used in paths and as an SSH user name). It returns a *NameError.
 func ValidateName(name string) error {
-	if !nameRE.MatchString(name) || name == ReservedName {
+	if !isName(name) || name == ReservedName {
 		return &NameError{Name: name}
 	}
 	return nil
@@ -115,7 +130,8 @@ func CheckCPUs(n int) error {
 	return nil
 }
 
-var sizeRE = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?$`)
+// sizeRE is compiled on first use (see isName).
+var sizeRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?$`) })
 
 const sizeWant = "want a number with an optional K, M, G or T suffix, like 512M or 1.5G"
 
@@ -124,7 +140,7 @@ const sizeWant = "want a number with an optional K, M, G or T suffix, like 512M 
 // everywhere sizes are read (flags, the TUI, the config file). The size
 // must be a whole number of bytes above zero.
 func ParseSize(s string) (int64, error) {
-	m := sizeRE.FindStringSubmatch(strings.ToLower(strings.TrimSpace(s)))
+	m := sizeRE().FindStringSubmatch(strings.ToLower(strings.TrimSpace(s)))
 	if m == nil {
 		return 0, fmt.Errorf("%s", sizeWant)
 	}

@@ -6,10 +6,15 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/berthvm/berth/session"
 )
+
+// SocketPath is where the daemon of the data directory dataDir serves the
+// API.
+func SocketPath(dataDir string) string { return filepath.Join(dataDir, "berth.sock") }
 
 // Listen opens the daemon's unix socket at socketPath, readable and
 // writable by the owner only. A socket left behind by a daemon that is gone

@@ -80,10 +80,13 @@ type Options struct {
 	// Test knobs, passed to session.Config as they are.
 	CrashAt     string // a step at which the daemon kills itself
 	NoTemplates bool   // every create boots cold
+	// ForwardViaAgent: forwards go through the agent, also into a
+	// guest with a NIC (the benchmark of the two carriers).
+	ForwardViaAgent bool
 }
 
 // SocketPath is where the daemon's API socket lives in a data directory.
-func SocketPath(dataDir string) string { return filepath.Join(dataDir, "berth.sock") }
+func SocketPath(dataDir string) string { return api.SocketPath(dataDir) }
 
 // Lock holds the data directory for one daemon.
 type Lock struct{ f *os.File }
@@ -222,7 +225,7 @@ func Run(ctx context.Context, o Options) (err error) {
 	mgr, err := engine.NewManager(ctx, st, engine.Config{
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
 		IdleTimeout: cfg.IdleTimeout, RunTimeout: cfg.RunTimeout, KeepRuns: cfg.RunCheckpoint, RunRecordLimit: cfg.RunRecordLimit, Floor: cfg.Floor,
-		CheckpointLimit: cfg.CheckpointLimit, CheckpointBytes: cfg.CheckpointBytes, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates, NIC: cfg.NetNIC,
+		CheckpointLimit: cfg.CheckpointLimit, CheckpointBytes: cfg.CheckpointBytes, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates, ForwardViaAgent: o.ForwardViaAgent, NIC: cfg.NetNIC,
 		Logger: log, Observer: obs, Net: netConfig(cfg, o), LockWatch: o.LockWatch,
 	})
 	if err != nil {

@@ -143,6 +143,9 @@ type Config struct {
 	CheckpointBytes int64
 	// NoTemplates makes every create boot cold.
 	NoTemplates bool
+	// ForwardViaAgent makes every forward go through the agent, also
+	// into a guest with a NIC: for the benchmark that compares the two.
+	ForwardViaAgent bool
 	// Observer learns of creates, wakes and executions' ends (metrics);
 	// nil: nobody.
 	Observer session.Observer

@@ -54,7 +54,18 @@ func (s *sess) serveNIC(ctx context.Context, vm vmm.VM) {
 		conn, err := nd.DialNIC(dctx)
 		cancel()
 		if err == nil {
-			err = netstack.Serve(ctx, conn, peer, netstack.Config{MaxFlows: s.m.proxy.Config().MaxConns})
+			// Forwards reach the guest through this stack while it runs;
+			// a newer VM's stack may be up before this one says it ended.
+			var cur *netstack.Guest
+			up := func(g *netstack.Guest) {
+				if g != nil {
+					cur = g
+					s.nic.Store(g)
+					return
+				}
+				s.nic.CompareAndSwap(cur, nil)
+			}
+			err = netstack.Serve(ctx, conn, peer, netstack.Config{MaxFlows: s.m.proxy.Config().MaxConns, Up: up})
 		}
 		if errors.Is(err, fs.ErrNotExist) {
 			return

@@ -14,6 +14,7 @@ import (
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/engine/egress"
 	"github.com/berthvm/berth/session/engine/internal/lock"
+	"github.com/berthvm/berth/session/engine/netstack"
 	"github.com/berthvm/berth/store"
 	"github.com/berthvm/berth/vmm"
 )
@@ -53,7 +54,10 @@ type sess struct {
 	ckpt    ckptTotals // guarded by mu; see refreshCheckpoints
 	egress  egress.Counters
 	fwd     fwdCounts
-	note    func(string) // where egress refusals are noted; nil: the timeline
+	// nic is the running NIC stack's way into the guest (serveNIC);
+	// nil while the VM has no NIC or its stack is not up.
+	nic  atomic.Pointer[netstack.Guest]
+	note func(string) // where egress refusals are noted; nil: the timeline
 	// exec caches the defaults the session's image build gives its
 	// commands, for the build named by execKey; guarded by mu.
 	exec    execDefaults

@@ -12,21 +12,19 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"golang.org/x/term"
-
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/api"
 	"github.com/berthvm/berth/session/daemon"
 	"github.com/berthvm/berth/ui"
+	"github.com/berthvm/berth/ui/app/local"
 	"github.com/berthvm/berth/ui/cli"
+	"github.com/berthvm/berth/ui/mcpserver"
 )
 
 // Main runs the berth command line (args without the program name) on
@@ -35,8 +33,10 @@ import (
 func Main(args []string, version string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	g := &cli.Globals{Data: dataDir(), Cache: cacheDir(), Host: os.Getenv("BERTH_HOST"), CertDir: os.Getenv("BERTH_CERT_DIR")}
-	return cli.Run(ctx, CLIEnv(g), args, Commands(version)...)
+	g := local.Globals()
+	env := local.CLIEnv(g)
+	env.MCP = mcpserver.Stdio
+	return cli.Run(ctx, env, args, Commands(version)...)
 }
 
 // Commands are the commands only the daemon's host runs, for cli.Run's
@@ -52,158 +52,11 @@ const (
 	logKeep = 3
 )
 
-// local is the group the overview lists these commands under.
-const local = "This host"
+// hostGroup is the group the overview lists these commands under.
+const hostGroup = "This host"
 
 // globals are the parsed global flags of c's command line.
 func globals(c *cli.Call) cli.Globals { return *c.Env().Globals }
-
-func dataDir() string {
-	if d := os.Getenv("BERTH_DATA"); d != "" {
-		return d
-	}
-	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
-		return filepath.Join(d, "berth")
-	}
-	home, _ := os.UserHomeDir()
-	return filepath.Join(home, ".local", "share", "berth")
-}
-
-func cacheDir() string {
-	if d := os.Getenv("BERTH_CACHE"); d != "" {
-		return d
-	}
-	d, err := os.UserCacheDir()
-	if err != nil {
-		d = os.TempDir()
-	}
-	return filepath.Join(d, "berth")
-}
-
-// Connect finds the daemon on the data directory's socket, starting it in
-// the background first when none answers (as tmux does).
-func Connect(ctx context.Context, g cli.Globals, who string, quiet bool) (*api.Client, error) {
-	if g.Host != "" {
-		return connectHost(ctx, g, who)
-	}
-	sock := daemon.SocketPath(g.Data)
-	c := api.Dial(sock, api.WithActor(who))
-	// A connect, not a ping: the first real call is the check, and a
-	// command such as exec saves a round trip.
-	if c.Reachable(ctx) {
-		return c, nil
-	}
-	var err error
-	if err := os.MkdirAll(g.Data, 0o755); err != nil {
-		return nil, err
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	logPath := filepath.Join(g.Data, "daemon.log")
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	d := exec.Command(exe, "--data", g.Data, "--cache", g.Cache, "serve", "--log", logPath)
-	d.Stdout, d.Stderr = logf, logf
-	d.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := d.Start(); err != nil {
-		return nil, fmt.Errorf("start the daemon: %w", err)
-	}
-	pid := d.Process.Pid
-	d.Process.Release()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err = c.Ping(pctx)
-		cancel()
-		if err == nil {
-			if !quiet {
-				fmt.Fprintf(os.Stderr, "berth: started the daemon in the background (pid %d, log %s)\n", pid, logPath)
-			}
-			return c, nil
-		}
-		if syscall.Kill(pid, 0) != nil {
-			return nil, fmt.Errorf("the daemon exited at start: %s", lastLine(logPath))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return nil, fmt.Errorf("the daemon did not answer on %s within 15s (log: %s)", sock, logPath)
-}
-
-func lastLine(path string) string {
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return lines[len(lines)-1]
-}
-
-// CLIEnv is the process's terminal for cli.Run, connecting to the daemon
-// of g's data directory (once Run has parsed the global flags into g).
-func CLIEnv(g *cli.Globals) cli.Env {
-	in, out, errf := int(os.Stdin.Fd()), int(os.Stdout.Fd()), int(os.Stderr.Fd())
-	env := cli.Env{
-		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
-		StdinTTY: term.IsTerminal(in), StdoutTTY: term.IsTerminal(out), StderrTTY: term.IsTerminal(errf),
-		Term: os.Getenv("TERM"), Who: "cli", Globals: g,
-	}
-	env.Connect = func(ctx context.Context) (session.Service, error) { return Connect(ctx, *g, "cli", false) }
-	if os.Getenv("BERTH_TRACE") != "" {
-		env.Trace = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	env.ConnectRunning = func(ctx context.Context) (session.Service, error) {
-		var c *api.Client
-		if g.Host != "" {
-			var err error
-			if c, err = dialHost(*g, "cli"); err != nil {
-				return nil, err
-			}
-		} else {
-			c = api.Dial(daemon.SocketPath(g.Data), api.WithActor("cli"))
-		}
-		if _, err := c.Ping(ctx); err != nil {
-			c.Close()
-			return nil, err
-		}
-		return c, nil
-	}
-	if w, h, err := term.GetSize(out); err == nil {
-		env.Size = cli.TermSize{Rows: h, Cols: w}
-	}
-	env.MakeRaw = func() (func(), error) {
-		st, err := term.MakeRaw(in)
-		if err != nil {
-			return nil, err
-		}
-		return func() { term.Restore(in, st) }, nil
-	}
-	env.SizeChanges = func(ctx context.Context) <-chan cli.TermSize {
-		ch := make(chan cli.TermSize, 1)
-		sig := make(chan os.Signal, 1)
-		signal.Notify(sig, syscall.SIGWINCH)
-		go func() {
-			defer signal.Stop(sig)
-			defer close(ch)
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-sig:
-					if w, h, err := term.GetSize(out); err == nil {
-						select {
-						case ch <- cli.TermSize{Rows: h, Cols: w}:
-						default:
-						}
-					}
-				}
-			}
-		}()
-		return ch
-	}
-	return env
-}
 
 func tuiCmd() *cli.Command {
 	return &cli.Command{
@@ -217,12 +70,12 @@ func tuiCmd() *cli.Command {
 				// that Run's context names.
 				ctx = session.WithActor(ctx, "tui")
 				g := globals(c)
-				client, err := Connect(ctx, g, "tui", true)
+				client, err := local.Connect(ctx, g, "tui", true)
 				if err != nil {
 					return err
 				}
 				defer client.Close()
-				sock := daemon.SocketPath(g.Data)
+				sock := api.SocketPath(g.Data)
 				if g.Host != "" {
 					sock = g.Host
 				}
@@ -238,7 +91,7 @@ func tuiCmd() *cli.Command {
 
 func serveCmd(version string) *cli.Command {
 	return &cli.Command{
-		Name: "serve", Group: local, Usage: "[--ssh ADDR] [--metrics ADDR [--metrics-public]] [--fleet URLS --host-id H [--listen ADDR] [--fleet-ca DIR]] [--ch-binary PATH] [--log FILE] [-v]",
+		Name: "serve", Group: hostGroup, Usage: "[--ssh ADDR] [--metrics ADDR [--metrics-public]] [--fleet URLS --host-id H [--listen ADDR] [--fleet-ca DIR]] [--ch-binary PATH] [--log FILE] [-v]",
 		Summary: "run the daemon in the foreground",
 		Help:    "Runs the daemon in the foreground: it owns the store and the VMs and serves\nthe API on <data>/berth.sock. SIGTERM stops it; VMs keep running. SIGQUIT\nwrites every goroutine's stack to its log and exits (VMs keep running): attach it\nto a bug report about a daemon that stopped answering.\nWith --metrics it also serves /metrics (Prometheus text format: per-session CPU,\nmemory, disk and execution figures, and the daemon's own) and /healthz over HTTP.\nWith --fleet it joins the fleet whose etcd answers there as host --host-id and is one\nof its front doors: every session of the fleet is reached through it, served by its\nowner; new sessions are placed. --listen serves the API to other hosts and operators\n(berth --host): mutual TLS with --fleet-ca, else plain text on loopback only.",
 		Example: "berth serve --ssh :2222",
@@ -276,7 +129,8 @@ func serveCmd(version string) *cli.Command {
 					Metrics: *metricsAddr, MetricsPublic: *metricsPublic, LockWatch: lockWatch, Fleet: fc,
 					// The end-to-end tests set these on the berth serve they start.
 					CrashAt: os.Getenv("BERTH_CRASH_AT"), NoTemplates: os.Getenv("BERTH_NO_TEMPLATES") != "",
-					Hosts: os.Getenv("BERTH_TEST_HOSTS"),
+					ForwardViaAgent: os.Getenv("BERTH_FORWARD_VIA_AGENT") != "",
+					Hosts:           os.Getenv("BERTH_TEST_HOSTS"),
 				}
 				if *sshAddr != "" {
 					if _, p, err := net.SplitHostPort(*sshAddr); err == nil {
@@ -298,7 +152,7 @@ func serveCmd(version string) *cli.Command {
 
 func versionCmd(version string) *cli.Command {
 	return &cli.Command{
-		Name: "version", Aliases: []string{"--version"}, Group: local,
+		Name: "version", Aliases: []string{"--version"}, Group: hostGroup,
 		Summary: "print berth's version",
 		Example: "berth version",
 		Setup: func(*flag.FlagSet) cli.RunFunc {

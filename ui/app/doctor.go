@@ -27,7 +27,7 @@ import (
 
 func doctorCmd() *cli.Command {
 	return &cli.Command{
-		Name: "doctor", Group: local, Usage: "[--json]",
+		Name: "doctor", Group: hostGroup, Usage: "[--json]",
 		Summary: "which hypervisors and accelerators work here, and why not",
 		Help: "Checks QEMU, the mini image, KVM (a test boot of the mini image; the verdict is\nkept until the host reboots), TCG, Cloud Hypervisor, the tools image builds need\nand the guest agent, a line each; and, when a daemon runs on the data directory,\nthat its session manager answers within 5 s (a daemon that does not is frozen:\nthe line says how to get its goroutines for a bug report).\n" +
 			"--json prints {\"ok\": …, \"checks\": [{\"name\", \"ok\", \"detail\"}…]} for service managers\nand scripts; ok is false when a check berth needs (qemu, tcg, berth-agent, the daemon,\nthe data directory) fails, and the exit code is then 1.",

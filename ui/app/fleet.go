@@ -17,12 +17,13 @@ import (
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/fleet/memberconf"
 	"github.com/berthvm/berth/session/fleet/pki"
+	"github.com/berthvm/berth/ui/app/local"
 	"github.com/berthvm/berth/ui/cli"
 )
 
 func hostLsCmd() *cli.Command {
 	return &cli.Command{
-		Name: "host ls", Action: session.ActionHosts, Group: local, Usage: "[--json]",
+		Name: "host ls", Action: session.ActionHosts, Group: hostGroup, Usage: "[--json]",
 		Summary: "list the hosts of this berth's fleet: state, capacity, what is promised",
 		Help: `Asks this host's daemon, which reads the fleet's etcd. STATE is ready, draining (placement
 puts nothing new there) or gone (its lease expired, or it left in a clean stop: NOTE says
@@ -32,7 +33,7 @@ not in a fleet.`,
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
 			asJSON := fs.Bool("json", false, "print JSON")
 			return func(ctx context.Context, c *cli.Call, _ []string) error {
-				cl, err := Connect(ctx, globals(c), "cli", false)
+				cl, err := local.Connect(ctx, globals(c), "cli", false)
 				if err != nil {
 					return err
 				}
@@ -93,7 +94,7 @@ func dash(s string) string {
 
 func etcdCmd() *cli.Command {
 	return &cli.Command{
-		Name: "etcd", Group: local, Usage: "--name N --data DIR [--listen-client URL] [--listen-peer URL] [--initial-cluster N=URL,…] [--fleet-ca DIR] [-v]",
+		Name: "etcd", Group: hostGroup, Usage: "--name N --data DIR [--listen-client URL] [--listen-peer URL] [--initial-cluster N=URL,…] [--fleet-ca DIR] [-v]",
 		Summary: "run an embedded etcd member for a fleet, in the foreground",
 		Help: `Runs one etcd member (etcd v3.7.3, from berth-etcd next to berth) for people who have no etcd yet;
 berth serve --fleet joins a fleet on its client URLs. Alone it is a cluster of one; for
@@ -134,7 +135,7 @@ func execEtcd(c memberconf.Config) error {
 
 func fleetInitCmd() *cli.Command {
 	return &cli.Command{
-		Name: "fleet init", Group: local, Usage: "--dir DIR [--name NAME]",
+		Name: "fleet init", Group: hostGroup, Usage: "--dir DIR [--name NAME]",
 		Summary: "make a fleet's certificate authority, for mutual TLS between hosts and etcd",
 		Help: `Makes DIR/ca.crt and DIR/ca.key (ECDSA P-256, ten years; the key 0600). berth etcd
 --fleet-ca DIR and berth serve --fleet-ca DIR issue their own certificates from it on first
@@ -161,7 +162,7 @@ where only the fleet's operators can read it.`,
 
 func fleetCertCmd() *cli.Command {
 	return &cli.Command{
-		Name: "fleet cert", Group: local, Usage: "--dir CA --name NAME --out DIR [--dns NAME,…] [--ip IP,…]",
+		Name: "fleet cert", Group: hostGroup, Usage: "--dir CA --name NAME --out DIR [--dns NAME,…] [--ip IP,…]",
 		Summary: "issue a certificate of the fleet's CA: an operator's, to reach hosts with --host",
 		Help: `Issues a certificate and key for NAME, signed by the CA in --dir (berth fleet init), into
 --out, with the CA's certificate beside them: out alone is then enough. It is good as client

@@ -10,13 +10,14 @@ import (
 	"sync"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/ui/app/local"
 	"github.com/berthvm/berth/ui/cli"
 	"github.com/berthvm/berth/ui/portfwd"
 )
 
 func portForwardCmd() *cli.Command {
 	return &cli.Command{
-		Name: "port-forward", Action: session.ActionNet, Group: local, Usage: "NAME [LOCAL:]REMOTE...", Args: []string{"NAME", "PORT..."},
+		Name: "port-forward", Action: session.ActionNet, Group: hostGroup, Usage: "NAME [LOCAL:]REMOTE...", Args: []string{"NAME", "PORT..."},
 		Summary: "forward host loopback ports into a session's VM",
 		Help: "Listens on 127.0.0.1:LOCAL on this host (LOCAL defaults to REMOTE; 0 picks a free port)\n" +
 			"and carries each connection over the agent channel to 127.0.0.1:REMOTE inside the VM, so\n" +
@@ -43,7 +44,7 @@ func runPortForward(ctx context.Context, c *cli.Call, args []string) error {
 		}
 		specs = append(specs, sp)
 	}
-	client, err := Connect(ctx, globals(c), "cli", true)
+	client, err := local.Connect(ctx, globals(c), "cli", true)
 	if err != nil {
 		return err
 	}

@@ -16,13 +16,14 @@ import (
 
 	"github.com/berthvm/berth/guest/image"
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/ui/app/local"
 	"github.com/berthvm/berth/ui/cli"
 )
 
 // imager connects to the daemon, which builds and keeps images: recipes'
 // setup steps run in its VMs.
 func imager(ctx context.Context, c *cli.Call) (session.Imager, func(), error) {
-	cl, err := Connect(ctx, globals(c), "cli", false)
+	cl, err := local.Connect(ctx, globals(c), "cli", false)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -31,7 +32,7 @@ func imager(ctx context.Context, c *cli.Call) (session.Imager, func(), error) {
 
 func imageBuildCmd() *cli.Command {
 	return &cli.Command{
-		Name: "image build", Action: session.ActionImage, Group: local, Usage: "[NAME] [--recipe FILE]", Args: []string{"[NAME]"},
+		Name: "image build", Action: session.ActionImage, Group: hostGroup, Usage: "[NAME] [--recipe FILE]", Args: []string{"[NAME]"},
 		Summary: "build a guest image: mini, debian, or one from a recipe",
 		Help: `Builds an image unless one from the same inputs exists (then it says so at once).
   mini    an initramfs: the berth agent, busybox and the kernel modules; the root is in memory
@@ -173,7 +174,7 @@ func (b *buildProgress) end() {
 
 func imageImportCmd() *cli.Command {
 	return &cli.Command{
-		Name: "image import", Action: session.ActionImage, Group: local, Usage: "SOURCE --name NAME [--ref REF]", Args: []string{"SOURCE"},
+		Name: "image import", Action: session.ActionImage, Group: hostGroup, Usage: "SOURCE --name NAME [--ref REF]", Args: []string{"SOURCE"},
 		Summary: "import a container image (OCI layout, docker or podman save archive, rootfs tarball)",
 		Help: `Imports a container image as a berth image sessions can be created from (--image NAME).
 SOURCE is a path on this host, read by the daemon, or - for standard input:
@@ -265,7 +266,7 @@ func configNotes(c *session.ImageConfig) []string {
 
 func imageCommitCmd() *cli.Command {
 	return &cli.Command{
-		Name: "image commit", Action: session.ActionCommitImage, Group: local, Usage: "NAME IMAGE [--label L] [--json]", Args: []string{"NAME", "IMAGE"},
+		Name: "image commit", Action: session.ActionCommitImage, Group: hostGroup, Usage: "NAME IMAGE [--label L] [--json]", Args: []string{"NAME", "IMAGE"},
 		Summary: "make session NAME's system disk a new image IMAGE, on the image it runs",
 		Help: `The session's system disk (what it changed over its image: packages, /etc, /root) becomes
 a read-only layer on top of the image build the session was made with, and IMAGE is that
@@ -358,7 +359,7 @@ func count(n int, one string) string {
 
 func imageLsCmd() *cli.Command {
 	return &cli.Command{
-		Name: "image ls", Action: session.ActionRead, Group: local, Usage: "[--json]",
+		Name: "image ls", Action: session.ActionRead, Group: hostGroup, Usage: "[--json]",
 		Summary: "list images: size, digest, build time, source, the sessions using each",
 		Help: `Older builds of an image are listed while sessions made with them exist. SOURCE is
 "berth" for images berth ships, the recipe file for recipes, for an imported image
@@ -446,7 +447,7 @@ func imageSource(i session.ImageInfo) string {
 
 func imageExportCmd() *cli.Command {
 	return &cli.Command{
-		Name: "image export", Action: session.ActionImageExport, Group: local, Usage: "IMAGE -o FILE", Args: []string{"IMAGE"},
+		Name: "image export", Action: session.ActionImageExport, Group: hostGroup, Usage: "IMAGE -o FILE", Args: []string{"IMAGE"},
 		Summary: "export an image as an OCI image layout tarball (berth image import, podman load)",
 		Help: `Writes an image as an OCI image layout in a tar, which 'berth image import' (here or
 on another host) and 'podman load' read, so images move between hosts. -o - writes it to
@@ -588,7 +589,7 @@ func (f *exportFile) discard() {
 
 func imageRmCmd() *cli.Command {
 	return &cli.Command{
-		Name: "image rm", Action: session.ActionImage, Group: local, Usage: "NAME", Args: []string{"NAME"},
+		Name: "image rm", Action: session.ActionImage, Group: hostGroup, Usage: "NAME", Args: []string{"NAME"},
 		Summary: "remove an image and all its builds; refused while a session or a committed image uses it",
 		Example: "berth image rm py-tools",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {

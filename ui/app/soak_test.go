@@ -680,10 +680,12 @@ func raceBerth(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-race", "-tags", "lockcheck", "-o", filepath.Join(dir, "berth"), ".")
-	cmd.Dir = vmmtest.RepoRoot()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build berth -race: %v\n%s", err, out)
+	for _, b := range []struct{ out, pkg string }{{"berth", "."}, {"berth-host", "./ui/app/cmd/berth-host"}} {
+		cmd := exec.CommandContext(ctx, "go", "build", "-race", "-tags", "lockcheck", "-o", filepath.Join(dir, b.out), b.pkg)
+		cmd.Dir = vmmtest.RepoRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s -race: %v\n%s", b.out, err, out)
+		}
 	}
 	return filepath.Join(dir, "berth")
 }

@@ -44,7 +44,7 @@ func sshServer(g cli.Globals, addr string, log *slog.Logger, out io.Writer) func
 
 func sshAddKeyCmd() *cli.Command {
 	return &cli.Command{
-		Name: "ssh add-key", Group: local, Usage: "[--role viewer|operator|admin] KEYFILE", Args: []string{"KEYFILE"},
+		Name: "ssh add-key", Group: hostGroup, Usage: "[--role viewer|operator|admin] KEYFILE", Args: []string{"KEYFILE"},
 		Summary: "authorize a public key to log in over SSH",
 		Help: `Authorizes a public key (KEYFILE: an OpenSSH .pub file, or - for stdin) to
 log in to 'berth serve --ssh ADDR'. It appends one line to

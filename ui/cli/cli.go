@@ -33,6 +33,10 @@ type Env struct {
 	Stdin  io.Reader
 	Stdout io.Writer
 	Stderr io.Writer
+	// StdinNull says Stdin is /dev/null: exec starts its command without
+	// a stdin to forward (the guest gives it its own /dev/null), which
+	// saves the guest a pipe and the end-of-input message.
+	StdinNull bool
 
 	// Connect returns the service to use. Run calls it at most once, only
 	// for commands that need it.
@@ -64,6 +68,12 @@ type Env struct {
 	// NoLocalFiles makes put and get accept only "-" (stdin, stdout): set
 	// it where the caller's files are not on this machine (SSH).
 	NoLocalFiles bool
+	// MCP, if set, serves berth's tools over MCP on in and out for the mcp
+	// command (ui/mcpserver.Stdio), confined to session name when it is
+	// not "", within run when that is not ""; nil: mcp fails. ui/cli does
+	// not link the MCP server: berth, which runs ui/cli's commands itself,
+	// starts about 1 ms faster without it and hands mcp to berth-host.
+	MCP func(ctx context.Context, svc session.Service, name, run string, in io.Reader, out io.Writer) error
 	// Trace, if set, gets a debug line per exec with the time each phase
 	// took on this side (BERTH_TRACE=1 in the berth command); nil: none.
 	Trace *slog.Logger
@@ -119,6 +129,28 @@ func Run(ctx context.Context, env Env, args []string, extra ...*Command) int {
 		return ExitUsage
 	}
 	return c.finish(ctx, cmd, c.run(ctx, cmd, args[n:]))
+}
+
+// Handles reports whether Run without extra commands runs the command
+// line args (without the program name) as it would with them: one of the
+// built-in commands, other than those that read the whole table (help,
+// completion) and mcp (see Env.MCP). A binary that has only the built-in commands (berth, which
+// links no daemon) hands every other command line to one that has all.
+func Handles(args []string) bool {
+	args, err := parseGlobals(&Globals{}, args)
+	if err != nil || len(args) == 0 || isHelp(args[0]) {
+		return false
+	}
+	cmd, _ := cmdTable(commands()).lookup(args)
+	switch {
+	case cmd == nil:
+		return false
+	case cmd.Name == "completion", cmd.Name == "__complete":
+		return false // the whole table
+	case cmd.Name == "mcp":
+		return false // Env.MCP, which berth does not link
+	}
+	return true
 }
 
 // defaults fills env's zero fields and puts its caller on ctx.

@@ -470,6 +470,12 @@ func TestExec(t *testing.T) {
 		tc{stderr: "no running commands (--all shows finished ones)\n"}.check(t, w.run(t.Context(), cli.Env{}, "ps", "demo"))
 		tc{code: 1, stderr: "berth: session \"nope\": not found\n"}.check(t, w.run(t.Context(), cli.Env{}, "ps", "nope"))
 	})
+	// A command whose stdin here is /dev/null gets none to read from
+	// (not even what Stdin would give): nothing is forwarded.
+	t.Run("stdin /dev/null", func(t *testing.T) {
+		r := w.run(t.Context(), cli.Env{StdinNull: true, Stdin: strings.NewReader("not forwarded")}, "exec", "demo", "cat")
+		tc{stdout: ""}.check(t, r)
+	})
 }
 
 func waitDone(t *testing.T, w *world, id string) session.Execution {
@@ -693,5 +699,34 @@ func TestLsInAFleet(t *testing.T) {
 	}
 	if out := w.sh(t, "ls"); strings.Contains(out, "HOST") {
 		t.Errorf("ls alone has a HOST column:\n%s", out)
+	}
+}
+
+// Handles tells the built-in commands, which berth runs itself, from the
+// command lines it hands to berth-host: the host's own commands, help and
+// completion (they read the whole table), and anything it cannot parse.
+func TestHandles(t *testing.T) {
+	for args, want := range map[string]bool{
+		"exec demo -- true":               true,
+		"--data /tmp/d exec demo -- true": true,
+		"ls":                              true,
+		"run start demo":                  true,
+		"":                                false, // the TUI
+		"serve":                           false,
+		"--data /tmp/d serve":             false,
+		"image build mini":                false,
+		"port-forward demo 8080":          false,
+		"version":                         false,
+		"help":                            false,
+		"--help":                          false,
+		"completion bash":                 false,
+		"__complete exec":                 false,
+		"mcp --session demo":              false, // Env.MCP: berth does not link the server
+		"nosuch":                          false,
+		"--data":                          false,
+	} {
+		if got := cli.Handles(strings.Fields(args)); got != want {
+			t.Errorf("Handles(%q) = %v, want %v", args, got, want)
+		}
 	}
 }

@@ -55,7 +55,7 @@ Output is recorded: 'berth logs' replays it, also after --detach.
 				}
 				req := session.ExecRequest{
 					Argv: args[1:], Env: env, Cwd: *cwd, Timeout: *timeout,
-					TTY: *tty, Stdin: !*detach, User: *user,
+					TTY: *tty, Stdin: !*detach && !c.env.StdinNull, User: *user,
 				}
 				if len(req.Env) == 0 {
 					req.Env = nil

@@ -4,8 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-
-	"github.com/berthvm/berth/ui/mcpserver"
 )
 
 func mcpCmd() *Command {
@@ -25,6 +23,9 @@ after the daemon's run_timeout. Failures are tool errors with berth's one-line m
 			name := fs.String("session", "", "confine the tools to session `NAME`")
 			run := runFlag(fs)
 			return func(ctx context.Context, c *Call, args []string) error {
+				if c.env.MCP == nil {
+					return fmt.Errorf("this berth has no MCP server: run berth-host mcp, or berth mcp with berth-host next to berth")
+				}
 				if *name != "" {
 					if err := checkName(*name); err != nil {
 						return err
@@ -51,8 +52,7 @@ after the daemon's run_timeout. Failures are tool errors with berth's one-line m
 						return usageErrorf("--run %s is a run of session %q, not %q", *run, r.Session, *name)
 					}
 				}
-				srv := mcpserver.New(ctx, svc, mcpserver.Options{Session: *name, Run: *run})
-				if err := srv.ServeStdio(ctx, c.env.Stdin, c.env.Stdout); err != nil {
+				if err := c.env.MCP(ctx, svc, *name, *run, c.env.Stdin, c.env.Stdout); err != nil {
 					return fmt.Errorf("mcp: %w", err)
 				}
 				return nil

@@ -126,6 +126,14 @@ func (s *Server) Serve(ctx context.Context, t mcp.Transport) error {
 	return err
 }
 
+// Stdio serves svc's tools on r and w until ctx ends or the client
+// leaves: New and ServeStdio in one call, the berth mcp command's
+// (cli.Env.MCP), confined to session name unless it is "" and within
+// run unless it is "".
+func Stdio(ctx context.Context, svc session.Service, name, run string, r io.Reader, w io.Writer) error {
+	return New(ctx, svc, Options{Session: name, Run: run}).ServeStdio(ctx, r, w)
+}
+
 // ServeStdio serves one connection over r and w (newline-delimited JSON).
 func (s *Server) ServeStdio(ctx context.Context, r io.Reader, w io.Writer) error {
 	err := s.Serve(ctx, &mcp.IOTransport{Reader: io.NopCloser(r), Writer: nopCloser{w}, MaxLineLength: s.opts.MaxMessage})

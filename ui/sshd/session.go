@@ -17,6 +17,7 @@ import (
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/ui"
 	"github.com/berthvm/berth/ui/cli"
+	"github.com/berthvm/berth/ui/mcpserver"
 )
 
 // handleSession serves one session channel: the TUI when the client asked
@@ -147,6 +148,7 @@ func (s *Server) runCommand(sess ssh.Session, ak AuthorizedKey, args []string, p
 		StderrTTY:    isPty,
 		Who:          ak.Actor(),
 		NoLocalFiles: true,
+		MCP:          mcpserver.Stdio,
 	}
 	if isPty {
 		env.Size = cli.TermSize{Rows: pty.Window.Height, Cols: pty.Window.Width}

@@ -154,8 +154,8 @@ func Images(t testing.TB) *image.Store {
 	return testStore()
 }
 
-// Berth builds the berth command with the agent next to it (where the
-// daemon looks for it) and returns the command's path.
+// Berth builds the berth command with berth-host and the agent next to it
+// (where berth and the daemon look for them) and returns berth's path.
 func Berth(t testing.TB) string {
 	t.Helper()
 	berthOnce.Do(func() {
@@ -179,11 +179,15 @@ func Berth(t testing.TB) string {
 			berthErr = err
 			return
 		}
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, "berth"), ".")
-		cmd.Dir = RepoRoot()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			berthErr = &buildError{err: err, out: string(out)}
-			return
+		// berth runs the client commands and becomes berth-host, next
+		// to it, for the others (serve among them).
+		for _, b := range []struct{ out, pkg string }{{"berth", "."}, {"berth-host", "./ui/app/cmd/berth-host"}} {
+			cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, b.out), b.pkg)
+			cmd.Dir = RepoRoot()
+			if out, err := cmd.CombinedOutput(); err != nil {
+				berthErr = &buildError{err: err, out: string(out)}
+				return
+			}
 		}
 		berthPath = filepath.Join(dir, "berth")
 	})

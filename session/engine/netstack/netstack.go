@@ -17,7 +17,9 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/buffer"
@@ -63,6 +65,52 @@ type Config struct {
 	// Dial connects to an allowed destination on the host; nil dials
 	// directly.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Up, if set, is called with the running stack's Guest once the
+	// stack is built, and with nil when Serve is about to return.
+	Up func(*Guest)
+}
+
+// Guest is a running stack's way into its guest: TCP connections from the
+// host (host.berth.internal on the guest's network) to the guest's
+// address, as a port forward through the NIC. Its connections end with
+// the stack.
+type Guest struct{ n *netw }
+
+// guestAddr is the guest's address on its NIC.
+var guestAddr = netip.MustParsePrefix(guest.NICAddr).Addr()
+
+// DialTCP connects to port on the guest's address. A port nothing listens
+// on there (nothing, or only on the guest's loopback) is
+// syscall.ECONNREFUSED; a stack that stopped is net.ErrClosed.
+func (g *Guest) DialTCP(ctx context.Context, port int) (net.Conn, error) {
+	n := g.n
+	if !n.track() {
+		return nil, fmt.Errorf("the guest's NIC: %w", net.ErrClosed)
+	}
+	defer n.flows.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(n.ctx, cancel) // the stack's end ends the dial
+	defer stop()
+	local := tcpip.FullAddress{NIC: nicID, Addr: tcpip.AddrFrom4(gatewayAddr.As4())}
+	remote := tcpip.FullAddress{NIC: nicID, Addr: tcpip.AddrFrom4(guestAddr.As4()), Port: uint16(port)}
+	c, err := gonet.DialTCPWithBind(ctx, n.st, local, remote, ipv4.ProtocolNumber)
+	if err != nil {
+		if n.ctx.Err() != nil {
+			return nil, fmt.Errorf("the guest's NIC: %w", net.ErrClosed)
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("connect to %s through the guest's NIC: %w", remote.Addr, ctx.Err())
+		}
+		// gonet reports the stack's error as text only.
+		if strings.Contains(err.Error(), (&tcpip.ErrConnectionRefused{}).String()) {
+			return nil, fmt.Errorf("connect to %s:%d through the guest's NIC: %w", guestAddr, port, syscall.ECONNREFUSED)
+		}
+		return nil, fmt.Errorf("connect to %s:%d through the guest's NIC: %w", guestAddr, port, err)
+	}
+	// The stack's Close, when Serve returns, closes every endpoint: the
+	// connection is cut then, as the guest's own are.
+	return c, nil
 }
 
 // Limits of a stack.
@@ -79,6 +127,9 @@ const (
 	// cannot park unbounded dials on the host).
 	maxHandshakes = 256
 )
+
+// nicID is the stack's one NIC.
+const nicID = 1
 
 // Addresses of the stack on the guest's network.
 var (
@@ -110,10 +161,16 @@ func Serve(ctx context.Context, conn net.Conn, peer Peer, cfg Config) error {
 		return err
 	}
 	defer func() {
+		if cfg.Up != nil {
+			cfg.Up(nil)
+		}
 		n.shut()
 		n.st.Close()
 		n.st.Wait()
 	}()
+	if cfg.Up != nil {
+		cfg.Up(&Guest{n})
+	}
 	var (
 		wg   sync.WaitGroup
 		once sync.Once
@@ -167,7 +224,7 @@ func (n *netw) build() error {
 	})
 	mac, _ := net.ParseMAC(StackMAC)
 	n.link = channel.New(queueLen, guest.NICMTU+ethHeader, tcpip.LinkAddress(mac))
-	const nic = 1
+	const nic = nicID
 	if err := n.st.CreateNIC(nic, ethernet.New(n.link)); err != nil {
 		return fmt.Errorf("create the guest's NIC: %s", err)
 	}

@@ -2,6 +2,8 @@ package netstack
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"runtime"
@@ -73,5 +75,43 @@ func TestNetstackVirtual(t *testing.T) {
 		if got := virtual(netip.MustParseAddr(a)); got != want {
 			t.Errorf("virtual(%s) = %v, want %v", a, got, want)
 		}
+	}
+}
+
+// Up hands the running stack's Guest out and takes it back before Serve
+// returns; a dial the guest does not answer ends with its context, and
+// one on a stopped stack says the NIC is closed.
+func TestNetstackGuestDial(t *testing.T) {
+	ours, qemu := net.Pipe()
+	defer qemu.Close()
+	go io.Copy(io.Discard, qemu) // QEMU's end: the guest never answers
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ups := make(chan *Guest, 2)
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, ours, &testPeer{}, Config{Up: func(g *Guest) { ups <- g }}) }()
+	var g *Guest
+	select {
+	case g = <-ups:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Up was not called")
+	}
+	if g == nil {
+		t.Fatal("Up(nil) before the stack ran")
+	}
+	dctx, dcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer dcancel()
+	if _, err := g.DialTCP(dctx, 80); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a dial nobody answers: %v, want its context's deadline", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	if g := <-ups; g != nil {
+		t.Error("Serve returned without Up(nil)")
+	}
+	if _, err := g.DialTCP(context.Background(), 80); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("a dial on a stopped stack: %v, want net.ErrClosed", err)
 	}
 }
