@@ -25,6 +25,7 @@ import (
 	"github.com/berthvm/berth/ui/components/dialog"
 	"github.com/berthvm/berth/ui/components/execs"
 	"github.com/berthvm/berth/ui/components/files"
+	"github.com/berthvm/berth/ui/components/hosts"
 	"github.com/berthvm/berth/ui/components/info"
 	"github.com/berthvm/berth/ui/components/output"
 	"github.com/berthvm/berth/ui/components/runs"
@@ -61,6 +62,9 @@ type page int
 const (
 	pageSessions page = iota
 	pageDetail
+	// pageHosts lists the hosts of the daemon's fleet; it is reached
+	// from the sessions page, and only where the service lists hosts.
+	pageHosts
 )
 
 type tab int
@@ -143,6 +147,7 @@ type Model struct {
 	files    *files.Model
 	info     *info.Model
 	sparks   *sparks.Model // the session view's strip of graphs
+	hosts    *hosts.Model  // nil: the service lists no hosts
 
 	dialog    dialog.Dialog
 	cmdActive bool
@@ -219,6 +224,10 @@ func newModel(svc session.Service, opts Options) *Model {
 		forwards: &tuiForwards{},
 		spinner:  spinner.New(spinner.WithSpinner(spinner.MiniDot)),
 	}
+	if l, ok := svc.(session.HostLister); ok {
+		m.hosts = hosts.New(c, l)
+	}
+	m.keys.Hosts.SetEnabled(m.hosts != nil)
 	m.helpVP = newHelpViewport(m.helpKeys)
 	m.info.SetForwards(m.forwards.list)
 	m.cmdline = textinput.New()
@@ -261,8 +270,11 @@ func (m *Model) restyle() {
 }
 
 func (m *Model) active() common.Component {
-	if m.page == pageSessions {
+	switch m.page {
+	case pageSessions:
 		return m.sessions
+	case pageHosts:
+		return m.hosts
 	}
 	switch m.tab {
 	case tabOutput:
@@ -293,6 +305,9 @@ func (m *Model) setSize(w, h int) {
 	m.cmdline.SetWidth(max(10, w-4))
 	// Sessions has one row less than detail tabs need; each gets its own.
 	m.sessions.SetSize(w, max(1, h-3))
+	if m.hosts != nil {
+		m.hosts.SetSize(w, max(1, h-3))
+	}
 	dh := max(1, h-5)
 	m.sparks.SetWidth(w)
 	m.execs.SetSize(w, dh)
@@ -315,75 +330,87 @@ func (m *Model) quit() tea.Cmd {
 
 // Update implements tea.Model.
 func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	cmd := m.update(msg)
+	// The hosts page polls only while shown. Checked here, after every
+	// message, rather than on each way out of the page (esc, :open,
+	// :filter, an execution opened), so a new way out cannot leave a
+	// poll running.
+	if m.page != pageHosts && m.hosts != nil {
+		m.hosts.Hide()
+	}
+	return m, cmd
+}
+
+func (m *Model) update(msg tea.Msg) tea.Cmd {
 	switch msg := msg.(type) {
 	case tea.WindowSizeMsg:
 		m.setSize(msg.Width, msg.Height)
-		return m, nil
+		return nil
 	case tea.BackgroundColorMsg:
 		m.isDark = msg.IsDark()
 		m.restyle()
-		return m, nil
+		return nil
 	case tea.ColorProfileMsg:
 		m.profile = msg.Profile
 		m.restyle()
-		return m, nil
+		return nil
 	case tea.KeyPressMsg:
-		return m, m.handleKey(msg)
+		return m.handleKey(msg)
 	case tea.PasteMsg:
 		switch {
 		case m.dialog != nil:
-			return m, m.dialog.Update(msg)
+			return m.dialog.Update(msg)
 		case m.cmdActive:
 			var cmd tea.Cmd
 			m.cmdline, cmd = m.cmdline.Update(msg)
-			return m, cmd
+			return cmd
 		}
-		return m, m.active().Update(msg)
+		return m.active().Update(msg)
 	case tea.MouseClickMsg, tea.MouseWheelMsg:
-		return m, m.handleMouse(msg.(tea.MouseMsg))
+		return m.handleMouse(msg.(tea.MouseMsg))
 	case watchStartedMsg:
-		return m, m.handleWatchStarted(msg)
+		return m.handleWatchStarted(msg)
 	case eventsMsg:
-		return m, m.handleEvents(msg)
+		return m.handleEvents(msg)
 	case reconnectMsg:
 		if msg.gen == m.watchGen {
-			return m, m.connect()
+			return m.connect()
 		}
-		return m, nil
+		return nil
 	case common.OpenSessionMsg:
-		return m, m.openDetail(msg.Name)
+		return m.openDetail(msg.Name)
 	case common.OpenOutputMsg:
-		return m, m.openOutput(msg)
+		return m.openOutput(msg)
 	case common.UndoRunMsg:
-		return m, m.undoRequest(msg)
+		return m.undoRequest(msg)
 	case common.FlashMsg:
-		return m, m.setFlash(msg.Kind, msg.Text)
+		return m.setFlash(msg.Kind, msg.Text)
 	case opDoneMsg:
-		return m, m.handleOpDone(msg)
+		return m.handleOpDone(msg)
 	case vettedMsg:
-		return m, m.handleVetted(msg)
+		return m.handleVetted(msg)
 	case flashExpireMsg:
 		if msg.id == m.flash.id {
 			m.flash = flash{}
 		}
-		return m, nil
+		return nil
 	case spinner.TickMsg:
 		if len(m.pending) == 0 {
 			m.spinning = false
-			return m, nil
+			return nil
 		}
 		var cmd tea.Cmd
 		m.spinner, cmd = m.spinner.Update(msg)
-		return m, cmd
+		return cmd
 	case daemonMsg:
 		m.daemon = msg.text
-		return m, tea.Tick(daemonEvery, func(time.Time) tea.Msg { return daemonTickMsg{} })
+		return tea.Tick(daemonEvery, func(time.Time) tea.Msg { return daemonTickMsg{} })
 	case daemonTickMsg:
-		return m, m.pollDaemon()
+		return m.pollDaemon()
 	case clockMsg:
-		return m, m.clock()
+		return m.clock()
 	case createdMsg:
-		return m, m.sessions.Created(msg.s)
+		return m.sessions.Created(msg.s)
 	}
 	// Component-internal messages (pages, listings, timelines) carry
 	// their own generation and are ignored by the others.
@@ -391,11 +418,14 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	for _, c := range []common.Component{m.sessions, m.execs, m.output, m.files, m.info, m.runs} {
 		cmds = append(cmds, c.Update(msg))
 	}
+	if m.hosts != nil {
+		cmds = append(cmds, m.hosts.Update(msg))
+	}
 	cmds = append(cmds, m.sparks.Update(msg))
 	if m.dialog != nil {
 		cmds = append(cmds, m.dialog.Update(msg))
 	}
-	return m, tea.Batch(cmds...)
+	return tea.Batch(cmds...)
 }
 
 type clockMsg struct{}
@@ -502,6 +532,11 @@ func (m *Model) keyActions() []*action {
 			}
 		}
 	}
+	if m.page == pageHosts {
+		// The hosts page has no session under its cursor: a session's
+		// key there would act on the one selected out of sight.
+		return nil
+	}
 	var out []*action
 	for i := range m.actions {
 		a := &m.actions[i]
@@ -531,8 +566,15 @@ func (m *Model) actionBindings() []key.Binding {
 // globalBindings returns the root keys that apply in the current view.
 func (m *Model) globalBindings() []key.Binding {
 	out := []key.Binding{m.keys.Help, m.keys.Command, m.keys.Quit}
-	if m.page == pageDetail {
+	switch m.page {
+	case pageSessions:
+		if m.keys.Hosts.Enabled() {
+			out = append(out, m.keys.Hosts)
+		}
+	case pageDetail:
 		out = append(out, m.keys.Back, m.keys.NextTab, m.keys.PrevTab, m.keys.Tabs)
+	case pageHosts:
+		out = append(out, m.keys.Back)
 	}
 	return out
 }
@@ -548,7 +590,16 @@ func (m *Model) handleGlobal(k tea.KeyPressMsg) tea.Cmd {
 		m.cmdline.SetValue("")
 		return m.cmdline.Focus()
 	}
-	if m.page != pageDetail {
+	switch m.page {
+	case pageSessions:
+		if key.Matches(k, m.keys.Hosts) {
+			return m.openHosts()
+		}
+		return nil
+	case pageHosts:
+		if key.Matches(k, m.keys.Back) {
+			m.page = pageSessions
+		}
 		return nil
 	}
 	switch {
@@ -572,6 +623,15 @@ func (m *Model) handleGlobal(k tea.KeyPressMsg) tea.Cmd {
 		return m.setTab(tabRuns)
 	}
 	return nil
+}
+
+// openHosts shows the hosts page, which polls while it is shown.
+func (m *Model) openHosts() tea.Cmd {
+	if m.hosts == nil {
+		return m.setFlash(common.FlashError, "this berth's service lists no hosts")
+	}
+	m.page = pageHosts
+	return m.hosts.Show()
 }
 
 func (m *Model) setTab(t tab) tea.Cmd {
