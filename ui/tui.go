@@ -330,87 +330,76 @@ func (m *Model) quit() tea.Cmd {
 
 // Update implements tea.Model.
 func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
-	cmd := m.update(msg)
-	// The hosts page polls only while shown. Checked here, after every
-	// message, rather than on each way out of the page (esc, :open,
-	// :filter, an execution opened), so a new way out cannot leave a
-	// poll running.
-	if m.page != pageHosts && m.hosts != nil {
-		m.hosts.Hide()
-	}
-	return m, cmd
-}
-
-func (m *Model) update(msg tea.Msg) tea.Cmd {
+	defer m.hideHosts()
 	switch msg := msg.(type) {
 	case tea.WindowSizeMsg:
 		m.setSize(msg.Width, msg.Height)
-		return nil
+		return m, nil
 	case tea.BackgroundColorMsg:
 		m.isDark = msg.IsDark()
 		m.restyle()
-		return nil
+		return m, nil
 	case tea.ColorProfileMsg:
 		m.profile = msg.Profile
 		m.restyle()
-		return nil
+		return m, nil
 	case tea.KeyPressMsg:
-		return m.handleKey(msg)
+		return m, m.handleKey(msg)
 	case tea.PasteMsg:
 		switch {
 		case m.dialog != nil:
-			return m.dialog.Update(msg)
+			return m, m.dialog.Update(msg)
 		case m.cmdActive:
 			var cmd tea.Cmd
 			m.cmdline, cmd = m.cmdline.Update(msg)
-			return cmd
+			return m, cmd
 		}
-		return m.active().Update(msg)
+		return m, m.active().Update(msg)
 	case tea.MouseClickMsg, tea.MouseWheelMsg:
-		return m.handleMouse(msg.(tea.MouseMsg))
+		return m, m.handleMouse(msg.(tea.MouseMsg))
 	case watchStartedMsg:
-		return m.handleWatchStarted(msg)
+		return m, m.handleWatchStarted(msg)
 	case eventsMsg:
-		return m.handleEvents(msg)
+		return m, m.handleEvents(msg)
 	case reconnectMsg:
 		if msg.gen == m.watchGen {
-			return m.connect()
+			return m, m.connect()
 		}
-		return nil
+		return m, nil
 	case common.OpenSessionMsg:
-		return m.openDetail(msg.Name)
+		return m, m.openDetail(msg.Name)
 	case common.OpenOutputMsg:
-		return m.openOutput(msg)
+		return m, m.openOutput(msg)
 	case common.UndoRunMsg:
-		return m.undoRequest(msg)
+		return m, m.undoRequest(msg)
 	case common.FlashMsg:
-		return m.setFlash(msg.Kind, msg.Text)
+		return m, m.setFlash(msg.Kind, msg.Text)
 	case opDoneMsg:
-		return m.handleOpDone(msg)
+		return m, m.handleOpDone(msg)
 	case vettedMsg:
-		return m.handleVetted(msg)
+		return m, m.handleVetted(msg)
 	case flashExpireMsg:
 		if msg.id == m.flash.id {
 			m.flash = flash{}
 		}
-		return nil
+		return m, nil
 	case spinner.TickMsg:
 		if len(m.pending) == 0 {
 			m.spinning = false
-			return nil
+			return m, nil
 		}
 		var cmd tea.Cmd
 		m.spinner, cmd = m.spinner.Update(msg)
-		return cmd
+		return m, cmd
 	case daemonMsg:
 		m.daemon = msg.text
-		return tea.Tick(daemonEvery, func(time.Time) tea.Msg { return daemonTickMsg{} })
+		return m, tea.Tick(daemonEvery, func(time.Time) tea.Msg { return daemonTickMsg{} })
 	case daemonTickMsg:
-		return m.pollDaemon()
+		return m, m.pollDaemon()
 	case clockMsg:
-		return m.clock()
+		return m, m.clock()
 	case createdMsg:
-		return m.sessions.Created(msg.s)
+		return m, m.sessions.Created(msg.s)
 	}
 	// Component-internal messages (pages, listings, timelines) carry
 	// their own generation and are ignored by the others.
@@ -425,7 +414,17 @@ func (m *Model) update(msg tea.Msg) tea.Cmd {
 	if m.dialog != nil {
 		cmds = append(cmds, m.dialog.Update(msg))
 	}
-	return tea.Batch(cmds...)
+	return m, tea.Batch(cmds...)
+}
+
+// hideHosts stops the hosts page's poll once the page is not shown.
+// Update runs it after every message, rather than each way out of the
+// page (esc, :open, :filter, an execution opened) stopping it, so a new
+// way out cannot leave a poll running.
+func (m *Model) hideHosts() {
+	if m.page != pageHosts && m.hosts != nil {
+		m.hosts.Hide()
+	}
 }
 
 type clockMsg struct{}
@@ -522,6 +521,11 @@ func matchesAny(k tea.KeyPressMsg, groups [][]key.Binding) bool {
 // the enabled ones that apply here and whose keys the component does not
 // claim. Help and key handling both use it, so they cannot disagree.
 func (m *Model) keyActions() []*action {
+	if m.page == pageHosts {
+		// The hosts page has no session under its cursor: a session's
+		// key there would act on the one selected out of sight.
+		return nil
+	}
 	claimed := map[string]bool{}
 	for _, g := range m.active().FullHelp() {
 		for _, b := range g {
@@ -531,11 +535,6 @@ func (m *Model) keyActions() []*action {
 				}
 			}
 		}
-	}
-	if m.page == pageHosts {
-		// The hosts page has no session under its cursor: a session's
-		// key there would act on the one selected out of sight.
-		return nil
 	}
 	var out []*action
 	for i := range m.actions {
