@@ -106,6 +106,10 @@ func TestView(t *testing.T) {
 			"h2 (this)", "◌ draining", "8/8", "10G (20G)",
 			"h3 ", "✗ gone", "1m ago",
 		}},
+		// A state this build does not know (isolated, to come) shows as
+		// itself, marked as trouble.
+		{name: "unknown state", list: session.HostList{Fleet: true, Hosts: []session.HostInfo{{ID: "h9", State: "isolated", Since: t0}}},
+			w: 80, h: 3, want: []string{"? isolated", "now"}},
 		{name: "not in a fleet", list: session.HostList{}, w: 100, h: 5, want: []string{NotInFleet}, not: []string{"HOST"}},
 		{name: "no hosts", list: session.HostList{Fleet: true}, w: 80, h: 5, want: []string{"HOST", "no host has registered"}},
 		{name: "etcd unreachable", err: etcd, w: 100, h: 5, want: []string{"⚠ cannot list the hosts: context deadline exceeded: etcdserver: no leader"}, not: []string{"HOST"}},
@@ -175,6 +179,9 @@ func TestColours(t *testing.T) {
 	}{
 		{2, st.StatePaint(session.StatePaused).Render(common.Fit("◌ draining", 10))},
 		{3, st.StatePaint(session.StateCrashed).Render(common.Fit("✗ gone", 10))},
+		{2, st.WarnP.Render(common.FitLeft("8/8", 5))},       // every CPU promised
+		{2, st.ErrP.Render(common.FitLeft("10G (20G)", 10))}, // below its floor
+
 	} {
 		if !strings.Contains(lines[w.line], w.want) {
 			t.Errorf("line %d lacks %q: %q", w.line, w.want, lines[w.line])
