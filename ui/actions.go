@@ -215,6 +215,7 @@ func actionTable() []action {
 			m.sessions.SetFilter(c.rest)
 			return nil
 		}},
+		{verbs: []string{"hosts"}, act: session.ActionHosts, run: func(m *Model, c call) tea.Cmd { return m.openHosts() }},
 		{verbs: []string{"help", "h"}, run: func(m *Model, c call) tea.Cmd { m.openHelp(); return nil }},
 		{verbs: []string{"quit", "q", "q!"}, run: func(m *Model, c call) tea.Cmd { return m.quit() }},
 	}

@@ -123,11 +123,18 @@ type harness struct {
 
 func newHarness(t *testing.T, f *sessiontest.Fake, opts Options) *harness {
 	t.Helper()
+	return newHarnessOn(t, f, f, opts)
+}
+
+// newHarnessOn is newHarness with the model given svc, which serves f's
+// sessions (f with more methods: a fleet's host list).
+func newHarnessOn(t *testing.T, f *sessiontest.Fake, svc session.Service, opts Options) *harness {
+	t.Helper()
 	if opts.Context == nil {
 		opts.Context = t.Context()
 	}
 	t.Cleanup(func() { f.Close() })
-	m := newModel(f, opts)
+	m := newModel(svc, opts)
 	m.c.Now = func() time.Time { return now }
 	h := &harness{t: t, f: f, m: m, w: 100, h: 30, pro: colorprofile.Ascii}
 	h.d = uitest.NewDriver(m)

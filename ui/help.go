@@ -136,8 +136,11 @@ func (m *Model) helpView(h int) string {
 	st := m.c.Styles
 	m.layoutHelp(h)
 	view := "sessions"
-	if m.page == pageDetail {
+	switch m.page {
+	case pageDetail:
 		view = strings.ToLower(m.tab.String()) + " tab"
+	case pageHosts:
+		view = "hosts"
 	}
 	title := " " + st.DialogHead.Render("Keys: "+view)
 	pos := ""

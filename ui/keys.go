@@ -16,6 +16,9 @@ type KeyMap struct {
 	Tab3    key.Binding
 	Tab4    key.Binding
 	Tab5    key.Binding // the Runs tab, once there are runs
+	// Hosts opens the hosts page from the sessions page; disabled where
+	// the service lists no hosts.
+	Hosts key.Binding
 	// Tabs is how help shows Tab1…Tab5: one short line, so the global
 	// keys sit beside the others at 80 columns.
 	Tabs key.Binding
@@ -35,6 +38,7 @@ func DefaultKeyMap() KeyMap {
 		Tab3:    key.NewBinding(key.WithKeys("3"), key.WithHelp("3", "workspace")),
 		Tab4:    key.NewBinding(key.WithKeys("4"), key.WithHelp("4", "info")),
 		Tab5:    key.NewBinding(key.WithKeys("5"), key.WithHelp("5", "runs")),
+		Hosts:   key.NewBinding(key.WithKeys("H"), key.WithHelp("H", "hosts of the fleet")),
 		Tabs:    key.NewBinding(key.WithKeys("1", "2", "3", "4", "5"), key.WithHelp("1-5", "go to tab (numbered above)")),
 	}
 }

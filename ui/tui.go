@@ -25,6 +25,7 @@ import (
 	"github.com/berthvm/berth/ui/components/dialog"
 	"github.com/berthvm/berth/ui/components/execs"
 	"github.com/berthvm/berth/ui/components/files"
+	"github.com/berthvm/berth/ui/components/hosts"
 	"github.com/berthvm/berth/ui/components/info"
 	"github.com/berthvm/berth/ui/components/output"
 	"github.com/berthvm/berth/ui/components/runs"
@@ -61,6 +62,9 @@ type page int
 const (
 	pageSessions page = iota
 	pageDetail
+	// pageHosts lists the hosts of the daemon's fleet; it is reached
+	// from the sessions page, and only where the service lists hosts.
+	pageHosts
 )
 
 type tab int
@@ -143,6 +147,7 @@ type Model struct {
 	files    *files.Model
 	info     *info.Model
 	sparks   *sparks.Model // the session view's strip of graphs
+	hosts    *hosts.Model  // nil: the service lists no hosts
 
 	dialog    dialog.Dialog
 	cmdActive bool
@@ -219,6 +224,10 @@ func newModel(svc session.Service, opts Options) *Model {
 		forwards: &tuiForwards{},
 		spinner:  spinner.New(spinner.WithSpinner(spinner.MiniDot)),
 	}
+	if l, ok := svc.(session.HostLister); ok {
+		m.hosts = hosts.New(c, l)
+	}
+	m.keys.Hosts.SetEnabled(m.hosts != nil)
 	m.helpVP = newHelpViewport(m.helpKeys)
 	m.info.SetForwards(m.forwards.list)
 	m.cmdline = textinput.New()
@@ -261,8 +270,11 @@ func (m *Model) restyle() {
 }
 
 func (m *Model) active() common.Component {
-	if m.page == pageSessions {
+	switch m.page {
+	case pageSessions:
 		return m.sessions
+	case pageHosts:
+		return m.hosts
 	}
 	switch m.tab {
 	case tabOutput:
@@ -293,6 +305,9 @@ func (m *Model) setSize(w, h int) {
 	m.cmdline.SetWidth(max(10, w-4))
 	// Sessions has one row less than detail tabs need; each gets its own.
 	m.sessions.SetSize(w, max(1, h-3))
+	if m.hosts != nil {
+		m.hosts.SetSize(w, max(1, h-3))
+	}
 	dh := max(1, h-5)
 	m.sparks.SetWidth(w)
 	m.execs.SetSize(w, dh)
@@ -315,6 +330,7 @@ func (m *Model) quit() tea.Cmd {
 
 // Update implements tea.Model.
 func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	defer m.hideHosts()
 	switch msg := msg.(type) {
 	case tea.WindowSizeMsg:
 		m.setSize(msg.Width, msg.Height)
@@ -391,11 +407,24 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	for _, c := range []common.Component{m.sessions, m.execs, m.output, m.files, m.info, m.runs} {
 		cmds = append(cmds, c.Update(msg))
 	}
+	if m.hosts != nil {
+		cmds = append(cmds, m.hosts.Update(msg))
+	}
 	cmds = append(cmds, m.sparks.Update(msg))
 	if m.dialog != nil {
 		cmds = append(cmds, m.dialog.Update(msg))
 	}
 	return m, tea.Batch(cmds...)
+}
+
+// hideHosts stops the hosts page's poll once the page is not shown.
+// Update runs it after every message, rather than each way out of the
+// page (esc, :open, :filter, an execution opened) stopping it, so a new
+// way out cannot leave a poll running.
+func (m *Model) hideHosts() {
+	if m.page != pageHosts && m.hosts != nil {
+		m.hosts.Hide()
+	}
 }
 
 type clockMsg struct{}
@@ -492,6 +521,11 @@ func matchesAny(k tea.KeyPressMsg, groups [][]key.Binding) bool {
 // the enabled ones that apply here and whose keys the component does not
 // claim. Help and key handling both use it, so they cannot disagree.
 func (m *Model) keyActions() []*action {
+	if m.page == pageHosts {
+		// The hosts page has no session under its cursor: a session's
+		// key there would act on the one selected out of sight.
+		return nil
+	}
 	claimed := map[string]bool{}
 	for _, g := range m.active().FullHelp() {
 		for _, b := range g {
@@ -531,8 +565,15 @@ func (m *Model) actionBindings() []key.Binding {
 // globalBindings returns the root keys that apply in the current view.
 func (m *Model) globalBindings() []key.Binding {
 	out := []key.Binding{m.keys.Help, m.keys.Command, m.keys.Quit}
-	if m.page == pageDetail {
+	switch m.page {
+	case pageSessions:
+		if m.keys.Hosts.Enabled() {
+			out = append(out, m.keys.Hosts)
+		}
+	case pageDetail:
 		out = append(out, m.keys.Back, m.keys.NextTab, m.keys.PrevTab, m.keys.Tabs)
+	case pageHosts:
+		out = append(out, m.keys.Back)
 	}
 	return out
 }
@@ -548,7 +589,16 @@ func (m *Model) handleGlobal(k tea.KeyPressMsg) tea.Cmd {
 		m.cmdline.SetValue("")
 		return m.cmdline.Focus()
 	}
-	if m.page != pageDetail {
+	switch m.page {
+	case pageSessions:
+		if key.Matches(k, m.keys.Hosts) {
+			return m.openHosts()
+		}
+		return nil
+	case pageHosts:
+		if key.Matches(k, m.keys.Back) {
+			m.page = pageSessions
+		}
 		return nil
 	}
 	switch {
@@ -572,6 +622,15 @@ func (m *Model) handleGlobal(k tea.KeyPressMsg) tea.Cmd {
 		return m.setTab(tabRuns)
 	}
 	return nil
+}
+
+// openHosts shows the hosts page, which polls while it is shown.
+func (m *Model) openHosts() tea.Cmd {
+	if m.hosts == nil {
+		return m.setFlash(common.FlashError, "this berth's service lists no hosts")
+	}
+	m.page = pageHosts
+	return m.hosts.Show()
 }
 
 func (m *Model) setTab(t tab) tea.Cmd {

@@ -1,7 +1,9 @@
 package ui
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -78,6 +80,8 @@ func (m *Model) headerView() string {
 			facts = append(facts, "up "+session.FormatDuration(m.c.Now().Sub(s.StartedAt)))
 		}
 		left += "  " + strings.Join(facts, st.Muted.Render(" · "))
+	} else if m.page == pageHosts {
+		left += sep + st.Bold.Render("hosts") + "  " + m.hostCountsView()
 	} else {
 		left += sep + st.Bold.Render("sessions") + "  " + m.countsView()
 	}
@@ -119,6 +123,44 @@ func (m *Model) countsView() string {
 		}
 	}
 	return strings.Join(parts, st.Muted.Render(" · "))
+}
+
+// hostCountsView is the hosts page's header: how many hosts, and how
+// many in each state, coloured as the table colours them.
+func (m *Model) hostCountsView() string {
+	st := m.c.Styles
+	list, ok := m.hosts.List()
+	if !ok || !list.Fleet {
+		return ""
+	}
+	parts := []string{strconv.Itoa(len(list.Hosts)) + " total"}
+	counts := map[session.HostState]int{}
+	var order []session.HostState
+	for _, h := range list.Hosts {
+		if counts[h.State] == 0 {
+			order = append(order, h.State)
+		}
+		counts[h.State]++
+	}
+	slices.SortFunc(order, func(a, b session.HostState) int { return cmp.Compare(hostOrder(a), hostOrder(b)) })
+	for _, s := range order {
+		parts = append(parts, lipgloss.NewStyle().Foreground(st.HostColor(s)).Render(strconv.Itoa(counts[s])+" "+common.SanitizeLine(string(s))))
+	}
+	return strings.Join(parts, st.Muted.Render(" · "))
+}
+
+// hostOrder orders the header's counts: the known states as host ls
+// explains them, then any other.
+func hostOrder(s session.HostState) int {
+	switch s {
+	case session.HostReady:
+		return 0
+	case session.HostDraining:
+		return 1
+	case session.HostGone:
+		return 3
+	}
+	return 2
 }
 
 // tabRanges returns each tab's [start, end) columns in the tabs row; the
@@ -200,12 +242,17 @@ func (m *Model) footerBindings() []key.Binding {
 	if c, ok := comp.(common.Capturer); ok && c.Capturing() {
 		return bs
 	}
-	if m.page == pageDetail {
+	switch m.page {
+	case pageDetail, pageHosts:
 		bs = append(bs, m.keys.Back)
+	}
+	bs = append(bs, m.keys.Help, m.keys.Quit)
+	if m.page == pageSessions && m.keys.Hosts.Enabled() {
+		bs = append(bs, m.keys.Hosts)
 	}
 	// Actions go last: when the line is too narrow they drop first, so
 	// "? help" always shows.
-	return append(append(bs, m.keys.Help, m.keys.Quit), m.actionBindings()...)
+	return append(bs, m.actionBindings()...)
 }
 
 func (m *Model) footerView() string {

@@ -197,6 +197,33 @@ func StateMark(st session.State) string {
 	return "◌"
 }
 
+// HostColor is the colour of a fleet host's state, as a session state's
+// of the same sense: ready as running, draining as paused, and gone, or
+// any state this build does not know (isolated), as crashed.
+func (s *Styles) HostColor(st session.HostState) color.Color {
+	switch st {
+	case session.HostReady:
+		return s.Palette.OK
+	case session.HostDraining:
+		return s.Palette.Warn
+	}
+	return s.Palette.Err
+}
+
+// HostMark is a one-cell symbol per host state, so a host's state reads
+// without colour.
+func HostMark(st session.HostState) string {
+	switch st {
+	case session.HostReady:
+		return "●"
+	case session.HostDraining:
+		return "◌"
+	case session.HostGone:
+		return "✗"
+	}
+	return "?"
+}
+
 // ExecColor is the colour of an execution state.
 func (s *Styles) ExecColor(st session.ExecState) color.Color {
 	switch st {

@@ -99,6 +99,21 @@ func (g *guard) Host(ctx context.Context) (session.HostStatus, error) {
 	return call(g, ctx, session.ActionRead, func(ctx context.Context) (session.HostStatus, error) { return g.svc.Host(ctx) })
 }
 
+// Hosts lists the fleet's hosts for the TUI's hosts page. A service
+// that lists none (a berth on its own) answers as the daemon's API does
+// then: not in a fleet.
+func (g *guard) Hosts(ctx context.Context) (session.HostList, error) {
+	return call(g, ctx, session.ActionHosts, func(ctx context.Context) (session.HostList, error) {
+		l, ok := g.svc.(session.HostLister)
+		if !ok {
+			return session.HostList{Hosts: []session.HostInfo{}}, nil
+		}
+		return l.Hosts(ctx)
+	})
+}
+
+var _ session.HostLister = (*guard)(nil)
+
 func (g *guard) Get(ctx context.Context, name string) (session.Session, error) {
 	return call(g, ctx, session.ActionRead, func(ctx context.Context) (session.Session, error) { return g.svc.Get(ctx, name) })
 }

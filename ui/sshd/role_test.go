@@ -316,3 +316,35 @@ func TestPermit(t *testing.T) {
 		t.Errorf("operator delete: %v", err)
 	}
 }
+
+// fleetService is a service that lists a fleet's hosts, as the fleet's
+// router does.
+type fleetService struct {
+	*sessiontest.Fake
+	list session.HostList
+}
+
+func (f fleetService) Hosts(context.Context) (session.HostList, error) { return f.list, nil }
+
+// TestGuardHosts: a viewer may list the hosts (the TUI's hosts page over
+// SSH); a berth on its own answers not in a fleet, as its API does; a key
+// whose role cannot be looked up is refused.
+func TestGuardHosts(t *testing.T) {
+	fake := sessiontest.New(sessiontest.Options{})
+	defer fake.Close()
+	ctx := context.Background()
+	want := session.HostList{Fleet: true, Self: "h1", Hosts: []session.HostInfo{{ID: "h1", State: session.HostReady}}}
+	g := &guard{svc: fleetService{fake, want}, role: func(context.Context) (Role, error) { return Viewer, nil }}
+	if got, err := g.Hosts(ctx); err != nil || !got.Fleet || len(got.Hosts) != 1 || got.Hosts[0].ID != "h1" {
+		t.Errorf("a viewer's Hosts = %+v, %v; want the fleet's", got, err)
+	}
+	g.svc = fake
+	if got, err := g.Hosts(ctx); err != nil || got.Fleet || len(got.Hosts) != 0 {
+		t.Errorf("Hosts of a berth on its own = %+v, %v; want not in a fleet", got, err)
+	}
+	removed := errors.New("key removed")
+	g.role = func(context.Context) (Role, error) { return Viewer, removed }
+	if _, err := g.Hosts(ctx); !errors.Is(err, removed) {
+		t.Errorf("Hosts of a removed key = %v, want refused", err)
+	}
+}

@@ -242,3 +242,20 @@ func TestDeletePromptPTY(t *testing.T) {
 		}
 	}
 }
+
+// TestTUIViewerHosts: a viewer's TUI reaches the hosts page through the
+// guard, which answers for a berth on its own, and esc goes back.
+func TestTUIViewerHosts(t *testing.T) {
+	viewer := newKey(t, "vera", Viewer)
+	w := newWorld(t, worldOpts{}, viewer)
+	w.create("alpha")
+	c := w.dial(viewer)
+	_, in, sc := tuiSession(t, c, 30, 100, map[string]string{"NO_COLOR": "1"})
+	sc.waitFor(t, 0, "alpha", 10*time.Second)
+	mark := sc.len()
+	io.WriteString(in, "H")
+	sc.waitFor(t, mark, "one host on its own", 5*time.Second)
+	mark = sc.len()
+	io.WriteString(in, "\x1b")
+	sc.waitFor(t, mark, "sessions", 5*time.Second)
+}
