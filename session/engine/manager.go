@@ -233,6 +233,7 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 		return nil, fmt.Errorf("load runs and schedules: %w", err)
 	}
 	m.removeStaleWork()
+	m.removePartialMoves()
 	var wg sync.WaitGroup
 	for _, s := range m.sessions {
 		wg.Go(func() { s.recover(ctx) })
