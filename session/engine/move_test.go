@@ -1,0 +1,321 @@
+package engine
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/engine/diskcopy"
+)
+
+// manifest hashes every file of a session's directory but vm/, with its
+// allocated size, so a move can be seen to keep bytes and holes.
+func manifest(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if d.IsDir() && rel == "vm" {
+			return filepath.SkipDir
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		sum := sha256.Sum256(b)
+		out[rel] = hex.EncodeToString(sum[:8])
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func outputOf(t *testing.T, m *Manager, name string) map[string]string {
+	t.Helper()
+	xs, err := m.Executions(t.Context(), name, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, x := range xs {
+		page, err := m.Output(t.Context(), x.ID, 0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		for _, c := range page.Chunks {
+			b.Write(c.Data)
+		}
+		out[x.ID] = strings.Join(x.Argv, " ") + " → " + string(x.State) + ": " + b.String()
+	}
+	return out
+}
+
+func sendOf(t *testing.T, m *Manager, name string) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	if err := m.SendSession(t.Context(), name, &b); err != nil {
+		t.Fatalf("SendSession(%s): %v", name, err)
+	}
+	return b.Bytes()
+}
+
+func stagingLeft(t *testing.T, m *Manager) []string {
+	t.Helper()
+	ents, _ := os.ReadDir(m.movesDir())
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+func TestMoveBetweenManagers(t *testing.T) {
+	src, dst := newAgentManager(t, 0), newAgentManager(t, 0)
+	ctx := t.Context()
+	if _, err := src.Create(ctx, session.CreateOptions{Name: "mv"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, argv := range [][]string{{"sh", "-c", "seq 1 5000; echo to-stderr >&2"}, {"sh", "-c", "exit 3"}} {
+		p, err := src.Exec(ctx, "mv", session.ExecRequest{Argv: argv})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range p.Output() {
+		}
+		if _, err := p.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := src.StartRun(ctx, "mv", session.RunOptions{Title: "a run"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.AddSchedule(ctx, "mv", session.ScheduleRequest{Spec: "@daily", Argv: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Running: refused, with what to do.
+	err := src.SendSession(ctx, "mv", io.Discard)
+	var se *session.Error
+	if !errors.Is(err, session.ErrInvalidState) || !errors.As(err, &se) || !strings.Contains(se.Hint, "stop") {
+		t.Fatalf("SendSession of a running session: %v; want ErrInvalidState with a hint to stop it", err)
+	}
+	if _, err := src.Stop(ctx, "mv"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Checkpoint(ctx, "mv", session.CheckpointOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Data past the filesystem's blocks, between holes: it must arrive
+	// at the same offsets, and the holes stay holes.
+	ws := filepath.Join(src.sessionDir("mv"), "workspace.img")
+	f, err := os.OpenFile(ws, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := f.Stat()
+	junk := make([]byte, 3<<20+17)
+	for i := range junk {
+		junk[i] = byte(rand.Uint32())
+	}
+	f.WriteAt(junk, fi.Size()-int64(len(junk))-(1<<20))
+	f.Close()
+
+	wantFiles := manifest(t, src.sessionDir("mv"))
+	wantOut := outputOf(t, src, "mv")
+	wantRuns, _ := src.Runs(ctx, "mv")
+	wantCkpts, _ := src.Checkpoints(ctx, "mv")
+	bundle := sendOf(t, src, "mv")
+
+	staged, err := dst.ReceiveSession(ctx, bytes.NewReader(bundle))
+	if err != nil {
+		t.Fatalf("ReceiveSession: %v", err)
+	}
+	if staged.Name != "mv" || staged.State != session.StateStopped || staged.Bytes >= int64(len(bundle))+1 {
+		t.Errorf("staged %+v", staged)
+	}
+	t.Logf("bundle %d bytes, %d files, %d bytes of data, %d of records; workspace %d bytes apparent", len(bundle), staged.Files, staged.Bytes, staged.Records, fi.Size())
+	if _, err := dst.ReceiveSession(ctx, bytes.NewReader(bundle)); !errors.Is(err, session.ErrExists) {
+		t.Errorf("a second receive: %v, want ErrExists", err)
+	}
+	got, err := dst.CommitReceived(ctx, "mv")
+	if err != nil {
+		t.Fatalf("CommitReceived: %v", err)
+	}
+	if got.State != session.StateStopped {
+		t.Errorf("committed session is %s", got.State)
+	}
+	if again, err := dst.CommitReceived(ctx, "mv"); err != nil || again.Name != "mv" {
+		t.Errorf("CommitReceived again = %+v, %v; want the session (idempotent)", again, err)
+	}
+	if left := stagingLeft(t, dst); len(left) != 0 {
+		t.Errorf("staging left after commit: %v", left)
+	}
+	if gotFiles := manifest(t, dst.sessionDir("mv")); !mapsEqualS(gotFiles, wantFiles) {
+		t.Errorf("files differ:\n got %v\nwant %v", gotFiles, wantFiles)
+	}
+	if a, b := diskcopy.Allocated(ws), diskcopy.Allocated(filepath.Join(dst.sessionDir("mv"), "workspace.img")); b > a+1<<20 {
+		t.Errorf("the moved workspace holds %d bytes, the source's %d: holes were filled", b, a)
+	}
+	if gotOut := outputOf(t, dst, "mv"); !mapsEqualS(gotOut, wantOut) || len(gotOut) != 2 {
+		t.Errorf("executions differ:\n got %v\nwant %v", gotOut, wantOut)
+	}
+	gotRuns, _ := dst.Runs(ctx, "mv")
+	if len(gotRuns) != len(wantRuns) || len(gotRuns) != 1 || gotRuns[0].ID != wantRuns[0].ID {
+		t.Errorf("runs %+v, want %+v", gotRuns, wantRuns)
+	}
+	if scs, _ := dst.Schedules(ctx, "mv"); len(scs) != 1 {
+		t.Errorf("schedules %+v", scs)
+	}
+	gotCkpts, _ := dst.Checkpoints(ctx, "mv")
+	if len(gotCkpts) != 1 || len(wantCkpts) != 1 || gotCkpts[0].ID != wantCkpts[0].ID {
+		t.Errorf("checkpoints %+v, want %+v", gotCkpts, wantCkpts)
+	}
+	// The moved session runs there, and its new commands are recorded
+	// beside the old.
+	if _, err := dst.Start(ctx, "mv"); err != nil {
+		t.Fatalf("start the moved session: %v", err)
+	}
+	p, err := dst.Exec(ctx, "mv", session.ExecRequest{Argv: []string{"echo", "moved"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range p.Output() {
+	}
+	p.Wait(ctx)
+	if n := len(outputOf(t, dst, "mv")); n != 3 {
+		t.Errorf("%d executions after one more, want 3", n)
+	}
+
+	// The source's copy goes once the target has it.
+	if err := src.DropSent(ctx, "mv"); err != nil {
+		t.Fatalf("DropSent: %v", err)
+	}
+	if _, err := src.Get(ctx, "mv"); !errors.Is(err, session.ErrNotFound) {
+		t.Errorf("the source still lists the session: %v", err)
+	}
+	if _, err := os.Stat(src.sessionDir("mv")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the source's directory remains: %v", err)
+	}
+	if xs, _ := src.st.ListExecs("mv"); len(xs) != 0 {
+		t.Errorf("the source's records remain: %d execs", len(xs))
+	}
+}
+
+func mapsEqualS(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// A damaged, cut or hostile bundle is refused with nothing staged; a
+// staged one can be discarded; a partial staging goes at start.
+func TestReceiveRefusesBadBundles(t *testing.T) {
+	src, dst := newAgentManager(t, 0), newAgentManager(t, 0)
+	ctx := t.Context()
+	if _, err := src.Create(ctx, session.CreateOptions{Name: "mv"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Stop(ctx, "mv"); err != nil {
+		t.Fatal(err)
+	}
+	bundle := sendOf(t, src, "mv")
+	rng := rand.New(rand.NewPCG(3, 4))
+	cases := map[string][]byte{"empty": nil, "cut before its end": bundle[:len(bundle)-3], "trailing byte": append(slices.Clone(bundle), 0)}
+	for range 8 {
+		n := rng.IntN(len(bundle))
+		cases["cut at "+strconv.Itoa(n)] = bundle[:n]
+		b := slices.Clone(bundle)
+		b[n] ^= 0x10
+		cases["flipped at "+strconv.Itoa(n)] = b
+	}
+	hostile := func(path string, size int64) []byte {
+		var out bytes.Buffer
+		bw := &bundleWriter{w: bufio.NewWriter(&out), sum: sha256.New()}
+		bw.raw([]byte(bundleMagic))
+		bw.raw([]byte{0, bundleVersion})
+		h, _ := json.Marshal(bundleHeader{Name: "evil", State: session.StateStopped, Image: "mini", ImageDigest: "fake", VMM: "qemu"})
+		bw.frame(bframeHeader, h)
+		fh, _ := json.Marshal(bundleFile{Path: path, Size: size, Mode: 0o644})
+		bw.frame(bframeFile, fh)
+		bw.chunk(bframeData, make([]byte, 8), []byte("x"))
+		bw.chunk(bframeRecords, nil, []byte("records"))
+		bw.end()
+		return out.Bytes()
+	}
+	for _, p := range []string{"../escape", "/abs/path", "a/../../b", "a//b", ""} {
+		cases["path "+p] = hostile(p, 1)
+	}
+	cases["file beyond bound"] = hostile("big", maxBundleFileSize+1)
+	cases["data beyond the file"] = hostile("small", 0)
+	for name, b := range cases {
+		if _, err := dst.ReceiveSession(ctx, bytes.NewReader(b)); err == nil {
+			t.Errorf("%s: staged", name)
+			dst.DiscardReceived(ctx, "mv")
+			dst.DiscardReceived(ctx, "evil")
+		}
+		if left := stagingLeft(t, dst); len(left) != 0 {
+			t.Fatalf("%s: staging left: %v", name, left)
+		}
+		if _, err := os.Stat(filepath.Join(dst.cfg.DataDir, "escape")); err == nil {
+			t.Fatalf("%s: a file escaped the staging", name)
+		}
+	}
+	// Staged, then discarded: nothing left, and a commit finds nothing.
+	if _, err := dst.ReceiveSession(ctx, bytes.NewReader(bundle)); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.DiscardReceived(ctx, "mv"); err != nil {
+		t.Fatal(err)
+	}
+	if left := stagingLeft(t, dst); len(left) != 0 {
+		t.Errorf("staging left after discard: %v", left)
+	}
+	if _, err := dst.CommitReceived(ctx, "mv"); !errors.Is(err, session.ErrNotFound) {
+		t.Errorf("commit after discard: %v, want ErrNotFound", err)
+	}
+	// A missing image build is named.
+	os.WriteFile(filepath.Join(dst.cfg.DataDir, "images", "mini", "current"), []byte("other\n"), 0o644)
+	os.Rename(filepath.Join(dst.cfg.DataDir, "images", "mini", "fake"), filepath.Join(dst.cfg.DataDir, "images", "mini", "other"))
+	if _, err := dst.ReceiveSession(ctx, bytes.NewReader(bundle)); !errors.Is(err, session.ErrNotFound) || !strings.Contains(err.Error(), "fake") {
+		t.Errorf("receive without the image build: %v; want ErrNotFound naming the digest", err)
+	}
+	// A partial staging a crash left goes at the next start.
+	os.MkdirAll(filepath.Join(dst.movesDir(), ".mv.partial-1", "session"), 0o755)
+	dst.removePartialMoves()
+	if left := stagingLeft(t, dst); len(left) != 0 {
+		t.Errorf("partial staging left after start: %v", left)
+	}
+	// The source was not changed by any of it.
+	if _, err := src.Get(ctx, "mv"); err != nil {
+		t.Error(err)
+	}
+}
+
