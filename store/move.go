@@ -92,8 +92,11 @@ func (s *Store) ExportSession(name string, w io.Writer) error {
 	mu := s.stripe(name)
 	mu.Lock()
 	defer mu.Unlock()
-	if _, err := s.GetSession(name); err != nil {
-		return err
+	s.sessMu.RLock()
+	_, ok := s.sessions[name]
+	s.sessMu.RUnlock()
+	if !ok {
+		return fmt.Errorf("session %q: %w", name, ErrNotFound)
 	}
 	h := sha256.New()
 	fw := &frameWriter{w: bufio.NewWriterSize(io.MultiWriter(w, h), 1<<20)}

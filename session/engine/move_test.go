@@ -256,20 +256,7 @@ func TestReceiveRefusesBadBundles(t *testing.T) {
 		b[n] ^= 0x10
 		cases["flipped at "+strconv.Itoa(n)] = b
 	}
-	hostile := func(path string, size int64) []byte {
-		var out bytes.Buffer
-		bw := &bundleWriter{w: bufio.NewWriter(&out), sum: sha256.New()}
-		bw.raw([]byte(bundleMagic))
-		bw.raw([]byte{0, bundleVersion})
-		h, _ := json.Marshal(bundleHeader{Name: "evil", State: session.StateStopped, Image: "mini", ImageDigest: "fake", VMM: "qemu"})
-		bw.frame(bframeHeader, h)
-		fh, _ := json.Marshal(bundleFile{Path: path, Size: size, Mode: 0o644})
-		bw.frame(bframeFile, fh)
-		bw.chunk(bframeData, make([]byte, 8), []byte("x"))
-		bw.chunk(bframeRecords, nil, []byte("records"))
-		bw.end()
-		return out.Bytes()
-	}
+	hostile := hostileBundle
 	for _, p := range []string{"../escape", "/abs/path", "a/../../b", "a//b", ""} {
 		cases["path "+p] = hostile(p, 1)
 	}
@@ -319,3 +306,60 @@ func TestReceiveRefusesBadBundles(t *testing.T) {
 	}
 }
 
+
+// hostileBundle is a bundle of one file at path, of size bytes, with one
+// byte of data at 0, hashed as a sender would.
+func hostileBundle(path string, size int64) []byte {
+	var out bytes.Buffer
+	bw := &bundleWriter{w: bufio.NewWriter(&out), sum: sha256.New()}
+	bw.raw([]byte(bundleMagic))
+	bw.raw([]byte{0, bundleVersion})
+	h, _ := json.Marshal(bundleHeader{Name: "evil", State: session.StateStopped, Image: "mini", ImageDigest: "fake", VMM: "qemu"})
+	bw.frame(bframeHeader, h)
+	fh, _ := json.Marshal(bundleFile{Path: path, Size: size, Mode: 0o644})
+	bw.frame(bframeFile, fh)
+	bw.chunk(bframeData, make([]byte, 8), []byte("x"))
+	bw.chunk(bframeRecords, nil, []byte("records"))
+	bw.end()
+	return out.Bytes()
+}
+
+// The bundle's parser meets a network peer's bytes: it must refuse, not
+// crash or write outside its staging, and leave nothing of a refusal.
+func FuzzReceiveSession(f *testing.F) {
+	src, dst := newAgentManager(f, 0), newAgentManager(f, 0)
+	ctx := f.Context()
+	if _, err := src.Create(ctx, session.CreateOptions{Name: "mv"}); err != nil {
+		f.Fatal(err)
+	}
+	if _, err := src.Stop(ctx, "mv"); err != nil {
+		f.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := src.SendSession(ctx, "mv", &b); err != nil {
+		f.Fatal(err)
+	}
+	// The seed keeps the bundle's head, its first data and its records:
+	// the workspace's 16 MiB would make every run slow.
+	f.Add(b.Bytes()[:min(b.Len(), 64<<10)])
+	f.Add(hostileBundle("ok", 1))
+	f.Add(hostileBundle("../x", 1))
+	outside := filepath.Dir(dst.movesDir())
+	f.Fuzz(func(t *testing.T, in []byte) {
+		st, err := dst.ReceiveSession(ctx, bytes.NewReader(in))
+		if err == nil {
+			if err := dst.DiscardReceived(ctx, st.Name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ents, _ := os.ReadDir(dst.movesDir())
+		if len(ents) != 0 {
+			t.Fatalf("staging left (err %v): %v", err, ents)
+		}
+		for _, n := range []string{"x", "evil"} {
+			if _, err := os.Lstat(filepath.Join(outside, n)); err == nil {
+				t.Fatalf("%s written outside the staging", n)
+			}
+		}
+	})
+}
