@@ -33,7 +33,8 @@ import (
 //	  'f' a file of the session's directory, JSON (bundleFile)
 //	  'd' data of the last file: offset u64 · sha256 (32) · bytes
 //	  'r' a piece of the store's export of the session: sha256 · bytes
-//	  'e' end: the SHA-256 of every byte before this frame
+//	  'e' end: the SHA-256 of every byte before this frame but the data
+//	      of 'd' and 'r' frames, which their own hashes stand for
 //
 // Files go sparse: only their data extents (SEEK_DATA/SEEK_HOLE), so a
 // 10 GiB workspace with 100 MiB written sends 100 MiB. The target stages
@@ -200,10 +201,20 @@ func (bw *bundleWriter) frame(kind byte, parts ...[]byte) {
 	}
 }
 
-// chunk frames data with its own hash after the prefix pre.
+// chunk frames data with its own hash after the prefix pre. The
+// bundle's hash covers the chunk's hash, not its data again: one pass of
+// SHA-256 over the data, not two.
 func (bw *bundleWriter) chunk(kind byte, pre, data []byte) {
 	sum := sha256.Sum256(data)
-	bw.frame(kind, pre, sum[:], data)
+	var h [5]byte
+	h[0] = kind
+	binary.BigEndian.PutUint32(h[1:], uint32(len(pre)+len(sum)+len(data)))
+	bw.raw(h[:])
+	bw.raw(pre)
+	bw.raw(sum[:])
+	if bw.err == nil {
+		_, bw.err = bw.w.Write(data)
+	}
 }
 
 func (bw *bundleWriter) end() {
@@ -349,11 +360,26 @@ func (br *bundleReader) next() (byte, []byte, error) {
 	if n > bundleFrameMax {
 		return 0, nil, errBundle("a frame of %d bytes", n)
 	}
-	if kind != bframeEnd {
-		br.sum.Write(h)
+	if kind == bframeEnd {
+		p, err := br.full(int(n), false)
+		return kind, p, err
 	}
-	p, err := br.full(int(n), kind != bframeEnd)
-	return kind, p, err
+	br.sum.Write(h)
+	p, err := br.full(int(n), false)
+	if err != nil {
+		return kind, nil, err
+	}
+	// Of a chunk, the bundle's hash covers its prefix and its own hash
+	// (see bundleWriter.chunk), which checked verifies against the data.
+	hashed := len(p)
+	switch kind {
+	case bframeData:
+		hashed = min(len(p), 8+sha256.Size)
+	case bframeRecords:
+		hashed = min(len(p), sha256.Size)
+	}
+	br.sum.Write(p[:hashed])
+	return kind, p, nil
 }
 
 // checked splits a chunk frame's payload after pre bytes and checks its

@@ -3,6 +3,7 @@ package engine
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -11,11 +12,13 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/engine/diskcopy"
@@ -362,4 +365,60 @@ func FuzzReceiveSession(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestMoveThroughput moves a session with 128 MiB of random data in a
+// 1 GiB workspace between two managers through a pipe, and copies the
+// same files with cp --sparse=always on the same disk, synced as the
+// receiver syncs: the ratio is the move's cost over its physical limit.
+// BERTH_BENCH=1 runs it (make bench).
+func TestMoveThroughput(t *testing.T) {
+	if os.Getenv("BERTH_BENCH") == "" {
+		t.Skip("set BERTH_BENCH=1 (make bench)")
+	}
+	src, dst := newAgentManager(t, 0), newAgentManager(t, 0)
+	ctx := t.Context()
+	if _, err := src.Create(ctx, session.CreateOptions{Name: "big", DiskBytes: 1 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Stop(ctx, "big"); err != nil {
+		t.Fatal(err)
+	}
+	ws := filepath.Join(src.sessionDir("big"), "workspace.img")
+	f, err := os.OpenFile(ws, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 128 {
+		for j := 0; j < len(buf); j += 8 {
+			binary.LittleEndian.PutUint64(buf[j:], rng.Uint64())
+		}
+		// 1 MiB of data every 4 MiB from 64 MiB on: extents between holes.
+		if _, err := f.WriteAt(buf, 64<<20+int64(i)*(4<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Sync()
+	f.Close()
+	exec.Command("sync").Run()
+
+	start := time.Now()
+	out := filepath.Join(filepath.Dir(src.cfg.DataDir), "cp-"+filepath.Base(src.cfg.DataDir))
+	os.MkdirAll(out, 0o755)
+	if b, err := exec.Command("cp", "--sparse=always", ws, out).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, b)
+	}
+	exec.Command("sync", filepath.Join(out, "workspace.img")).Run()
+	cpTook := time.Since(start)
+	os.RemoveAll(out)
+
+	res, err := session.Move(ctx, src, dst, "big", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb := float64(res.Staged.Bytes) / (1 << 20)
+	t.Logf("move: %.1f MiB of data (1 GiB apparent) in %s: %.0f MiB/s; cp --sparse=always + sync: %s: %.0f MiB/s; move/cp = %.2f",
+		mb, res.Took.Round(time.Millisecond), mb/res.Took.Seconds(), cpTook.Round(time.Millisecond), mb/cpTook.Seconds(), res.Took.Seconds()/cpTook.Seconds())
 }
