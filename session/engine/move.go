@@ -158,6 +158,7 @@ func (m *Manager) SendSession(ctx context.Context, name string, w io.Writer) err
 	if bw.err != nil {
 		return fmt.Errorf("send session %q: %w", name, bw.err)
 	}
+	s.sent.Store(s.changes.Load() + 1)
 	return nil
 }
 
@@ -716,6 +717,13 @@ func (m *Manager) DropSent(ctx context.Context, name string) error {
 	defer s.op.Unlock()
 	if err := s.checkMove(); err != nil {
 		return err
+	}
+	// A session started, woken or restored here after it was sent has
+	// moved on from the copy the target took. (After a restart of this
+	// daemon there is no mark: the fleet's epoch fences that case.)
+	if sent := s.sent.Load(); sent != 0 && sent != s.changes.Load()+1 {
+		return &session.Error{Class: session.ErrConflict, Msg: fmt.Sprintf("session %q changed on this host after it was sent", name),
+			Hint: "the copy sent is stale: discard it on the target and move the session again"}
 	}
 	m.removeSession(s, "moved to another host by "+session.Actor(ctx))
 	return nil

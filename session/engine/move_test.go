@@ -211,6 +211,17 @@ func TestMoveBetweenManagers(t *testing.T) {
 		t.Errorf("%d executions after one more, want 3", n)
 	}
 
+	// A copy changed after it was sent is not dropped.
+	if _, err := src.Start(ctx, "mv"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Stop(ctx, "mv"); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.DropSent(ctx, "mv"); !errors.Is(err, session.ErrConflict) {
+		t.Errorf("DropSent after a start since the send: %v, want ErrConflict", err)
+	}
+	sendOf(t, src, "mv")
 	// The source's copy goes once the target has it.
 	if err := src.DropSent(ctx, "mv"); err != nil {
 		t.Fatalf("DropSent: %v", err)
