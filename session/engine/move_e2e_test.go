@@ -101,7 +101,11 @@ func TestMoveEndToEnd(t *testing.T) {
 		key := func(xs []session.Execution) []string {
 			var out []string
 			for _, x := range xs {
-				out = append(out, fmt.Sprintf("%s %q %s %v %s %d/%d", x.ID, x.Argv, x.State, x.ExitCode, x.StartedAt.UTC().Format(time.RFC3339Nano), x.StdoutBytes, x.StderrBytes))
+				code := "-"
+				if x.ExitCode != nil {
+					code = fmt.Sprint(*x.ExitCode)
+				}
+				out = append(out, fmt.Sprintf("%s %q %s %s %s %s %d/%d", x.ID, x.Argv, x.State, code, x.StartedAt.UTC().Format(time.RFC3339Nano), x.EndedAt.UTC().Format(time.RFC3339Nano), x.StdoutBytes, x.StderrBytes))
 			}
 			return out
 		}
