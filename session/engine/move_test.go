@@ -3,8 +3,8 @@ package engine
 import (
 	"bufio"
 	"bytes"
-	"encoding/binary"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -319,7 +319,6 @@ func TestReceiveRefusesBadBundles(t *testing.T) {
 		t.Error(err)
 	}
 }
-
 
 // hostileBundle is a bundle of one file at path, of size bytes, with one
 // byte of data at 0, hashed as a sender would.
