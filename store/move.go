@@ -582,14 +582,13 @@ func (s *Store) readImport(r io.Reader) (*importPlan, error) {
 		f    *os.File
 		size int64
 	}
+	// Staged segments are synced only once the stream has verified
+	// (commitImport): a refused stream costs no fsync.
 	closeSeg := func() error {
 		if seg.f == nil {
 			return nil
 		}
-		err := seg.f.Sync()
-		if cerr := seg.f.Close(); err == nil {
-			err = cerr
-		}
+		err := seg.f.Close()
 		seg.f = nil
 		return err
 	}
@@ -751,6 +750,9 @@ func (s *Store) commitImport(p *importPlan, rec Session, recVal []byte) error {
 		return undo(err)
 	}
 	for id, f := range p.segs {
+		if err := syncFile(f); err != nil {
+			return undo(err)
+		}
 		if err := os.Rename(f, s.seg.path(id)); err != nil {
 			return undo(err)
 		}
@@ -875,4 +877,16 @@ func (s *Store) abandonImports() error {
 		}
 	}
 	return nil
+}
+
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
