@@ -52,6 +52,13 @@ type Mover interface {
 	// DiscardReceived removes what is staged for name; nil when nothing
 	// is.
 	DiscardReceived(ctx context.Context, name string) error
+	// SendSessionImage writes the image build the session's disks were
+	// made on (by its digest, as built: never rebuilt) to w, for a target
+	// whose ReceiveSession refused with CodeNoImageBuild.
+	SendSessionImage(ctx context.Context, name string, w io.Writer) error
+	// ReceiveImage stores an image build SendSessionImage wrote, each
+	// chunk checked by hash; ErrExists when the build is here already.
+	ReceiveImage(ctx context.Context, r io.Reader) error
 	// DropSent removes this host's copy of a session sent elsewhere,
 	// once the target has committed it: disks, checkpoints and records.
 	// It refuses a session that is no longer stopped or sleeping.
@@ -91,25 +98,30 @@ func Move(ctx context.Context, source, target Mover, name string, commit MoveCom
 	log := logger.With("session", name)
 	start := time.Now()
 	var res MoveResult
-	pr, pw := io.Pipe()
-	sendErr := make(chan error, 1)
-	// The sender ends when its stream is read to the end or the reader
-	// closes the pipe, which the receive below does before returning.
-	go func() {
-		err := source.SendSession(ctx, name, pw)
-		pw.CloseWithError(err)
-		sendErr <- err
-	}()
-	staged, err := target.ReceiveSession(ctx, pr)
-	pr.CloseWithError(errors.New("the receiver stopped reading"))
-	serr := <-sendErr
-	if err == nil && serr != nil {
-		err = serr
+	var staged MoveStaged
+	err := pipe(ctx, func(w io.Writer) error { return source.SendSession(ctx, name, w) }, func(r io.Reader) (err error) {
+		staged, err = target.ReceiveSession(ctx, r)
+		return err
+	})
+	var se *Error
+	if errors.As(err, &se) && se.Code == CodeNoImageBuild {
+		// The target lacks the build the session's disks were made on:
+		// ship it as it is, then the session.
+		log.Info("the target lacks the session's image build: sending it", "err", err)
+		err = pipe(ctx, func(w io.Writer) error { return source.SendSessionImage(ctx, name, w) }, func(r io.Reader) error {
+			return target.ReceiveImage(ctx, r)
+		})
+		if errors.Is(err, ErrExists) {
+			err = nil // another move brought it meanwhile
+		}
+		if err == nil {
+			err = pipe(ctx, func(w io.Writer) error { return source.SendSession(ctx, name, w) }, func(r io.Reader) (err error) {
+				staged, err = target.ReceiveSession(ctx, r)
+				return err
+			})
+		}
 	}
 	if err != nil {
-		if serr != nil && !errors.Is(err, serr) {
-			err = fmt.Errorf("%w (the sender: %v)", err, serr)
-		}
 		discard(ctx, target, name, log)
 		return res, fmt.Errorf("move %q: send: %w", name, err)
 	}
@@ -155,4 +167,28 @@ func discard(ctx context.Context, target Mover, name string, log *slog.Logger) {
 	if err := target.DiscardReceived(dctx, name); err != nil {
 		log.Warn("discard the target's staging", "err", err)
 	}
+}
+
+// pipe runs send into receive through a pipe and returns the first
+// failure, the receiver's first (it says what it refused). The sender
+// ends when its stream is read to the end or the receiver closes the
+// pipe, which happens before pipe returns.
+func pipe(ctx context.Context, send func(io.Writer) error, receive func(io.Reader) error) error {
+	pr, pw := io.Pipe()
+	sendErr := make(chan error, 1)
+	go func() {
+		err := send(pw)
+		pw.CloseWithError(err)
+		sendErr <- err
+	}()
+	err := receive(pr)
+	pr.CloseWithError(errors.New("the receiver stopped reading"))
+	serr := <-sendErr
+	switch {
+	case err == nil:
+		return serr
+	case serr != nil && !errors.Is(err, serr):
+		return fmt.Errorf("%w (the sender: %v)", err, serr)
+	}
+	return err
 }

@@ -25,6 +25,9 @@ type memHost struct {
 	receiveFail error
 	commitFails int
 	dropFail    error
+	// needImage: ReceiveSession refuses until an image arrives.
+	needImage bool
+	images    int
 }
 
 func newMemHost() *memHost {
@@ -60,6 +63,10 @@ func (h *memHost) ReceiveSession(ctx context.Context, r io.Reader) (session.Move
 	}
 	if h.receiveFail != nil {
 		return session.MoveStaged{}, h.receiveFail
+	}
+	if h.needImage && h.images == 0 {
+		delete(h.staged, name)
+		return session.MoveStaged{}, &session.Error{Class: session.ErrNotFound, Code: session.CodeNoImageBuild, Msg: "no build abc of image mini"}
 	}
 	return session.MoveStaged{Name: name, Bytes: int64(len(body))}, nil
 }
@@ -98,6 +105,25 @@ func (h *memHost) DropSent(ctx context.Context, name string) error {
 	return nil
 }
 
+func (h *memHost) SendSessionImage(ctx context.Context, name string, w io.Writer) error {
+	_, err := w.Write([]byte("image of " + name))
+	return err
+}
+
+func (h *memHost) ReceiveImage(ctx context.Context, r io.Reader) error {
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if string(b) != "image of s" {
+		return fmt.Errorf("image %q", b)
+	}
+	h.images++
+	return nil
+}
+
 func (h *memHost) has(name string) (session, staged bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -120,6 +146,7 @@ func TestMove(t *testing.T) {
 		onSource, onTarget, stage bool
 	}{
 		{name: "moves", onTarget: true},
+		{name: "ships the image the target lacks", setup: func(src, dst *memHost) { dst.needImage = true }, onTarget: true},
 		{name: "send cut off", setup: func(src, dst *memHost) { src.sendCutAt = 100 }, wantErr: true, onSource: true},
 		{name: "receive refuses", setup: func(src, dst *memHost) { dst.receiveFail = session.ErrExists }, wantErr: true, onSource: true},
 		{name: "commit refused", commit: func(context.Context, session.MoveStaged) error { return errCommit }, wantErr: true, onSource: true},

@@ -58,6 +58,37 @@ func (l *lazyWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
+// sendImageBundle streams the image build a session was made on, as
+// sendBundle streams the session.
+func (s *server) sendImageBundle(w http.ResponseWriter, r *http.Request) {
+	mv, ok := s.mover(w, r)
+	if !ok {
+		return
+	}
+	bw := &lazyWriter{w: w}
+	err := mv.SendSessionImage(r.Context(), r.PathValue("name"), bw)
+	if err != nil && !bw.started {
+		s.writeError(w, r, err)
+		return
+	}
+	if err != nil {
+		s.log.Warn("send image bundle", "session", r.PathValue("name"), "err", err)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+func (s *server) receiveImage(w http.ResponseWriter, r *http.Request) {
+	mv, ok := s.mover(w, r)
+	if !ok {
+		return
+	}
+	if err := mv.ReceiveImage(r.Context(), uploadReader{r.Body}); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
 func (s *server) receiveBundle(w http.ResponseWriter, r *http.Request) {
 	mv, ok := s.mover(w, r)
 	if !ok {
@@ -109,7 +140,12 @@ func (c *Client) SendSession(ctx context.Context, name string, w io.Writer) erro
 	if err != nil {
 		return err
 	}
-	req, err := c.newRequest(ctx, http.MethodGet, p, nil, nil)
+	return c.download(ctx, p, "send session "+name, w)
+}
+
+// download copies the body of GET path to w.
+func (c *Client) download(ctx context.Context, path, what string, w io.Writer) error {
+	req, err := c.newRequest(ctx, http.MethodGet, path, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -122,29 +158,52 @@ func (c *Client) SendSession(ctx context.Context, name string, w io.Writer) erro
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("send session %q: the bundle was cut off: %w", name, err)
+		return fmt.Errorf("%s: the stream was cut off: %w", what, err)
 	}
 	return nil
+}
+
+// upload POSTs r's bytes to path and decodes the answer into out (if
+// not nil).
+func (c *Client) upload(ctx context.Context, path string, r io.Reader, out any) error {
+	// The transport closes the body; r is the caller's.
+	req, err := c.newRequest(ctx, http.MethodPost, path, nil, io.NopCloser(r))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		return nil
+	}
+	if err := decodeBody(resp, out); err != nil {
+		return fmt.Errorf("reading the daemon's answer to POST %s: %w", path, err)
+	}
+	return nil
+}
+
+// SendSessionImage writes the image build the session was made on to w.
+func (c *Client) SendSessionImage(ctx context.Context, name string, w io.Writer) error {
+	p, err := sessionPath(name, "/image-bundle")
+	if err != nil {
+		return err
+	}
+	return c.download(ctx, p, "send the image of session "+name, w)
+}
+
+// ReceiveImage has the daemon store the image build read from r.
+func (c *Client) ReceiveImage(ctx context.Context, r io.Reader) error {
+	return c.upload(ctx, "/v1/moves/images", r, nil)
 }
 
 // ReceiveSession has the daemon stage the bundle read from r.
 func (c *Client) ReceiveSession(ctx context.Context, r io.Reader) (session.MoveStaged, error) {
 	var out session.MoveStaged
-	// The transport closes the body; r is the caller's.
-	req, err := c.newRequest(ctx, http.MethodPost, "/v1/moves", nil, io.NopCloser(r))
-	if err != nil {
-		return out, err
-	}
-	req.Header.Set("Content-Type", "application/octet-stream")
-	resp, err := c.do(req)
-	if err != nil {
-		return out, err
-	}
-	defer resp.Body.Close()
-	if err := decodeBody(resp, &out); err != nil {
-		return out, fmt.Errorf("reading the daemon's answer to a move: %w", err)
-	}
-	return out, nil
+	return out, c.upload(ctx, "/v1/moves", r, &out)
 }
 
 // CommitReceived has the daemon make a staged session its own.

@@ -449,6 +449,19 @@ func (m *Manager) ReceiveSession(ctx context.Context, r io.Reader) (_ session.Mo
 		return staged, err
 	}
 	defer recs.Close()
+	if err := receiveFiles(ctx, br, root, recs, &staged); err != nil {
+		return staged, fmt.Errorf("receive session %q: %w", hdr.Name, err)
+	}
+	if staged.Records == 0 {
+		return staged, errBundle("no records")
+	}
+	staged.Took = time.Since(start)
+	return staged, m.finishStaging(partial, recs, staged)
+}
+
+// receiveFiles reads file, data and (with recs) records frames into
+// root and recs, to the end frame, which it verifies; counts go to st.
+func receiveFiles(ctx context.Context, br *bundleReader, root string, recs *os.File, st *session.MoveStaged) error {
 	var cur *os.File
 	var curSize int64
 	closeCur := func() error {
@@ -465,72 +478,68 @@ func (m *Manager) ReceiveSession(ctx context.Context, r io.Reader) (_ session.Mo
 	defer closeCur()
 	for {
 		if err := ctx.Err(); err != nil {
-			return staged, err
+			return err
 		}
 		kind, p, err := br.next()
 		if err != nil {
-			return staged, fmt.Errorf("receive session %q: %w", hdr.Name, err)
+			return err
 		}
 		switch kind {
 		case bframeFile:
 			var bf bundleFile
 			if json.Unmarshal(p, &bf) != nil {
-				return staged, errBundle("a file header that does not decode")
+				return errBundle("a file header that does not decode")
 			}
-			if staged.Files++; staged.Files > maxBundleFiles {
-				return staged, errBundle("more than %d files", maxBundleFiles)
+			if st.Files++; st.Files > maxBundleFiles {
+				return errBundle("more than %d files", maxBundleFiles)
 			}
 			if bf.Size < 0 || bf.Size > maxBundleFileSize {
-				return staged, errBundle("file %q of %d bytes", bf.Path, bf.Size)
+				return errBundle("file %q of %d bytes", bf.Path, bf.Size)
 			}
 			if err := closeCur(); err != nil {
-				return staged, err
+				return err
 			}
 			if cur, err = createStaged(root, bf); err != nil {
-				return staged, err
+				return err
 			}
 			curSize = bf.Size
 		case bframeData:
 			pre, data, err := checked(p, 8)
 			if err != nil {
-				return staged, err
+				return err
 			}
 			off := int64(binary.BigEndian.Uint64(pre))
 			if cur == nil || off < 0 || off > curSize || int64(len(data)) > curSize-off {
-				return staged, errBundle("data out of place")
+				return errBundle("data out of place")
 			}
 			if _, err := cur.WriteAt(data, off); err != nil {
-				return staged, fmt.Errorf("receive session %q: %w", hdr.Name, err)
+				return err
 			}
-			staged.Bytes += int64(len(data))
+			st.Bytes += int64(len(data))
 		case bframeRecords:
+			if recs == nil {
+				return errBundle("records where none belong")
+			}
 			_, data, err := checked(p, 0)
 			if err != nil {
-				return staged, err
+				return err
 			}
-			if staged.Records += int64(len(data)); staged.Records > maxBundleRecords {
-				return staged, errBundle("records beyond %d bytes", int64(maxBundleRecords))
+			if st.Records += int64(len(data)); st.Records > maxBundleRecords {
+				return errBundle("records beyond %d bytes", int64(maxBundleRecords))
 			}
 			if _, err := recs.Write(data); err != nil {
-				return staged, err
+				return err
 			}
 		case bframeEnd:
 			if !bytes.Equal(p, br.sum.Sum(nil)) {
-				return staged, errBundle("the bundle fails its hash")
+				return errBundle("the bundle fails its hash")
 			}
 			if _, err := br.r.ReadByte(); err != io.EOF {
-				return staged, errBundle("data after its end")
+				return errBundle("data after its end")
 			}
-			if staged.Records == 0 {
-				return staged, errBundle("no records")
-			}
-			if err := closeCur(); err != nil {
-				return staged, err
-			}
-			staged.Took = time.Since(start)
-			return staged, m.finishStaging(partial, recs, staged)
+			return closeCur()
 		default:
-			return staged, errBundle("a frame of kind %q", kind)
+			return errBundle("a frame of kind %q", kind)
 		}
 	}
 }
@@ -551,9 +560,9 @@ func (m *Manager) refuseArrival(ctx context.Context, hdr bundleHeader) error {
 		return err
 	}
 	if _, err := m.resolveImage(ctx, hdr.Image, hdr.ImageDigest); err != nil {
-		return &session.Error{Class: session.ErrNotFound, Field: session.FieldImage,
+		return &session.Error{Class: session.ErrNotFound, Field: session.FieldImage, Code: session.CodeNoImageBuild,
 			Msg:  fmt.Sprintf("this host lacks build %s of image %q that the session's system disk was made on", hdr.ImageDigest, hdr.Image),
-			Hint: "ship that image build here first", Err: err}
+			Hint: "ship that image build here first (a move does)", Err: err}
 	}
 	return nil
 }

@@ -432,3 +432,60 @@ func TestMoveThroughput(t *testing.T) {
 	t.Logf("move: %.1f MiB of data (1 GiB apparent) in %s: %.0f MiB/s; cp --sparse=always + sync: %s: %.0f MiB/s; move/cp = %.2f",
 		mb, res.Took.Round(time.Millisecond), mb/res.Took.Seconds(), cpTook.Round(time.Millisecond), mb/cpTook.Seconds(), res.Took.Seconds()/cpTook.Seconds())
 }
+
+// A target without the session's image build gets it, by its digest, as
+// the source has it, and the session starts there on it.
+func TestMoveShipsImageBuild(t *testing.T) {
+	src, dst := newAgentManager(t, 0), newAgentManager(t, 0)
+	ctx := t.Context()
+	if _, err := src.Create(ctx, session.CreateOptions{Name: "mv"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Stop(ctx, "mv"); err != nil {
+		t.Fatal(err)
+	}
+	// The target has another build of mini, not the session's.
+	images := filepath.Join(dst.cfg.DataDir, "images", "mini")
+	os.WriteFile(filepath.Join(images, "current"), []byte("other\n"), 0o644)
+	os.Rename(filepath.Join(images, "fake"), filepath.Join(images, "other"))
+	os.WriteFile(filepath.Join(src.cfg.DataDir, "images", "mini", "fake", "vmlinuz"), []byte("the source's kernel"), 0o644)
+
+	res, err := session.Move(ctx, src, dst, "mv", nil, nil)
+	if err != nil {
+		t.Fatalf("Move: %v", err)
+	}
+	if res.Session.Name != "mv" {
+		t.Errorf("moved %+v", res.Session)
+	}
+	if b, err := os.ReadFile(filepath.Join(images, "fake", "vmlinuz")); err != nil || string(b) != "the source's kernel" {
+		t.Errorf("the target's copy of the build: %q, %v", b, err)
+	}
+	if cur, _ := os.ReadFile(filepath.Join(images, "current")); string(cur) != "other\n" {
+		t.Errorf("the target's current build changed to %q", cur)
+	}
+	if _, err := dst.Start(ctx, "mv"); err != nil {
+		t.Fatalf("start on the shipped build: %v", err)
+	}
+	// A second shipping of the same build is refused as here already.
+	var b bytes.Buffer
+	if err := dst.SendSessionImage(ctx, "mv", &b); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.ReceiveImage(ctx, bytes.NewReader(b.Bytes())); !errors.Is(err, session.ErrExists) {
+		t.Errorf("receiving a build that is here: %v, want ErrExists", err)
+	}
+	// A damaged one leaves nothing.
+	bad := slices.Clone(b.Bytes())
+	bad[len(bad)/2] ^= 1
+	os.RemoveAll(filepath.Join(images, "fake"))
+	if err := dst.ReceiveImage(ctx, bytes.NewReader(bad)); err == nil {
+		t.Error("a damaged image bundle was stored")
+	}
+	if ents, _ := os.ReadDir(images); len(ents) != 2 { // current, other
+		names := []string{}
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("after a refused image bundle: %v", names)
+	}
+}
