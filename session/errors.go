@@ -57,9 +57,6 @@ const (
 	// CodeLayers is an image with as many layers as a VM stacks, on
 	// which a commit cannot put another.
 	CodeLayers = "layers"
-	// CodeNoImageBuild is a move's target that lacks the image build the
-	// session's disks were made on: the mover ships it, then the session.
-	CodeNoImageBuild = "no-image-build"
 )
 
 // Error is a refusal or a failure with its structure kept: the class, the

@@ -15,6 +15,10 @@ import (
 // ownership transaction) makes the target the owner, the target makes the
 // staged session its own, and only then does the source drop its copy.
 
+// CodeNoImageBuild is a move's target that lacks the image build the
+// session's disks were made on: Move ships it, then the session.
+const CodeNoImageBuild = "no-image-build"
+
 // MoveStaged is a session a target has received and not yet made its own.
 type MoveStaged struct {
 	Name string `json:"name"`
