@@ -57,6 +57,8 @@ const (
 	// nothing on the host (the caller says where the bytes go), so it is
 	// a read, and every read is a viewer's, as reading sessions' files is.
 	ActionImageExport Action = "image-export"
+	// ActionMove moves a stopped or sleeping session to another host.
+	ActionMove Action = "move"
 	// ActionHosts reads a fleet's hosts (berth host ls).
 	ActionHosts Action = "hosts"
 )
@@ -171,6 +173,9 @@ var verbs = []Verb{
 		What: "commit sessions as images", Refusal: "commit"},
 	{Action: ActionImageExport, Role: Viewer, What: "export images"},
 	{Action: ActionHosts, Role: Viewer, What: "list fleet hosts"},
+	// Only what has no VM moves: its disks are still, its memory (if any)
+	// in a snapshot file.
+	{Action: ActionMove, States: []State{StateStopped, StateSleeping}, Role: Admin, Mutates: true, What: "move sessions between hosts"},
 }
 
 // Lookup returns the row of action.

@@ -26,6 +26,8 @@ var (
 	// open; badger's own lock error does not unwrap, hence our lock file.
 	ErrLocked = errors.New("store is in use by another process")
 	ErrClosed = errors.New("store is closed")
+	// ErrExists refuses to import a session (or an exec) already here.
+	ErrExists = errors.New("already exists")
 )
 
 // DefaultRetention is the output kept per session when Session.Retention is 0.
@@ -184,6 +186,9 @@ func Open(dir string, logger *slog.Logger, opts ...Option) (_ *Store, err error)
 	}
 	if err := s.loadOutput(); err != nil {
 		return nil, err
+	}
+	if err := s.abandonImports(); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
 	}
 	return s, nil
 }

@@ -85,6 +85,13 @@
 //	POST   /v1/sessions/{name}/schedules              ScheduleRequest → 201 Schedule
 //	GET    /v1/sessions/{name}/schedules              []Schedule
 //	DELETE /v1/sessions/{name}/schedules/{id}         204
+//	GET    /v1/sessions/{name}/bundle                 a stopped or sleeping session's move bundle (cut off on error)
+//	POST   /v1/sessions/{name}/drop                   204: the copy of a session moved to another host removed
+//	GET    /v1/sessions/{name}/image-bundle           the image build the session was made on, as a bundle (cut off on error)
+//	POST   /v1/moves                                  a move bundle → 201 MoveStaged
+//	POST   /v1/moves/images                           an image build's bundle → 204 (409: here already)
+//	POST   /v1/moves/{name}/commit                    Session: the staged session made this host's
+//	DELETE /v1/moves/{name}                           204: the staged session removed
 //
 // The run routes need a Service that is also a session.Harness (the
 // Manager is). A call made in an agent run names it in the X-Berth-Run

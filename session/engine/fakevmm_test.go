@@ -134,7 +134,7 @@ func (v *agentVM) Close() error {
 // newAgentManager returns a Manager whose sessions run on agentDriver,
 // with a stand-in mini image (no kernel is read), no templates, and
 // statistics refreshed every statsEvery.
-func newAgentManager(t *testing.T, statsEvery time.Duration) *Manager {
+func newAgentManager(t testing.TB, statsEvery time.Duration) *Manager {
 	t.Helper()
 	if os.Getuid() != 0 {
 		t.Skip("mounts a tmpfs for the agents' workspaces: needs root")

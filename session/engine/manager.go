@@ -236,6 +236,8 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 		return nil, fmt.Errorf("load runs and schedules: %w", err)
 	}
 	m.removeStaleWork()
+	m.removePartialMoves()
+	m.removePartialImages()
 	var wg sync.WaitGroup
 	for _, s := range m.sessions {
 		wg.Go(func() { s.recover(ctx) })

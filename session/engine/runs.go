@@ -74,36 +74,52 @@ func (m *Manager) loadHarness() error {
 	h.mu.Watch(m.locks, "harness.mu")
 	m.hx = h
 	for name := range m.sessions {
-		runs, err := m.st.ListRuns(name)
+		if err := m.loadHarnessOf(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadHarnessOf loads one session's runs and schedules into the harness:
+// at start, and for a session that moved here.
+func (m *Manager) loadHarnessOf(name string) error {
+	h := m.hx
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	runs, err := m.st.ListRuns(name)
+	if err != nil {
+		return err
+	}
+	for _, r := range runs {
+		h.sessOf[r.ID] = name
+		if r.Status != string(session.RunOpen) {
+			continue
+		}
+		h.open[r.ID] = &r
+		xs, err := m.st.RunExecs(name, r.ID)
 		if err != nil {
 			return err
 		}
-		for _, r := range runs {
-			h.sessOf[r.ID] = name
-			if r.Status != string(session.RunOpen) {
-				continue
-			}
-			h.open[r.ID] = &r
-			xs, err := m.st.RunExecs(name, r.ID)
-			if err != nil {
-				return err
-			}
-			for _, x := range xs {
-				h.execRun[x] = r.ID
-			}
+		for _, x := range xs {
+			h.execRun[x] = r.ID
 		}
-		scs, err := m.st.ListSchedules(name)
+	}
+	scs, err := m.st.ListSchedules(name)
+	if err != nil {
+		return err
+	}
+	for _, sc := range scs {
+		st, err := newSchedState(sc)
 		if err != nil {
-			return err
+			m.log.Warn("schedule with a bad spec is ignored", "session", name, "schedule", sc.ID, "err", err)
+			continue
 		}
-		for _, sc := range scs {
-			st, err := newSchedState(sc)
-			if err != nil {
-				m.log.Warn("schedule with a bad spec is ignored", "session", name, "schedule", sc.ID, "err", err)
-				continue
-			}
-			h.scheds[sc.ID] = st
-		}
+		h.scheds[sc.ID] = st
+	}
+	select {
+	case h.poke <- struct{}{}: // the schedule loop learns of them
+	default:
 	}
 	return nil
 }

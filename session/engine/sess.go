@@ -62,6 +62,11 @@ type sess struct {
 	// commands, for the build named by execKey; guarded by mu.
 	exec    execDefaults
 	execKey string
+	// changes counts state changes; sent is changes+1 as of the last
+	// complete SendSession (0: none since the Manager started), so
+	// DropSent can tell a copy sent away from one changed since.
+	changes atomic.Uint64
+	sent    atomic.Uint64
 }
 
 // claim lists a new session under rec.Name with its sess.op held, so
@@ -148,6 +153,7 @@ func (s *sess) setState(st session.State, cause, by string) error {
 	defer s.putMu.Unlock()
 	s.mu.Lock()
 	s.rec.State, s.rec.Cause = string(st), cause
+	s.changes.Add(1)
 	if st != session.StateRunning && st != session.StatePaused {
 		s.rec.Pid = 0
 	}
