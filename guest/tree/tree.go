@@ -331,6 +331,15 @@ func Unpack(root *os.Root, dir string, r io.Reader, o Options) (res Result, err 
 		if err != nil {
 			return res, err
 		}
+		// A sparse entry's holes read as zeros that the stream never
+		// carried: a few bytes of a hostile peer's archive would write
+		// any size (FuzzUnpack found one filling the disk). Pack never
+		// makes one.
+		for k := range h.PAXRecords {
+			if strings.HasPrefix(k, "GNU.sparse.") {
+				return res, fmt.Errorf("unpack %s: sparse files are not copied: %w", rel, syscall.EINVAL)
+			}
+		}
 		target := path.Join(dir, rel)
 		mode := fs.FileMode(h.Mode).Perm()
 		if h.Mode&0o4000 != 0 {

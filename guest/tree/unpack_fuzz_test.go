@@ -41,6 +41,9 @@ func FuzzUnpack(f *testing.F) {
 	f.Add(seed(&tar.Header{Typeflag: tar.TypeDir, Name: "a/", Mode: 0o755}, reg("a", 1)), uint8(1))
 	f.Add(seed(&tar.Header{Typeflag: tar.TypeSymlink, Name: "s", Linkname: "d"}, &tar.Header{Typeflag: tar.TypeDir, Name: "d/", Mode: 0o755}, reg("s/f", 1)), uint8(2))
 	f.Add(seed(reg("f", 100))[:600], uint8(3))
+	if b, err := os.ReadFile("testdata/sparse.tar"); err == nil {
+		f.Add(b, uint8(0))
+	}
 	f.Fuzz(func(t *testing.T, archive []byte, how uint8) {
 		if len(archive) > 1<<20 {
 			return
