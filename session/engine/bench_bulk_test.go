@@ -55,7 +55,7 @@ func TestBenchBulk(t *testing.T) {
 	// waiting for bytes and syncing.
 	dd := func() time.Duration {
 		start := time.Now()
-		r := vmmtest.Run(t, b.Agent, "", "dd", "if=/dev/zero", "of=/workspace/dd", "bs=1M", fmt.Sprint(total>>20), "conv=fsync")
+		r := vmmtest.Run(t, b.Agent, "", "dd", "if=/dev/zero", "of=/workspace/dd", "bs=51200", "count=2000", "conv=fsync") // total bytes
 		if r.Err != nil || r.Exit.ExitCode != 0 {
 			t.Fatalf("dd: %v %s", r.Err, r.Stderr)
 		}
