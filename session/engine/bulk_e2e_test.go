@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -203,4 +204,50 @@ func mustRoot(t *testing.T, dir string) *os.Root {
 	}
 	t.Cleanup(func() { r.Close() })
 	return r
+}
+
+// TestStdinSlowReaderVM sends a command more stdin than the agent queues
+// (16 MB) before the command starts reading: the host waits for it (the
+// stream's window) and every byte arrives. The agent used to give up on
+// the stream once its queue was over the bound, and the host's writes then
+// blocked forever (a 100 MB stdin into cat hung on a loaded host).
+func TestStdinSlowReaderVM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a VM")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	b := vmmtest.Boot(t, qemu.New(qemu.Options{}), filepath.Join(dir, "vm"), filepath.Join(dir, "ws.img"), vmm.NewUUID())
+	const size = 40 << 20
+	x, err := b.Agent.Exec(ctx, guest.ExecRequest{ID: "slow-stdin", Argv: []string{"sh", "-c", "sleep 3; wc -c"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	sent := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 1<<20)
+		for i := 0; i < size>>20; i++ {
+			if _, err := x.Write(buf); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- x.CloseStdin()
+	}()
+	var out []byte
+	for o := range x.Output() {
+		out = append(out, o.Data...)
+	}
+	if err := <-sent; err != nil {
+		t.Fatalf("sending stdin: %v", err)
+	}
+	info, err := x.Wait(ctx)
+	if err != nil || info.ExitCode != 0 {
+		t.Fatalf("exit %+v, %v", info, err)
+	}
+	if got := strings.TrimSpace(string(out)); got != fmt.Sprint(size) {
+		t.Errorf("the command read %q bytes, want %d", got, size)
+	}
 }
