@@ -86,7 +86,7 @@ install: build
 FUZZTIME     ?= 30s
 FUZZPARALLEL ?= 1
 FUZZ_TARGETS := \
-	guest:FuzzFrames guest:FuzzHostHandshake guest:FuzzGuestHandshake \
+	guest:FuzzFrames guest:FuzzHostHandshake guest:FuzzGuestHandshake guest/tree:FuzzUnpack \
 	ui/sshd/sftp:FuzzSFTP ui/sshd:FuzzSCPSink \
 	session/engine/egress:FuzzDNSQuery session/engine/egress:FuzzEgressRequest session:FuzzParsePolicy session/schedule:FuzzParseSpec \
 	session:FuzzParseCheckpointRef session:FuzzValidateUser guest/users:FuzzLookup \

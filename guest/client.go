@@ -408,13 +408,15 @@ func upload[T any](ctx context.Context, cl *call, op string, r io.Reader) (T, in
 		done <- rep
 		cl.st.SetWriteDeadline(time.Now()) // unblock a pending upload
 	}()
-	buf := make([]byte, DataChunk)
+	// The header goes in front of the bytes: one write, one multiplexer
+	// frame per data frame (not a 5-byte one before each).
+	buf := make([]byte, FrameHeader+DataChunk)
 	var sent int64
 	var werr error
 	for werr == nil {
-		n, err := io.ReadFull(r, buf)
+		n, err := io.ReadFull(r, buf[FrameHeader:])
 		if n > 0 {
-			if werr = cl.send(FrameData, buf[:n]); werr != nil {
+			if werr = cl.sendBuf(FrameData, buf[:FrameHeader+n]); werr != nil {
 				break
 			}
 			sent += int64(n)

@@ -28,6 +28,10 @@ import (
 //
 //	host  → BERTH-PING <nonce>\n     guest → BERTH-PONG <nonce>\n
 //	host  → BERTH-BULK <nonce> <n>\n guest → BERTH-BULK <nonce> <n>\n + n bytes
+//	host  → BERTH-SINK <nonce> <n>\n + n bytes   guest → BERTH-SINK <nonce> <n>\n
+//
+// (BULK measures guest to host, SINK host to guest: the guest answers a
+// SINK once it has read all n bytes.)
 const (
 	lineSync  = "BERTH-SYNC "
 	lineAck   = "BERTH-ACK "
@@ -35,6 +39,7 @@ const (
 	linePing  = "BERTH-PING "
 	linePong  = "BERTH-PONG "
 	lineBulk  = "BERTH-BULK "
+	lineSink  = "BERTH-SINK "
 	maxLine   = 256
 )
 
@@ -245,12 +250,30 @@ func GuestHandshake(conn io.ReadWriter, br *bufio.Reader) (io.Reader, error) {
 			if err := writeZeros(conn, size); err != nil {
 				return nil, err
 			}
+			continue
+		}
+		if rest, ok := field(line, lineSink); ok {
+			var n string
+			var size int64
+			if _, err := fmt.Sscanf(rest, "%s %d", &n, &size); err != nil || size < 0 || size > 1<<34 {
+				continue
+			}
+			// Read as yamux would: through br, whatever the kernel hands
+			// over per read.
+			if _, err := io.CopyN(io.Discard, br, size); err != nil {
+				return nil, err
+			}
+			if _, err := fmt.Fprintf(conn, "%s%s %d\n", lineSink, n, size); err != nil {
+				return nil, err
+			}
 		}
 	}
 }
 
-func writeZeros(w io.Writer, n int64) error {
-	zeros := make([]byte, 256<<10)
+func writeZeros(w io.Writer, n int64) error { return writeZerosSize(w, n, 256<<10) }
+
+func writeZerosSize(w io.Writer, n int64, size int) error {
+	zeros := make([]byte, max(size, 1))
 	for n > 0 {
 		chunk := int64(len(zeros))
 		if n < chunk {
@@ -330,4 +353,36 @@ func RawBulk(ctx context.Context, conn net.Conn, br *bufio.Reader, n int64) (tim
 		return 0, err
 	}
 	return time.Since(start), nil
+}
+
+// RawSink sends n bytes to the guest on the raw channel, written wsize
+// bytes at a time, and returns how long they took until the guest said it
+// had read them all: the host-to-guest limit of the channel.
+func RawSink(ctx context.Context, conn net.Conn, br *bufio.Reader, n int64, wsize int) (time.Duration, error) {
+	if _, err := RawPing(ctx, conn, br); err != nil { // the agent is listening
+		return 0, err
+	}
+	nonce := newNonce()
+	if d, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(d)
+		defer conn.SetDeadline(time.Time{})
+	}
+	start := time.Now()
+	if _, err := fmt.Fprintf(conn, "%s%s %d\n", lineSink, nonce, n); err != nil {
+		return 0, err
+	}
+	if err := writeZerosSize(conn, n, wsize); err != nil {
+		return 0, err
+	}
+	sc := &lineScanner{br: br}
+	want := fmt.Sprintf("%s %d", nonce, n)
+	for {
+		line, err := sc.next()
+		if err != nil {
+			return 0, err
+		}
+		if rest, ok := field(line, lineSink); ok && rest == want {
+			return time.Since(start), nil
+		}
+	}
 }

@@ -144,6 +144,8 @@ func FuzzGuestHandshake(f *testing.F) {
 	f.Add([]byte("BERTH-PING n1\nBERTH-BULK n2 10\nBERTH-SYNC 1 q\nBERTH-READY q\n\x00\x00"))
 	f.Add([]byte("BERTH-READY abc\nBERTH-SYNC x y\n"))
 	f.Add([]byte("BERTH-BULK n -5\nBERTH-BULK n 99999999999\n"))
+	f.Add([]byte("BERTH-SINK s 5\nabcdeBERTH-SINK t 3\nBERTH-SYNC 1 q\nBERTH-READY q\n"))
+	f.Add([]byte("BERTH-SINK s 40\nBERTH-SYNC 1 q\nBERTH-READY q\n"))
 	f.Add([]byte(strings.Repeat("x", 400) + "BERTH-SYNC 1 " + strings.Repeat("n", 200) + "\nBERTH-READY " + strings.Repeat("n", 200) + "\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		out := &limitedBuffer{max: 1 << 20}
@@ -211,6 +213,14 @@ func checkAgentLines(t *testing.T, in, out []byte) string {
 				t.Fatalf("BULK %q carries non-zero bytes", line)
 			}
 			out = out[size:]
+		case strings.HasPrefix(line, lineSink):
+			f := strings.Fields(strings.TrimPrefix(line, lineSink))
+			if len(f) != 2 || !bytes.Contains(in, []byte(lineSink)) {
+				t.Fatalf("malformed or unasked SINK answer %q", line)
+			}
+			if size, err := strconv.ParseInt(f[1], 10, 64); err != nil || size < 0 || size > int64(len(in)) {
+				t.Fatalf("SINK answer %q for more bytes than the input holds", line)
+			}
 		default:
 			t.Fatalf("the agent wrote %q", line)
 		}

@@ -143,11 +143,12 @@ func (a *Agent) read(s *stream, p string) error {
 	if fi.IsDir() {
 		return &fs.PathError{Op: "read", Path: p, Err: errIsDir}
 	}
-	buf := make([]byte, guest.DataChunk)
+	// The header goes in front of the bytes: one multiplexer frame each.
+	buf := make([]byte, guest.FrameHeader+guest.DataChunk)
 	for {
-		n, err := f.Read(buf)
+		n, err := f.Read(buf[guest.FrameHeader:])
 		if n > 0 {
-			if s.send(guest.FrameData, buf[:n]) != nil {
+			if s.sendBuf(guest.FrameData, buf[:guest.FrameHeader+n]) != nil {
 				return nil
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"sync"
+	"time"
 
 	"github.com/creack/pty"
 
@@ -157,12 +158,42 @@ func newStdinQueue(e *execution) *stdinQueue {
 	return q
 }
 
-// push queues p; nil means EOF. It reports false when the queue is over
-// its bound, which ends the stream.
+// stdinRecheck is how often a push waiting for room looks again whether
+// the command's output waits for acknowledgements.
+const stdinRecheck = 50 * time.Millisecond
+
+// push queues p; nil means EOF. While the queue is over its bound it
+// waits for the command to take some, so the host's sending stops at its
+// window: back-pressure, as a pipe gives. (It used to end the stream,
+// and a host sending faster than a busy guest's command read, 100 MB to
+// `cat` under load, then hung on a stream no one read.) It reports false,
+// which ends the stream, when the queue is closed (the execution's stream
+// ended), or when the command's output waits for acknowledgements that
+// could only come after this frame on the stream: a command that neither
+// reads its stdin nor can write its output would otherwise never move.
+// A push waits at most as long as the execution lives.
 func (q *stdinQueue) push(p []byte) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.size+len(p) > maxStdinQueue {
+	for q.size > 0 && q.size+len(p) > maxStdinQueue {
+		if q.closed {
+			return false
+		}
+		q.mu.Unlock()
+		stalled := q.e.outputStalled()
+		q.mu.Lock()
+		if stalled {
+			return false
+		}
+		t := time.AfterFunc(stdinRecheck, func() {
+			q.mu.Lock()
+			q.cond.Broadcast()
+			q.mu.Unlock()
+		})
+		q.cond.Wait()
+		t.Stop()
+	}
+	if q.closed {
 		return false
 	}
 	var c []byte
@@ -171,14 +202,14 @@ func (q *stdinQueue) push(p []byte) bool {
 	}
 	q.q = append(q.q, c)
 	q.size += len(p)
-	q.cond.Signal()
+	q.cond.Broadcast()
 	return true
 }
 
 func (q *stdinQueue) close() {
 	q.mu.Lock()
 	q.closed = true
-	q.cond.Signal()
+	q.cond.Broadcast()
 	q.mu.Unlock()
 }
 
@@ -195,6 +226,7 @@ func (q *stdinQueue) run() {
 		p := q.q[0]
 		q.q = q.q[1:]
 		q.size -= len(p)
+		q.cond.Broadcast() // room for a waiting push
 		q.mu.Unlock()
 		w := q.e.stdin
 		if w == nil {
@@ -210,4 +242,12 @@ func (q *stdinQueue) run() {
 		}
 		w.Write(p)
 	}
+}
+
+// outputStalled reports whether e's output is held up waiting for the
+// host's acknowledgements (its ring is full of unacknowledged bytes).
+func (e *execution) outputStalled() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stdout.free() <= 0 || (e.stderr != nil && e.stderr.free() <= 0)
 }

@@ -175,3 +175,33 @@ func TestUnpackAllOrNothing(t *testing.T) {
 		}
 	}
 }
+
+// A sparse entry (testdata/sparse.tar: 10 KB holding a 1 GiB file that is
+// one hole, made by Python's tarfile) is refused before anything is
+// written: its zeros are not in the stream, so a hostile peer's few bytes
+// would fill the disk.
+func TestUnpackRefusesSparse(t *testing.T) {
+	b, err := os.ReadFile("testdata/sparse.tar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sync := range []bool{false, true} {
+		dir := t.TempDir()
+		root, err := os.OpenRoot(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var o Options
+		if sync {
+			o.Sync = func() error { return nil }
+		}
+		_, err = Unpack(root, "t", bytes.NewReader(b), o)
+		root.Close()
+		if err == nil || !strings.Contains(err.Error(), "sparse") {
+			t.Errorf("sync %v: unpacking a sparse entry: %v, want a refusal", sync, err)
+		}
+		if got := listTree(t, dir); len(got) != 0 {
+			t.Errorf("sync %v: left %q", sync, got)
+		}
+	}
+}

@@ -248,7 +248,7 @@ func (c *Call) copyOut(ctx context.Context, svc session.Service, name, src, loca
 			return err
 		}
 		defer root.Close()
-		res, err := tree.Unpack(root, filepath.ToSlash(rel), p.reader(rc), tree.Options{})
+		res, err := unpackLocal(root, filepath.ToSlash(rel), p.reader(rc))
 		p.stop(err == nil)
 		if err != nil {
 			return fmt.Errorf("cp %s:%s: %w", name, src, err)
@@ -272,7 +272,7 @@ func (c *Call) copyOut(ctx context.Context, svc session.Service, name, src, loca
 		return err
 	}
 	defer root.Close()
-	res, err := tree.Unpack(root, ".", p.reader(rc), tree.Options{})
+	res, err := unpackLocal(root, ".", p.reader(rc))
 	p.stop(err == nil)
 	if err != nil {
 		return fmt.Errorf("cp %s:%s: %w", name, src, err)
@@ -339,4 +339,15 @@ func checkLocalTree(dir string) (int64, error) {
 		return nil
 	})
 	return n, err
+}
+
+// unpackLocal unpacks r into dir of root durably, with a syncfs of the
+// filesystem per batch rather than an fsync per file.
+func unpackLocal(root *os.Root, dir string, r io.Reader) (tree.Result, error) {
+	sync, done, err := tree.SyncFS(root)
+	if err != nil {
+		return tree.Result{}, err
+	}
+	defer done()
+	return tree.Unpack(root, dir, r, tree.Options{Sync: sync})
 }
