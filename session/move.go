@@ -196,3 +196,10 @@ func pipe(ctx context.Context, send func(io.Writer) error, receive func(io.Reade
 	}
 	return err
 }
+
+// A Relocator moves a session to another host of its fleet (berth move):
+// the fleet's Router, and the socket and TLS client, which ask the
+// daemon's. A berth that is no fleet does not implement it.
+type Relocator interface {
+	MoveTo(ctx context.Context, name, host string) (MoveResult, error)
+}

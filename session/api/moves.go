@@ -16,6 +16,26 @@ import (
 // to host calls of a fleet (and of tests): the SSH server does not carry
 // them.
 
+type moveRequest struct {
+	To string `json:"to"`
+}
+
+func (s *server) moveTo(w http.ResponseWriter, r *http.Request) {
+	var req moveRequest
+	if err := readJSON(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	rl, ok := s.svc.(session.Relocator)
+	if !ok {
+		s.writeError(w, r, &session.Error{Class: session.ErrUnsupported, Msg: "this berth is one host on its own: moving a session needs a fleet",
+			Hint: "berth serve --fleet URLS --host-id H joins one"})
+		return
+	}
+	res, err := rl.MoveTo(r.Context(), r.PathValue("name"), req.To)
+	s.answer(w, r, http.StatusOK, res, err)
+}
+
 func (s *server) mover(w http.ResponseWriter, r *http.Request) (session.Mover, bool) {
 	mv, ok := s.svc.(session.Mover)
 	if !ok {
@@ -131,7 +151,20 @@ func (s *server) dropSent(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-var _ session.Mover = (*Client)(nil)
+var (
+	_ session.Mover     = (*Client)(nil)
+	_ session.Relocator = (*Client)(nil)
+)
+
+// MoveTo asks the daemon to move session name to host to of its fleet.
+func (c *Client) MoveTo(ctx context.Context, name, to string) (session.MoveResult, error) {
+	var out session.MoveResult
+	p, err := sessionPath(name, "/move")
+	if err != nil {
+		return out, err
+	}
+	return out, c.call(ctx, http.MethodPost, p, nil, moveRequest{To: to}, &out)
+}
 
 // SendSession writes the daemon's bundle of a stopped or sleeping session
 // to w. A bundle cut short is an error (and the receiver refuses it).

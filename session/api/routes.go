@@ -87,6 +87,7 @@ func (s *server) routes() []route {
 		{"GET", "/v1/sessions/{name}/bundle", "a stopped or sleeping session's move bundle (cut off on error)", s.sendBundle},
 		{"POST", "/v1/sessions/{name}/drop", "204: the copy of a session moved to another host removed", s.dropSent},
 		{"GET", "/v1/sessions/{name}/image-bundle", "the image build the session was made on, as a bundle (cut off on error)", s.sendImageBundle},
+		{"POST", "/v1/sessions/{name}/move", `{"to"} → MoveResult: the session moved to host to (a fleet's)`, s.moveTo},
 		{"POST", "/v1/moves", "a move bundle → 201 MoveStaged", s.receiveBundle},
 		{"POST", "/v1/moves/images", "an image build's bundle → 204 (409: here already)", s.receiveImage},
 		{"POST", "/v1/moves/{name}/commit", "Session: the staged session made this host's", s.commitMove},

@@ -3,7 +3,9 @@ package fleet_test
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -301,9 +303,32 @@ func TestFleetFrontDoorEndToEnd(t *testing.T) {
 	if r := a.Run("--host", "tcp://"+addr, "--cert-dir", filepath.Join(t.TempDir(), "none"), "ls"); r.Code == 0 {
 		t.Errorf("ls without a certificate: %+v", r)
 	}
+	// A move through a front door that is neither end's: a forwards it
+	// to b, the owner, which sends the session straight to... a. A running
+	// session is refused; a sleeping one wakes there with its processes.
+	a.OK(remote("exec", "far", "--", "sh", "-c", "echo moved > /workspace/m; setsid sleep 1000 >/dev/null 2>&1 </dev/null &")...)
+	if r := a.Run(remote("move", "far", "--to", "a")...); r.Code == 0 || !strings.Contains(r.Stderr, "sleep") {
+		t.Errorf("move of a running session: %+v", r)
+	}
+	a.OK(remote("sleep", "far")...)
+	if out := a.OK(remote("move", "far", "--to", "a")...); !strings.HasPrefix(out, "moved far to a in ") || !strings.Contains(out, "it is sleeping there") {
+		t.Errorf("move: %q", out)
+	}
+	if got := a.OK(remote("exec", "far", "--", "sh", "-c", "cat /workspace/m; cat /proc/[0-9]*/comm | grep -qx sleep && echo still sleeping")...); got != "moved\nstill sleeping\n" {
+		t.Errorf("after the move, far says %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(b.Data, "sessions", "far")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("b kept its copy of far: %v", err)
+	}
+	if l := hostLs(t, a); stateOf(l, "b").Used.Sessions != 0 || stateOf(l, "a").Used.Sessions != 1 {
+		t.Errorf("after the move, sessions promised: a %d, b %d", stateOf(l, "a").Used.Sessions, stateOf(l, "b").Used.Sessions)
+	}
+	if table := b.OK("ls"); !strings.Contains(table, "far   a ") {
+		t.Errorf("ls on b after the move:\n%s", table)
+	}
 	a.OK(remote("delete", "far", "--yes")...)
-	if l := hostLs(t, a); stateOf(l, "b").Used.Sessions != 0 {
-		t.Errorf("after delete, host b has %d sessions promised", stateOf(l, "b").Used.Sessions)
+	if l := hostLs(t, a); stateOf(l, "b").Used.Sessions != 0 || stateOf(l, "a").Used.Sessions != 0 {
+		t.Errorf("after delete, hosts have sessions promised: %+v", l.Hosts)
 	}
 	// Plain text beyond loopback is refused at start.
 	c3 := daemontest.New(t, t.TempDir())

@@ -12,7 +12,7 @@ import (
 // Checkpoints, restore and fork.
 
 func checkpointCmds() []*Command {
-	return []*Command{checkpointCmd(), checkpointsCmd(), checkpointRmCmd(), restoreCmd(), forkCmd()}
+	return []*Command{checkpointCmd(), checkpointsCmd(), checkpointRmCmd(), restoreCmd(), forkCmd(), moveCmd()}
 }
 
 func checkpointCmd() *Command {
@@ -184,6 +184,46 @@ processes; NEW's execution records start empty.`,
 				for _, w := range res.Warnings {
 					fmt.Fprintf(c.env.Stderr, "warning: %s\n", w)
 				}
+				return nil
+			}
+		},
+	}
+}
+
+func moveCmd() *Command {
+	return &Command{
+		Name: "move", Action: session.ActionMove, Group: "Sessions", Usage: "NAME --to HOST", Args: []string{"NAME"},
+		Summary: "move a stopped or sleeping session to another host of the fleet",
+		Help: `Moves a stopped or sleeping session to host HOST of the fleet: its disks (sparse), its memory
+snapshot, checkpoints and records (executions and their output, events, runs, schedules), and
+the image build its disks were made on if HOST lacks it, each chunk checked by its hash, go
+straight from the host that owns it into staging on HOST; one etcd transaction then makes HOST
+the owner at a new epoch, HOST takes the session, and only then does the old host drop its
+copy. A move that fails before that transaction leaves the session where it was, and nothing
+on HOST. A sleeping session wakes on HOST with its processes. A running session is refused:
+stop it or put it to sleep first.`,
+		Example: "berth move demo --to h2",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			to := fs.String("to", "", "the `HOST` to move it to (berth host ls lists them)")
+			return func(ctx context.Context, c *Call, args []string) error {
+				if *to == "" {
+					return usageErrorf("--to HOST is needed")
+				}
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				rl, ok := svc.(session.Relocator)
+				if !ok {
+					return fmt.Errorf("this connection cannot move sessions: %w", session.ErrUnsupported)
+				}
+				res, err := rl.MoveTo(ctx, args[0], *to)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(c.env.Stdout, "moved %s to %s in %s (%d files, %s of data, sent in %s); it is %s there\n",
+					args[0], *to, res.Took.Round(time.Millisecond), res.Staged.Files, session.FormatBytes(res.Staged.Bytes),
+					res.Sent.Round(time.Millisecond), res.Session.State)
 				return nil
 			}
 		},
