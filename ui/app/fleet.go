@@ -69,11 +69,14 @@ func writeHosts(w io.Writer, list session.HostList, loc *time.Location) error {
 			id += " (this)"
 		}
 		note := ""
-		if h.State == session.HostGone {
+		switch h.State {
+		case session.HostGone:
 			note = "lease expired"
 			if h.Left {
 				note = "left"
 			}
+		case session.HostIsolated:
+			note = "lease not confirmed: changes refused"
 		}
 		images := strings.Join(h.Images, ",")
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s/%s\t%s\t%d\t%s\t%s\t%s\n", id, h.State, dash(h.Addr),
