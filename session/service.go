@@ -108,6 +108,10 @@ type Session struct {
 	CheckpointBytes int64 `json:"checkpoint_bytes,omitempty"`
 	// Net is the session's network policy (see ParsePolicy).
 	Net string `json:"net,omitempty"`
+	// Epoch is the fleet's fencing token this host holds the session
+	// at: the mod revision of its owner key when it took it; 0 outside
+	// a fleet.
+	Epoch int64 `json:"epoch,omitempty"`
 }
 
 // WorkspaceKnown reports whether WorkspaceUsed is a measurement, to show

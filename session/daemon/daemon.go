@@ -235,10 +235,13 @@ func Run(ctx context.Context, o Options) (err error) {
 	// The fleet after the Manager (its facts come from it) and before the
 	// API: its deferred leave runs after the listeners stop and before
 	// the Manager closes.
+	// In a fleet, every caller (the socket, the extras) meets the fence:
+	// an isolated host refuses changes and answers reads.
 	var hostList session.HostLister
+	var svc session.Service = mgr
 	if fc := fleetConfig(cfg.Fleet, o.Fleet); fc.Endpoints != "" {
 		var node *fleet.Node
-		if node, err = joinFleet(ctx, fc, o.DataDir, cfg.Floor, mgr, log); err != nil {
+		if node, err = joinFleet(ctx, fc, o.DataDir, cfg.Floor, mgr, mgr, log); err != nil {
 			return err
 		}
 		defer func() {
@@ -249,6 +252,7 @@ func Run(ctx context.Context, o Options) (err error) {
 			}
 		}()
 		hostList = node
+		svc = fleet.Fence(mgr, node)
 		fmt.Fprintf(o.Out, "joined the fleet at %s as host %s\n", fc.Endpoints, fc.HostID)
 	}
 
@@ -260,7 +264,7 @@ func Run(ctx context.Context, o Options) (err error) {
 		return err
 	}
 	srv := &http.Server{
-		Handler:           api.NewServer(mgr, log, api.WithVersion(o.Version), api.WithHosts(hostList)),
+		Handler:           api.NewServer(svc, log, api.WithVersion(o.Version), api.WithHosts(hostList)),
 		BaseContext:       func(net.Listener) context.Context { return life },
 		ReadHeaderTimeout: 10 * time.Second,
 	}
@@ -275,7 +279,7 @@ func Run(ctx context.Context, o Options) (err error) {
 	})
 	for _, x := range o.Extra {
 		wg.Go(func() {
-			if err := x(life, mgr); err != nil {
+			if err := x(life, svc); err != nil {
 				failed <- err
 			}
 		})

@@ -47,7 +47,7 @@ func fleetConfig(file, o FleetConfig) FleetConfig {
 
 // joinFleet joins the fleet of fc as this host, its facts read from the
 // Manager and the data directory at each registration and refresh.
-func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64, im session.Imager, log *slog.Logger) (*fleet.Node, error) {
+func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64, im session.Imager, local fleet.Local, log *slog.Logger) (*fleet.Node, error) {
 	if fc.HostID == "" {
 		return nil, errors.New("--fleet needs --host-id H (or host_id in config.toml): the name of this host in the fleet")
 	}
@@ -102,7 +102,7 @@ func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64,
 	}
 	jctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return fleet.Start(jctx, fleet.Config{Endpoints: fc.Endpoints, TLS: tlsCfg, HostConfig: fleet.HostConfig{
+	return fleet.Start(jctx, fleet.Config{Endpoints: fc.Endpoints, TLS: tlsCfg, Local: local, HostConfig: fleet.HostConfig{
 		ID: fc.HostID, Addr: fc.Listen, Instance: inst, TTL: fc.TTL, Facts: facts, Logger: log,
 	}})
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -19,6 +20,10 @@ type Config struct {
 	// TLS, if set, makes every etcd connection mutual TLS
 	// (pki.ClientConfig).
 	TLS *tls.Config
+	// Local, if set, is the host's engine: at each join its copies that
+	// the fleet's owners say are stale are quarantined (QuarantineStale)
+	// before the host takes a change. Setting it sets HostConfig.OnJoin.
+	Local Local
 	HostConfig
 }
 
@@ -47,6 +52,14 @@ func Start(ctx context.Context, c Config) (_ *Node, err error) {
 			cli.Close()
 		}
 	}()
+	if c.Local != nil {
+		log := c.Logger
+		if log == nil {
+			log = slog.New(slog.DiscardHandler)
+		}
+		log = log.With("component", "fleet", "host", c.ID)
+		c.OnJoin = func(ctx context.Context) error { return QuarantineStale(ctx, cli, c.ID, c.Local, log) }
+	}
 	h, err := Join(ctx, cli, c.HostConfig)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
