@@ -1,0 +1,193 @@
+package fleetbed_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/fleet/fleetbed"
+)
+
+func TestMain(m *testing.M) {
+	fleetbed.RunHelper()
+	os.Exit(m.Run())
+}
+
+// isolatedLine is how a refused change begins on host h.
+func isolatedLine(h *fleetbed.Host) string {
+	return "berth: host " + h.ID + " is isolated from the fleet: its etcd lease expired "
+}
+
+// probe asks h for a change that cannot succeed anyway (stop a session
+// that does not exist): an isolated host refuses it with its one line,
+// a ready one answers "not found". It reports whether h is isolated.
+func probe(t *testing.T, h *fleetbed.Host) (isolated bool, line string) {
+	t.Helper()
+	r := h.Run("stop", "ghost")
+	line = strings.TrimSpace(r.Stderr)
+	switch {
+	case strings.HasPrefix(line, "berth: host "+h.ID+" is isolated from the fleet: "):
+		return true, line
+	case strings.Contains(line, "not found"):
+		return false, line
+	}
+	t.Fatalf("stop ghost on %s: exit %d, %q", h.ID, r.Code, r.Stderr)
+	return false, ""
+}
+
+// waitIsolated polls h until it says it is isolated (want) or ready, and
+// returns how long that took.
+func waitIsolated(t *testing.T, h *fleetbed.Host, want bool, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		if iso, _ := probe(t, h); iso == want {
+			return time.Since(start)
+		}
+		if time.Since(start) > within {
+			t.Fatalf("host %s isolated=%v, not %v within %s; log:\n%s", h.ID, !want, want, within, h.DaemonLog())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitAll polls every host until each is isolated (want) or ready, and
+// returns for each how long after since it first was.
+func waitAll(t *testing.T, hosts []*fleetbed.Host, want bool, since time.Time, within time.Duration) map[string]time.Duration {
+	t.Helper()
+	got := map[string]time.Duration{}
+	for len(got) < len(hosts) {
+		for _, h := range hosts {
+			if _, ok := got[h.ID]; ok {
+				continue
+			}
+			if iso, _ := probe(t, h); iso == want {
+				got[h.ID] = time.Since(since)
+			}
+		}
+		if time.Since(since) > within && len(got) < len(hosts) {
+			t.Fatalf("within %s only %v are isolated=%v", within, got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return got
+}
+
+// checkRefusal checks that a change on h is refused in one line saying
+// the host is isolated, why, and that what runs goes on.
+func checkRefusal(t *testing.T, h *fleetbed.Host, args ...string) {
+	t.Helper()
+	r := h.Run(args...)
+	line := strings.TrimSpace(r.Stderr)
+	if r.Code == 0 || !strings.HasPrefix(line, isolatedLine(h)) || strings.Contains(line, "\n") ||
+		!strings.Contains(line, "running VMs and commands go on, changes wait for it to rejoin") {
+		t.Errorf("berth %s on isolated %s: exit %d, stderr %q", strings.Join(args, " "), h.ID, r.Code, r.Stderr)
+	}
+}
+
+// The lease's life on a fleet of three etcd members and three hosts, no
+// VMs: a host partitioned from etcd only knows itself isolated before
+// the others see its lease gone, refuses changes, and is ready again
+// after healing; losing one member changes nothing; losing two isolates
+// every host until quorum is back; a host killed with SIGKILL is gone
+// for the others within its TTL and ready again once restarted.
+func TestFleetBedLease(t *testing.T) {
+	b := fleetbed.New(t, fleetbed.Config{})
+	b.StartHosts()
+	h1, h2, h3 := b.Hosts[0], b.Hosts[1], b.Hosts[2]
+	for _, h := range b.Hosts {
+		waitIsolated(t, h, false, 10*time.Second)
+		for _, o := range b.Hosts {
+			h.WaitHost(o.ID, session.HostReady, 5*time.Second)
+		}
+	}
+	ttl := b.TTL
+
+	t.Run("partition from etcd", func(t *testing.T) {
+		start := time.Now()
+		h1.Partition()
+		self := waitIsolated(t, h1, true, ttl+2*time.Second)
+		other := h2.WaitHost(h1.ID, session.HostGone, 2*ttl+3*time.Second) + self
+		t.Logf("partitioned: %s isolated by its own clock after %s, gone for %s after %s (TTL %s)",
+			h1.ID, self.Round(10*time.Millisecond), h2.ID, other.Round(10*time.Millisecond), ttl)
+		if self > ttl {
+			t.Errorf("%s knew itself isolated %s after the partition, later than the TTL %s", h1.ID, self, ttl)
+		}
+		if self >= other {
+			t.Errorf("another host saw %s gone (%s) before it knew itself isolated (%s)", h1.ID, other, self)
+		}
+		checkRefusal(t, h1, "create", "newone")
+		checkRefusal(t, h1, "stop", "ghost")
+		// Reads are answered (the list of sessions is local).
+		if r := h1.Run("ls"); r.Code != 0 {
+			t.Errorf("ls on isolated %s: %+v", h1.ID, r)
+		}
+		// host ls cannot reach etcd; it says the host is isolated.
+		if r := h1.Run("host", "ls"); r.Code == 0 || !strings.Contains(r.Stderr, "is isolated from the fleet") {
+			t.Errorf("host ls on isolated %s: %+v", h1.ID, r)
+		}
+		healed := time.Now()
+		h1.Heal()
+		back := waitIsolated(t, h1, false, 3*ttl+10*time.Second)
+		seen := h2.WaitHost(h1.ID, session.HostReady, 10*time.Second) + back
+		t.Logf("healed: %s ready after %s, ready for %s after %s (partition lasted %s)",
+			h1.ID, back.Round(10*time.Millisecond), h2.ID, seen.Round(10*time.Millisecond), healed.Sub(start).Round(10*time.Millisecond))
+	})
+
+	t.Run("minority loss", func(t *testing.T) {
+		b.Members[0].Stop()
+		// Over two TTLs, no host is ever isolated.
+		end := time.Now().Add(2 * ttl)
+		for time.Now().Before(end) {
+			for _, h := range b.Hosts {
+				if iso, line := probe(t, h); iso {
+					t.Fatalf("one member of three down, %s: %s", h.ID, line)
+				}
+			}
+		}
+		for _, h := range b.Hosts {
+			if st := h2.State(h.ID); st != session.HostReady {
+				t.Errorf("one member down: %s lists %s %q", h2.ID, h.ID, st)
+			}
+		}
+		b.Members[0].Start()
+	})
+
+	t.Run("majority loss", func(t *testing.T) {
+		b.Members[1].Stop()
+		b.Members[2].Stop()
+		lost := time.Now() // the second member has exited: no quorum
+		for id, took := range waitAll(t, b.Hosts, true, lost, ttl+2*time.Second) {
+			t.Logf("majority lost: %s isolated %s after the second member exited", id, took.Round(10*time.Millisecond))
+			if took > ttl {
+				t.Errorf("%s isolated %s after quorum was lost, later than the TTL %s", id, took, ttl)
+			}
+		}
+		for _, h := range b.Hosts {
+			checkRefusal(t, h, "create", "newone")
+		}
+		b.Members[1].Start()
+		back := time.Now() // a quorum serves again
+		b.Members[2].Start()
+		for id, took := range waitAll(t, b.Hosts, false, back, 3*ttl+10*time.Second) {
+			t.Logf("quorum back: %s ready %s after a quorum served again", id, took.Round(10*time.Millisecond))
+		}
+		for _, h := range b.Hosts {
+			h1.WaitHost(h.ID, session.HostReady, 10*time.Second)
+		}
+	})
+
+	t.Run("kill -9", func(t *testing.T) {
+		h3.Kill()
+		gone := h1.WaitHost(h3.ID, session.HostGone, 2*ttl+3*time.Second)
+		t.Logf("kill -9: %s gone for %s after %s (TTL %s)", h3.ID, h1.ID, gone.Round(10*time.Millisecond), ttl)
+		if gone < ttl-500*time.Millisecond {
+			t.Errorf("%s gone %s after its kill, before its TTL %s", h3.ID, gone, ttl)
+		}
+		h3.Start()
+		h1.WaitHost(h3.ID, session.HostReady, 10*time.Second)
+		waitIsolated(t, h3, false, 10*time.Second)
+	})
+}
