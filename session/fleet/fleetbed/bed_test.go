@@ -2,11 +2,14 @@ package fleetbed_test
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/fleet"
 	"github.com/berthvm/berth/session/fleet/fleetbed"
 )
 
@@ -189,5 +192,168 @@ func TestFleetBedLease(t *testing.T) {
 		h3.Start()
 		h1.WaitHost(h3.ID, session.HostReady, 10*time.Second)
 		waitIsolated(t, h3, false, 10*time.Second)
+	})
+}
+
+// stdoutBytes is how much output execution id has recorded on h.
+func stdoutBytes(t *testing.T, h *fleetbed.Host, name, id string) int64 {
+	t.Helper()
+	for _, e := range h.Execs(name) {
+		if e.ID == id {
+			return e.StdoutBytes
+		}
+	}
+	t.Fatalf("no execution %s in %s on %s", id, name, h.ID)
+	return 0
+}
+
+// alive says whether process pid exists.
+func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
+
+// waitGrows waits until execution id on h has recorded more than n bytes.
+func waitGrows(t *testing.T, h *fleetbed.Host, name, id string, n int64, within time.Duration) int64 {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		if m := stdoutBytes(t, h, name, id); m > n {
+			return m
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the loop %s on %s recorded nothing past %d bytes in %s", id, h.ID, n, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A session on a host of the fleet (one real VM): a loop in it goes on
+// while its host is partitioned from etcd, while the etcd majority is
+// lost and while its daemon is killed and restarted, and every change
+// to it is refused while the host is isolated; afterwards the same VMM
+// runs it, at the same epoch. Then its owner key is made to name
+// another host: at the host's next rejoin its VM is stopped and its copy
+// moved into quarantine with its records.
+//
+// Boots a VM: run under flock /tmp/berth-vm.lock.
+func TestFleetBedSession(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a VM")
+	}
+	b := fleetbed.New(t, fleetbed.Config{Hosts: 2})
+	b.StartHosts()
+	h1, h2 := b.Hosts[0], b.Hosts[1]
+	waitIsolated(t, h1, false, 10*time.Second)
+	ttl := b.TTL
+
+	h1.OK("create", "p1", "--disk", "256M", "--memory", "384M")
+	loop := strings.TrimSpace(h1.OK("exec", "p1", "--detach", "--", "sh", "-c", "i=0; while :; do i=$((i+1)); echo $i; sleep 0.1; done"))
+	pid := h1.VMMPid("p1")
+	before := h1.Info("p1")
+	if !alive(pid) || before.State != session.StateRunning {
+		t.Fatalf("p1: pid %d, %+v", pid, before)
+	}
+	seen := waitGrows(t, h1, "p1", loop, 0, 30*time.Second)
+
+	// unchanged checks that p1 is as it was: the same VMM, running, at
+	// the same epoch, and the loop still recording.
+	unchanged := func(what string) {
+		t.Helper()
+		s := h1.Info("p1")
+		if s.State != session.StateRunning || s.Pid != pid || !alive(pid) || s.Epoch != before.Epoch || !s.CreatedAt.Equal(before.CreatedAt) {
+			t.Errorf("%s: p1 %s pid %d (alive %v) epoch %d, want running pid %d epoch %d", what, s.State, s.Pid, alive(pid), s.Epoch, pid, before.Epoch)
+		}
+		seen = waitGrows(t, h1, "p1", loop, seen, 10*time.Second)
+	}
+
+	t.Run("partition", func(t *testing.T) {
+		h1.Partition()
+		waitIsolated(t, h1, true, ttl+2*time.Second)
+		for _, args := range [][]string{
+			{"exec", "p1", "--", "true"},
+			{"stop", "p1"},
+			{"sleep", "p1"},
+			{"pause", "p1"},
+			{"delete", "p1", "--yes"},
+			{"cancel", "p1", loop},
+			{"checkpoint", "p1"},
+			{"fork", "p1", "p2"},
+			{"create", "p3"},
+		} {
+			checkRefusal(t, h1, args...)
+		}
+		// What is running goes on, and reads are answered.
+		unchanged("partitioned")
+		if got := h1.OK("ls"); !strings.Contains(got, "p1") {
+			t.Errorf("ls on isolated h1: %q", got)
+		}
+		h2.WaitHost(h1.ID, session.HostGone, 2*ttl+3*time.Second)
+		h1.Heal()
+		waitIsolated(t, h1, false, 3*ttl+10*time.Second)
+		unchanged("healed")
+		if r := h1.Run("exec", "p1", "--", "echo", "ok"); r.Code != 0 || r.Stdout != "ok\n" {
+			t.Errorf("exec after healing: %+v", r)
+		}
+	})
+
+	t.Run("majority loss", func(t *testing.T) {
+		b.Members[0].Stop()
+		b.Members[1].Stop()
+		waitIsolated(t, h1, true, ttl+2*time.Second)
+		checkRefusal(t, h1, "exec", "p1", "--", "true")
+		unchanged("majority lost")
+		b.Members[0].Start()
+		b.Members[1].Start()
+		waitIsolated(t, h1, false, 3*ttl+10*time.Second)
+		unchanged("quorum back")
+	})
+
+	t.Run("kill -9", func(t *testing.T) {
+		h1.Kill()
+		h2.WaitHost(h1.ID, session.HostGone, 2*ttl+3*time.Second)
+		if !alive(pid) {
+			t.Fatalf("p1's VMM %d died with its daemon", pid)
+		}
+		h1.Start()
+		waitIsolated(t, h1, false, 10*time.Second)
+		h2.WaitHost(h1.ID, session.HostReady, 10*time.Second)
+		unchanged("daemon restarted")
+	})
+
+	t.Run("quarantine at rejoin", func(t *testing.T) {
+		// The fleet says h2 owns p1 now (as a forced recovery would).
+		b.Etcd("put", fleet.Prefix+"sessions/p1/owner", `{"host":"h2"}`)
+		h1.Partition()
+		waitIsolated(t, h1, true, ttl+2*time.Second)
+		h1.Heal()
+		waitIsolated(t, h1, false, 3*ttl+20*time.Second)
+		if r := h1.Run("info", "p1"); r.Code == 0 || !strings.Contains(r.Stderr, "not found") {
+			t.Errorf("p1 after quarantine: %+v", r)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if alive(pid) {
+			t.Errorf("p1's stale VMM %d still runs after quarantine", pid)
+		}
+		dirs, _ := filepath.Glob(filepath.Join(h1.Data, "quarantine", "p1-*"))
+		if len(dirs) != 1 {
+			t.Fatalf("quarantine holds %v", dirs)
+		}
+		why, _ := os.ReadFile(filepath.Join(dirs[0], "why.txt"))
+		if !strings.Contains(string(why), "host h2 owns session p1") {
+			t.Errorf("why.txt: %q", why)
+		}
+		for _, f := range []string{"session/workspace.img", "records.jsonl"} {
+			if _, err := os.Stat(filepath.Join(dirs[0], f)); err != nil {
+				t.Errorf("quarantined copy: %v", err)
+			}
+		}
+		recs, _ := os.ReadFile(filepath.Join(dirs[0], "records.jsonl"))
+		if !strings.Contains(string(recs), `"kind":"exec"`) || !strings.Contains(string(recs), loop) {
+			t.Errorf("records.jsonl lacks the loop's execution: %.300s", recs)
+		}
+		if !strings.Contains(h1.DaemonLog(), "quarantined a stale copy") {
+			t.Errorf("the daemon did not log the quarantine:\n%s", h1.DaemonLog())
+		}
 	})
 }
