@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -217,7 +218,17 @@ func Run(ctx context.Context, o Options) (err error) {
 	}()
 	st.SetOutputBudget(cfg.OutputBudget)
 	images := Images(o)
-	mgr, err := engine.NewManager(ctx, st, engine.Config{
+	// The fleet's node comes after the Manager (its facts come from it);
+	// the Manager's own changes (idle sleep, schedules) ask it once it is
+	// there.
+	var fleetNode atomic.Pointer[fleet.Node]
+	allowed := func(ctx context.Context) error {
+		if n := fleetNode.Load(); n != nil {
+			return n.Allowed(ctx)
+		}
+		return nil
+	}
+	mgr, err := engine.NewManager(ctx, st, engine.Config{Allowed: allowed,
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
 		IdleTimeout: cfg.IdleTimeout, RunTimeout: cfg.RunTimeout, KeepRuns: cfg.RunCheckpoint, RunRecordLimit: cfg.RunRecordLimit, Floor: cfg.Floor,
 		CheckpointLimit: cfg.CheckpointLimit, CheckpointBytes: cfg.CheckpointBytes, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates, NIC: cfg.NetNIC,
@@ -253,6 +264,7 @@ func Run(ctx context.Context, o Options) (err error) {
 		}()
 		hostList = node
 		svc = fleet.Fence(mgr, node)
+		fleetNode.Store(node)
 		fmt.Fprintf(o.Out, "joined the fleet at %s as host %s\n", fc.Endpoints, fc.HostID)
 	}
 
