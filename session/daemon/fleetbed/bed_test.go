@@ -10,7 +10,7 @@ import (
 
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/fleet"
-	"github.com/berthvm/berth/session/fleet/fleetbed"
+	"github.com/berthvm/berth/session/daemon/fleetbed"
 )
 
 func TestMain(m *testing.M) {
