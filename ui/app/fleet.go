@@ -24,8 +24,9 @@ func hostLsCmd() *cli.Command {
 		Name: "host ls", Action: session.ActionHosts, Group: local, Usage: "[--json]",
 		Summary: "list the hosts of this berth's fleet: state, capacity, what is promised",
 		Help: `Asks this host's daemon, which reads the fleet's etcd. STATE is ready, draining (placement
-puts nothing new there) or gone (its lease expired, or it left in a clean stop: NOTE says
-which). CPUS and MEMORY are promised/has. A berth started without --fleet says it is
+puts nothing new there), gone (its lease expired, or it left in a clean stop: NOTE says
+which) or, for this host, isolated (it cannot confirm its lease: it refuses changes, its
+VMs run on). CPUS and MEMORY are promised/has. A berth started without --fleet says it is
 not in a fleet.`,
 		Example: "berth host ls\nberth host ls --json | jq -r '.hosts[] | select(.state==\"ready\") | .id'",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {

@@ -1,6 +1,7 @@
 package fleetbed_test
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -351,6 +352,10 @@ func TestFleetBedSession(t *testing.T) {
 		recs, _ := os.ReadFile(filepath.Join(dirs[0], "records.jsonl"))
 		if !strings.Contains(string(recs), `"kind":"exec"`) || !strings.Contains(string(recs), loop) {
 			t.Errorf("records.jsonl lacks the loop's execution: %.300s", recs)
+		}
+		var qs []struct{ Session, Why, Dir string }
+		if err := json.Unmarshal([]byte(h1.OK("quarantine", "--json")), &qs); err != nil || len(qs) != 1 || qs[0].Session != "p1" || qs[0].Dir != dirs[0] {
+			t.Errorf("berth quarantine --json: %+v %v", qs, err)
 		}
 		if !strings.Contains(h1.DaemonLog(), "quarantined a stale copy") {
 			t.Errorf("the daemon did not log the quarantine:\n%s", h1.DaemonLog())
