@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/fleet/fleettest"
 	"github.com/berthvm/berth/session/fleet/member"
 )
 
@@ -328,4 +331,150 @@ func waitAllowed(t *testing.T, h *Host, want bool, within time.Duration) time.Du
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// stallProxy forwards TCP connections to target. Cut, it forwards
+// nothing (bytes wait, as behind a firewall that drops them); healed, it
+// closes the stalled connections, so clients dial again, and forwards.
+type stallProxy struct {
+	ln     net.Listener
+	target string
+	cut    atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln, target: target}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		p.closeAll()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			wg.Go(func() { p.pipe(u, c) })
+			wg.Go(func() { p.pipe(c, u) })
+		}
+	})
+	return p
+}
+
+func (p *stallProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		for p.cut.Load() {
+			time.Sleep(5 * time.Millisecond)
+			if _, werr := dst.Write(nil); werr != nil {
+				return
+			}
+		}
+		if n > 0 {
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
+	}
+}
+
+func (p *stallProxy) closeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *stallProxy) heal() {
+	p.closeAll()
+	p.cut.Store(false)
+}
+
+// Cut off from etcd while etcd itself runs on, a host refuses changes
+// before etcd expires its lease (as another host's watch sees the
+// expiry), and is ready again soon after the cut heals.
+func TestHostIsolatedBeforeItsLeaseExpires(t *testing.T) {
+	t.Parallel()
+	const ttl = 2 * time.Second
+	url := fleettest.Etcd(t)[0]
+	proxy := newStallProxy(t, strings.TrimPrefix(url, "http://"))
+	hostCli, err := Dial("http://"+proxy.ln.Addr().String(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostCli.Close()
+	other := dial(t, []string{url})
+	h, err := Join(ctxT(t), hostCli, HostConfig{ID: "h1", Instance: "i-h1", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.crash() })
+	waitAllowed(t, h, true, 5*time.Second)
+	r, err := other.Get(ctxT(t), hostKey("h1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	expired := make(chan time.Time, 1)
+	wch := other.Watch(wctx, hostKey("h1"), clientv3.WithRev(r.Header.Revision+1))
+	go func() {
+		for resp := range wch {
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					expired <- time.Now()
+					return
+				}
+			}
+		}
+	}()
+
+	cut := time.Now()
+	proxy.cut.Store(true)
+	var isolated time.Time
+	for h.Allowed(context.Background()) == nil {
+		if time.Since(cut) > 2*ttl {
+			t.Fatalf("still allowed %s after the cut", time.Since(cut))
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	isolated = time.Now()
+	var gone time.Time
+	select {
+	case gone = <-expired:
+	case <-time.After(3 * ttl):
+		t.Fatal("etcd did not expire the cut host's lease")
+	}
+	t.Logf("cut: isolated by its own clock after %s, lease expired in etcd after %s (TTL %s, margin %s): %s ahead",
+		isolated.Sub(cut).Round(time.Millisecond), gone.Sub(cut).Round(time.Millisecond), ttl, DefaultMargin(ttl), gone.Sub(isolated).Round(time.Millisecond))
+	if !isolated.Before(gone) {
+		t.Errorf("the host refused changes only %s after etcd expired its lease", isolated.Sub(gone))
+	}
+	healed := time.Now()
+	proxy.heal()
+	waitAllowed(t, h, true, 3*ttl)
+	t.Logf("ready %s after the cut healed", time.Since(healed).Round(time.Millisecond))
 }

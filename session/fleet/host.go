@@ -137,6 +137,9 @@ type Host struct {
 	// when the host last stopped being ready (zero before). Guarded by mu.
 	why  string
 	lost time.Time
+	// confirmed is the send time of the last renewal etcd confirmed.
+	// Guarded by mu.
+	confirmed time.Time
 }
 
 // Join registers the host under a new lease and starts keeping it. It
@@ -393,7 +396,9 @@ func (h *Host) confirmLocked(lease clientv3.LeaseID, sent time.Time, ttl int64) 
 	d := min(time.Duration(ttl)*time.Second, h.cfg.TTL) - h.cfg.Margin
 	if u := sent.Add(d); u.After(h.until) {
 		h.until = u
+		h.confirmed = sent
 	}
+	h.why = "" // an earlier failure no longer explains anything
 }
 
 func (h *Host) liveUntil() time.Time {
@@ -428,6 +433,22 @@ func (h *Host) noteWhy(why string) {
 	h.mu.Unlock()
 }
 
+// round rounds d for people: tenths of a second under 10s, else seconds.
+func round(d time.Duration) time.Duration {
+	if d < 10*time.Second {
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Second)
+}
+
+// ago says how long ago something was that happened d ago.
+func ago(d time.Duration) string {
+	if d = round(d); d == 0 {
+		return "just now"
+	}
+	return d.String() + " ago"
+}
+
 // LeaseStatus is a host's judgment of its own lease.
 type LeaseStatus struct {
 	// Ready: the lease is live by the host's clock and OnJoin ran.
@@ -457,19 +478,18 @@ func (h *Host) Allowed(ctx context.Context) error {
 		return nil
 	}
 	var cause string
+	why := h.why
 	if !now.Before(h.until) {
-		ago := now.Sub(h.until)
-		if ago < 10*time.Second {
-			ago = ago.Round(100 * time.Millisecond)
-		} else {
-			ago = ago.Round(time.Second)
+		cause = "its etcd lease expired " + ago(now.Sub(h.until))
+		if why == "" {
+			// The renewal under way has not failed yet: it is only late.
+			why = fmt.Sprintf("etcd at %s unreachable: no renewal confirmed for %s", strings.Join(h.cli.Endpoints(), ","), round(now.Sub(h.confirmed)))
 		}
-		cause = fmt.Sprintf("its etcd lease expired %s ago", ago)
 	} else {
 		cause = "it is rejoining (checking its sessions against the fleet's owners)"
 	}
-	if h.why != "" {
-		cause += " (" + h.why + ")"
+	if why != "" {
+		cause += " (" + why + ")"
 	}
 	return &session.Error{Class: session.ErrIsolated,
 		Msg: fmt.Sprintf("host %s is isolated from the fleet: %s; running VMs and commands go on, changes wait for it to rejoin", h.cfg.ID, cause)}
