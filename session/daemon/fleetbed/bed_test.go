@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/berthvm/berth/session"
-	"github.com/berthvm/berth/session/fleet"
 	"github.com/berthvm/berth/session/daemon/fleetbed"
+	"github.com/berthvm/berth/session/fleet"
 )
 
 func TestMain(m *testing.M) {
