@@ -138,7 +138,7 @@ func (m *Manager) exportRecords(name, path string) (err error) {
 		if err := put("exec", e); err != nil {
 			return err
 		}
-		for from := uint64(1); ; {
+		for from := uint64(0); ; {
 			chunks, _, next, err := m.st.ReadOutput(e.ID, from, 256)
 			if err != nil {
 				return err

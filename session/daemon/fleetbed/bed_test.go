@@ -365,8 +365,8 @@ func TestFleetBedSession(t *testing.T) {
 			}
 		}
 		recs, _ := os.ReadFile(filepath.Join(dirs[0], "records.jsonl"))
-		if !strings.Contains(string(recs), `"kind":"exec"`) || !strings.Contains(string(recs), loop) {
-			t.Errorf("records.jsonl lacks the loop's execution: %.300s", recs)
+		if !strings.Contains(string(recs), `"kind":"exec"`) || !strings.Contains(string(recs), loop) || !strings.Contains(string(recs), `"kind":"output"`) {
+			t.Errorf("records.jsonl lacks the loop's execution or its output: %.300s", recs)
 		}
 		var qs []struct{ Session, Why, Dir string }
 		if err := json.Unmarshal([]byte(h1.OK("quarantine", "--json")), &qs); err != nil || len(qs) != 1 || qs[0].Session != "p1" || qs[0].Dir != dirs[0] {
