@@ -268,6 +268,17 @@ func TestFleetBedSession(t *testing.T) {
 		t.Fatalf("p1: pid %d, %+v", pid, before)
 	}
 	seen := waitGrows(t, h1, "p1", loop, 0, 30*time.Second)
+	// The fleet says h1 owns p1 (as placement would): nothing below may
+	// change that, nor set p1's copy aside.
+	ownerKey := fleet.Prefix + "sessions/p1/owner"
+	rev := strings.TrimSpace(b.Etcd("put", ownerKey, `{"host":"h1"}`))
+	owner := rev + ` {"host":"h1"}`
+	ownerUnchanged := func(what string) {
+		t.Helper()
+		if got := b.Etcd("get", ownerKey, ""); got != owner {
+			t.Errorf("%s: p1's owner key is %q, want %q", what, got, owner)
+		}
+	}
 
 	// unchanged checks that p1 is as it was: the same VMM, running, at
 	// the same epoch, and the loop still recording.
@@ -305,6 +316,7 @@ func TestFleetBedSession(t *testing.T) {
 		h1.Heal()
 		waitIsolated(t, h1, false, 3*ttl+10*time.Second)
 		unchanged("healed")
+		ownerUnchanged("healed")
 		if r := h1.Run("exec", "p1", "--", "echo", "ok"); r.Code != 0 || r.Stdout != "ok\n" {
 			t.Errorf("exec after healing: %+v", r)
 		}
@@ -320,6 +332,7 @@ func TestFleetBedSession(t *testing.T) {
 		b.Members[1].Start()
 		waitIsolated(t, h1, false, 3*ttl+10*time.Second)
 		unchanged("quorum back")
+		ownerUnchanged("quorum back")
 	})
 
 	t.Run("kill -9", func(t *testing.T) {
@@ -332,6 +345,10 @@ func TestFleetBedSession(t *testing.T) {
 		waitIsolated(t, h1, false, 10*time.Second)
 		h2.WaitHost(h1.ID, session.HostReady, 10*time.Second)
 		unchanged("daemon restarted")
+		ownerUnchanged("daemon restarted")
+		if qs := h1.OK("quarantine"); qs != "no quarantined copies\n" {
+			t.Errorf("quarantine after the rejoins: %q", qs)
+		}
 	})
 
 	t.Run("quarantine at rejoin", func(t *testing.T) {
