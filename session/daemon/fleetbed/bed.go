@@ -39,6 +39,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/api"
 	"github.com/berthvm/berth/session/daemon/daemontest"
@@ -124,6 +126,17 @@ func New(t *testing.T, c Config) *Bed {
 	if c.TTL == 0 {
 		c.TTL = 3 * time.Second
 	}
+	// One bed of a prefix at a time on the machine (two test processes
+	// would share names and addresses): the second waits for the first.
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "berth-fleetbed-"+c.Prefix+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		lock.Close()
+		t.Fatalf("lock the fleet bed %s: %v", c.Prefix, err)
+	}
+	t.Cleanup(func() { lock.Close() }) // registered first: released last
 	b := &Bed{T: t, Berth: vmmtest.BerthEtcd(t), TTL: c.TTL, prefix: c.Prefix}
 	b.removeNet() // a bed a killed run left behind
 	t.Cleanup(b.removeNet)

@@ -19,6 +19,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// electionTimeout is etcd's default, which berth etcd keeps.
+const electionTimeout = time.Second
+
 // isolatedLine is how a refused change begins on host h.
 func isolatedLine(h *fleetbed.Host) string {
 	return "berth: host " + h.ID + " is isolated from the fleet: its etcd lease expired "
@@ -134,8 +137,11 @@ func TestFleetBedLease(t *testing.T) {
 		}
 		t.Logf("partitioned: %s isolated by its own clock after %s, gone for %s after %s (TTL %s)",
 			h1.ID, self.Round(10*time.Millisecond), h2.ID, other.Round(10*time.Millisecond), ttl)
-		if self > ttl {
-			t.Errorf("%s knew itself isolated %s after the partition, later than the TTL %s", h1.ID, self, ttl)
+		// By design at most TTL-margin after its last renewal; the probe
+		// (a CLI call) adds its own time on a loaded machine. That it
+		// comes before others see it gone is checked above, exactly.
+		if self > ttl+time.Second {
+			t.Errorf("%s knew itself isolated %s after the partition, later than the TTL %s and a second", h1.ID, self, ttl)
 		}
 		checkRefusal(t, h1, "create", "newone")
 		checkRefusal(t, h1, "stop", "ghost")
@@ -180,8 +186,12 @@ func TestFleetBedLease(t *testing.T) {
 		lost := time.Now() // the second member has exited: no quorum
 		for id, took := range waitAll(t, b.Hosts, true, lost, ttl+2*time.Second) {
 			t.Logf("majority lost: %s isolated %s after the second member exited", id, took.Round(10*time.Millisecond))
-			if took > ttl {
-				t.Errorf("%s isolated %s after quorum was lost, later than the TTL %s", id, took, ttl)
+			// A leader left without a quorum renews leases until it steps
+			// down, an election timeout (1s) later: etcd extends leases
+			// on the next leader's election, so those renewals are good,
+			// and the lease lives on until TTL after the last of them.
+			if bound := ttl + electionTimeout + time.Second; took > bound {
+				t.Errorf("%s isolated %s after quorum was lost, later than the TTL and an election timeout (%s)", id, took, bound)
 			}
 		}
 		for _, h := range b.Hosts {
