@@ -285,7 +285,7 @@ func (h *Host) keep(ctx context.Context) {
 		backoff := 200 * time.Millisecond
 		for ctx.Err() == nil {
 			rctx, cancel := context.WithTimeout(ctx, h.cfg.TTL)
-			err := h.register(rctx)
+			err := h.renewOrRegister(rctx, lease)
 			cancel()
 			if err == nil {
 				break
@@ -299,6 +299,24 @@ func (h *Host) keep(ctx context.Context) {
 			backoff = min(2*backoff, h.cfg.TTL)
 		}
 	}
+}
+
+// renewOrRegister, after the host judged lease lapsed, renews it if etcd
+// still has it (the host was only late to confirm it: no other host can
+// have seen it gone, and its registration stays as it was), or else
+// registers under a new lease.
+func (h *Host) renewOrRegister(ctx context.Context, lease clientv3.LeaseID) error {
+	sent := time.Now()
+	r, err := h.cli.KeepAliveOnce(ctx, lease)
+	switch {
+	case err == nil:
+		h.confirm(lease, sent, r.TTL)
+		h.log.Info("lease confirmed again: it had not expired in etcd")
+		return nil
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return h.register(ctx)
+	}
+	return err
 }
 
 // join runs OnJoin for lease until it succeeds or ctx ends (the lease
