@@ -261,8 +261,10 @@ func TestHostIsolatedAndRejoins(t *testing.T) {
 
 	stopped := time.Now()
 	e.stop()
-	waitAllowed(t, h, false, ttl+time.Second)
-	since := time.Since(stopped)
+	waitAllowed(t, h, false, ttl+2*time.Second)
+	// The instant the host stopped taking changes is its judgment's, not
+	// when this poll (maybe starved on a loaded machine) saw it.
+	since := h.Status().Until.Sub(stopped)
 	t.Logf("isolated %s after etcd stopped (TTL %s, margin %s)", since.Round(time.Millisecond), ttl, DefaultMargin(ttl))
 	if since > ttl {
 		t.Errorf("isolated %s after etcd stopped, not before the TTL %s", since, ttl)
@@ -454,14 +456,17 @@ func TestHostIsolatedBeforeItsLeaseExpires(t *testing.T) {
 
 	cut := time.Now()
 	proxy.cut.Store(true)
-	var isolated time.Time
 	for h.Allowed(context.Background()) == nil {
-		if time.Since(cut) > 2*ttl {
+		if time.Since(cut) > 3*ttl {
 			t.Fatalf("still allowed %s after the cut", time.Since(cut))
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	isolated = time.Now()
+	// The instant the host stopped taking changes (every call from then
+	// on is refused): its judgment's, exact, where this poll and the
+	// watch below may both be late on a loaded machine. The watch being
+	// late only makes the check below easier to pass, never fail.
+	isolated := h.Status().Until
 	var gone time.Time
 	select {
 	case gone = <-expired:
