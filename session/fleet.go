@@ -2,8 +2,15 @@ package session
 
 import (
 	"context"
+	"errors"
 	"time"
 )
+
+// ErrIsolated is the class of a change refused because the host that
+// holds the session has lost (or cannot confirm) its fleet lease: its VMs
+// and running commands go on, but it changes nothing until it rejoins,
+// since another host may by then own what it holds.
+var ErrIsolated = errors.New("isolated from the fleet")
 
 // HostState is a fleet host's state as `berth host ls` shows it.
 type HostState string
@@ -16,6 +23,10 @@ const (
 	// HostGone: remembered from its last registration, its lease gone
 	// (expired, or revoked by a clean stop: see HostInfo.Left).
 	HostGone HostState = "gone"
+	// HostIsolated: the host itself (the one answering) cannot confirm
+	// its lease by its own clock; its registration may still be in
+	// etcd, but it refuses every change until it rejoins.
+	HostIsolated HostState = "isolated"
 )
 
 // HostInfo is one host of a fleet: what it registered and what

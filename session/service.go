@@ -114,6 +114,10 @@ type Session struct {
 	Net string `json:"net,omitempty"`
 	// Host is the fleet host that owns the session ("" outside a fleet).
 	Host string `json:"host,omitempty"`
+	// Epoch is the fleet's fencing token this host holds the session
+	// at: the mod revision of its owner key when it took it; 0 outside
+	// a fleet.
+	Epoch int64 `json:"epoch,omitempty"`
 }
 
 // WorkspaceKnown reports whether WorkspaceUsed is a measurement, to show

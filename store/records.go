@@ -57,6 +57,10 @@ type Session struct {
 	// these fields decode so).
 	WorkspaceUsed       int64     `json:"workspace_used,omitempty"`
 	WorkspaceMeasuredAt time.Time `json:"workspace_measured_at,omitzero"`
+	// Epoch is the fleet's fencing token for this copy: the mod revision
+	// of the session's owner key when this host last took it (0: not in
+	// a fleet, or made before epochs were kept).
+	Epoch int64 `json:"epoch,omitempty"`
 }
 
 // clone returns a copy of sess that shares no memory with it, so a record

@@ -28,6 +28,7 @@ var classes = []errorClass{
 	{"invalid_state", session.ErrInvalidState, http.StatusConflict},
 	{"conflict", session.ErrConflict, http.StatusConflict},
 	{"permission", session.ErrPermission, http.StatusForbidden},
+	{"isolated", session.ErrIsolated, http.StatusServiceUnavailable},
 	{"unavailable", session.ErrUnavailable, http.StatusServiceUnavailable},
 	{"no_space", session.ErrNoSpace, http.StatusInsufficientStorage},
 	{"unsupported", session.ErrUnsupported, http.StatusNotImplemented},

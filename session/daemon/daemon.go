@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -222,7 +223,17 @@ func Run(ctx context.Context, o Options) (err error) {
 	}()
 	st.SetOutputBudget(cfg.OutputBudget)
 	images := Images(o)
-	mgr, err := engine.NewManager(ctx, st, engine.Config{
+	// The fleet's node comes after the Manager (its facts come from it);
+	// the Manager's own changes (idle sleep, schedules) ask it once it is
+	// there.
+	var fleetNode atomic.Pointer[fleet.Node]
+	allowed := func(ctx context.Context) error {
+		if n := fleetNode.Load(); n != nil {
+			return n.Allowed(ctx)
+		}
+		return nil
+	}
+	mgr, err := engine.NewManager(ctx, st, engine.Config{Allowed: allowed,
 		DataDir: o.DataDir, Defaults: cfg.Defaults, Drivers: Drivers(o, images, log), Images: images,
 		IdleTimeout: cfg.IdleTimeout, RunTimeout: cfg.RunTimeout, KeepRuns: cfg.RunCheckpoint, RunRecordLimit: cfg.RunRecordLimit, Floor: cfg.Floor,
 		CheckpointLimit: cfg.CheckpointLimit, CheckpointBytes: cfg.CheckpointBytes, CrashAt: o.CrashAt, NoTemplates: o.NoTemplates, ForwardViaAgent: o.ForwardViaAgent, NIC: cfg.NetNIC,
@@ -243,7 +254,9 @@ func Run(ctx context.Context, o Options) (err error) {
 	//
 	// In a fleet, every front end (the socket, the --listen address, the
 	// extras such as SSH) is given the fleet's front door, which serves
-	// each session from its owner; alone, the Manager itself.
+	// each session from its owner; alone, the Manager itself. The front
+	// door's own host is reached through the fence: an isolated host
+	// refuses changes and answers reads.
 	var hostList session.HostLister
 	var svc session.Service = mgr
 	var fleetLn net.Listener
@@ -251,14 +264,14 @@ func Run(ctx context.Context, o Options) (err error) {
 	switch {
 	case fc.Endpoints != "":
 		var fm *fleetMember
-		if fm, err = joinFleet(ctx, fc, o.DataDir, cfg.Floor, mgr, log); err != nil {
+		if fm, err = joinFleet(ctx, fc, o.DataDir, cfg.Floor, mgr, mgr, log); err != nil {
 			return err
 		}
 		if fm.ln != nil {
 			defer fm.ln.Close() // served below, and closed by the shutdown; this is for an early return
 		}
 		d := cfg.Defaults.WithFallbacks()
-		router := fm.node.Router(fleet.RouterConfig{Local: mgr, TLS: fm.peerTLS, Logger: log,
+		router := fm.node.Router(fleet.RouterConfig{Local: fleet.Fence(mgr, fm.node), TLS: fm.peerTLS, Logger: log,
 			Defaults: session.CreateOptions{CPUs: d.CPUs, MemoryMiB: d.MemoryMiB, DiskBytes: d.DiskBytes, Image: d.Image, VMM: d.VMM, SystemBytes: d.SystemBytes}})
 		defer func() {
 			router.Close()
@@ -268,6 +281,7 @@ func Run(ctx context.Context, o Options) (err error) {
 				err = errors.Join(err, cerr)
 			}
 		}()
+		fleetNode.Store(fm.node)
 		hostList, svc, fleetLn = router, router, fm.ln
 		fmt.Fprintf(o.Out, "joined the fleet at %s as host %s\n", fc.Endpoints, fc.HostID)
 	case fc.Listen != "":

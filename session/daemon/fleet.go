@@ -88,7 +88,7 @@ func listenFleet(fc FleetConfig, certDir string) (net.Listener, error) {
 // joinFleet joins the fleet of fc as this host, its facts read from the
 // Manager and the data directory at each registration and refresh, and
 // opens its --listen address first, so that what it registers answers.
-func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64, im session.Imager, log *slog.Logger) (_ *fleetMember, err error) {
+func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64, im session.Imager, local fleet.Local, log *slog.Logger) (_ *fleetMember, err error) {
 	if fc.HostID == "" {
 		return nil, errors.New("--fleet needs --host-id H (or host_id in config.toml): the name of this host in the fleet")
 	}
@@ -161,7 +161,7 @@ func joinFleet(ctx context.Context, fc FleetConfig, dataDir string, floor int64,
 	}
 	jctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	m.node, err = fleet.Start(jctx, fleet.Config{Endpoints: fc.Endpoints, TLS: tlsCfg, HostConfig: fleet.HostConfig{
+	m.node, err = fleet.Start(jctx, fleet.Config{Endpoints: fc.Endpoints, TLS: tlsCfg, Local: local, HostConfig: fleet.HostConfig{
 		ID: fc.HostID, Addr: addr, Instance: inst, TTL: fc.TTL, Facts: facts, Logger: log,
 	}})
 	if err != nil {

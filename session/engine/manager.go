@@ -120,6 +120,11 @@ type Config struct {
 	// IdleTimeout puts a session with no running command and no action
 	// for this long to sleep; 0 disables.
 	IdleTimeout time.Duration
+	// Allowed, if set, says whether the Manager may make a change of its
+	// own now (an idle sleep, a scheduled command): a fleet host isolated
+	// from etcd may not (nil: it may). Calls from callers are fenced
+	// where the daemon serves them (fleet.Fence), not here.
+	Allowed func(ctx context.Context) error
 	// Floor is the free space on the data directory below which what
 	// needs space (create, cold start, sleep, image build) is refused; 0
 	// disables the check.

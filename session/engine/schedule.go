@@ -205,6 +205,15 @@ func (m *Manager) liveBySchedule() map[string]int {
 
 // fireDue fires what is due at now and returns the next due time.
 func (m *Manager) fireDue(now time.Time) time.Time {
+	// An isolated fleet host starts no command: its due schedules are
+	// held, as those of a stopped session are, until it rejoins.
+	var isolated string
+	if m.cfg.Allowed != nil {
+		if m.cfg.Allowed(m.ctx) != nil {
+			// Said the same way each time: a note is made when it changes.
+			isolated = "held: this host is isolated from the fleet (it runs schedules again once it rejoins)"
+		}
+	}
 	live := m.liveBySchedule()
 	h := m.hx
 	type firing struct {
@@ -243,7 +252,11 @@ func (m *Manager) fireDue(now time.Time) time.Time {
 		if !st.rec.Next.IsZero() {
 			next = minTime(next, st.rec.Next)
 		}
-		if why := heldBy(s.state()); why != "" {
+		why := heldBy(s.state())
+		if why == "" {
+			why = isolated
+		}
+		if why != "" {
 			if st.held != why {
 				notes = append(notes, session.Event{Kind: session.EventNote, Name: name, By: "schedule", Message: "schedule " + id + " " + why})
 			}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -83,5 +84,28 @@ func TestZeroNextNeverFires(t *testing.T) {
 	defer m.hx.mu.Unlock()
 	if st.rec.Count != 0 || !st.rec.Fired.IsZero() {
 		t.Fatalf("fired %d times", st.rec.Count)
+	}
+}
+
+// On a fleet host isolated from etcd (Config.Allowed refusing) a due
+// schedule is held, with a note saying why, and starts no command.
+func TestIsolatedHostHoldsSchedules(t *testing.T) {
+	m := newSpaceManager(t, 0)
+	m.cfg.Allowed = func(context.Context) error { return errors.New("isolated") }
+	m.addRunning(t, "a", &stubVM{done: make(chan struct{})})
+	spec, err := schedule.ParseSpec("@every 1h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	st := &schedState{rec: store.Schedule{ID: "c1", Session: "a", Spec: "@every 1h", Argv: []string{"true"}, Overlap: string(session.OverlapSkip), Next: now.Add(-time.Second)}, spec: spec}
+	m.hx.mu.Lock()
+	m.hx.scheds["c1"] = st
+	m.hx.mu.Unlock()
+	m.fireDue(now)
+	m.hx.mu.Lock()
+	defer m.hx.mu.Unlock()
+	if st.rec.Count != 0 || !st.rec.Fired.IsZero() || !strings.Contains(st.held, "isolated from the fleet") {
+		t.Fatalf("isolated: fired %d times, held %q", st.rec.Count, st.held)
 	}
 }

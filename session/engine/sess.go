@@ -137,6 +137,7 @@ func (s *sess) snapshotLocked() session.Session {
 		out.SnapshotBytes = r.SnapshotBytes
 	}
 	out.LastWake = r.LastWake
+	out.Epoch = r.Epoch
 	out.Net = r.Net
 	if out.Net == "" {
 		out.Net = session.DefaultNet

@@ -258,6 +258,9 @@ func (m *Manager) ensureAwake(ctx context.Context, s *sess) error {
 // sleepIdle puts sessions to sleep once they have had no running command,
 // no open file and no action for the idle timeout.
 func (m *Manager) sleepIdle() {
+	if m.cfg.Allowed != nil && m.cfg.Allowed(m.ctx) != nil {
+		return // an isolated host changes nothing, its sessions' sleep included
+	}
 	ss := m.all()
 	for _, s := range ss {
 		s.mu.Lock()

@@ -82,14 +82,41 @@ type HostConfig struct {
 	Refresh time.Duration
 	// Facts reports the host's capacity, images and draining flag; it is
 	// called at each registration and refresh.
-	Facts  func(ctx context.Context) (Facts, error)
+	Facts func(ctx context.Context) (Facts, error)
+	// Margin is taken off the TTL when the host judges by its own clock
+	// how long its lease lives: it covers the difference between its
+	// clock's rate and etcd's. 0: DefaultMargin(TTL).
+	Margin time.Duration
+	// Interval is how often the lease is renewed; 0: (TTL-Margin)/4, so
+	// that three renewals in a row can fail before the lease lapses.
+	Interval time.Duration
+	// OnJoin, if set, runs after each registration (the first and every
+	// one after a lost lease) before the host takes changes again: the
+	// quarantine of local copies another host may own by now. It is
+	// retried until it succeeds or the new lease is lost too; its
+	// context ends when that lease is lost.
+	OnJoin func(ctx context.Context) error
 	Logger *slog.Logger
+}
+
+// DefaultMargin is the safety margin for a lease of ttl: a sixth of it,
+// at least 250ms, at most 2s.
+func DefaultMargin(ttl time.Duration) time.Duration {
+	return min(max(ttl/6, 250*time.Millisecond), 2*time.Second)
 }
 
 // Host is one host's registration in the fleet. Join starts it; its
 // keeper goroutine keeps the lease alive and registers again after a
 // lost lease until Leave, which ends the goroutine and then revokes the
 // lease.
+//
+// The host judges its lease by its own monotonic clock: the lease lives
+// until the send time of the last renewal etcd confirmed, plus the TTL,
+// minus Margin. etcd expires a lease no earlier than TTL after it
+// received that renewal (and only extends leases on a leader change),
+// so the host always knows itself isolated before any other host can
+// see its lease gone. Past that instant, or before a new registration's
+// OnJoin has run, the host is isolated: Allowed refuses.
 type Host struct {
 	cli  *clientv3.Client
 	cfg  HostConfig
@@ -101,6 +128,18 @@ type Host struct {
 	mu    sync.Mutex
 	lease clientv3.LeaseID // guarded by mu
 	since time.Time        // guarded by mu
+	// until is when the lease stops being live by this host's clock
+	// (it carries a monotonic reading); ready is set once OnJoin ran
+	// for the current lease. Both guarded by mu.
+	until time.Time
+	ready bool
+	// why says what last went wrong with etcd, for the refusal; lost is
+	// when the host last stopped being ready (zero before). Guarded by mu.
+	why  string
+	lost time.Time
+	// confirmed is the send time of the last renewal etcd confirmed.
+	// Guarded by mu.
+	confirmed time.Time
 }
 
 // Join registers the host under a new lease and starts keeping it. It
@@ -121,6 +160,15 @@ func Join(ctx context.Context, cli *clientv3.Client, cfg HostConfig) (*Host, err
 	}
 	if cfg.Facts == nil {
 		cfg.Facts = func(context.Context) (Facts, error) { return Facts{}, nil }
+	}
+	if cfg.Margin <= 0 {
+		cfg.Margin = DefaultMargin(cfg.TTL)
+	}
+	if cfg.Margin >= cfg.TTL {
+		return nil, fmt.Errorf("fleet lease margin %s: want less than the TTL %s", cfg.Margin, cfg.TTL)
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = (cfg.TTL - cfg.Margin) / 4
 	}
 	h := &Host{cli: cli, cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
 	if h.log == nil {
@@ -165,6 +213,7 @@ func (h *Host) register(ctx context.Context) error {
 		return err
 	}
 	for range 2 {
+		sent := time.Now()
 		g, err := h.cli.Grant(ctx, int64((h.cfg.TTL+time.Second-1)/time.Second))
 		if err != nil {
 			return fmt.Errorf("join the fleet: grant a lease: %w", err)
@@ -180,6 +229,9 @@ func (h *Host) register(ctx context.Context) error {
 		if r.Succeeded {
 			h.mu.Lock()
 			h.lease = g.ID
+			h.ready = false
+			h.until = time.Time{}
+			h.confirmLocked(g.ID, sent, g.TTL)
 			h.mu.Unlock()
 			h.log.Info("registered", "lease", fmt.Sprintf("%x", int64(g.ID)), "ttl", h.cfg.TTL)
 			return nil
@@ -208,26 +260,37 @@ func (h *Host) revoke(id clientv3.LeaseID) {
 }
 
 // keep keeps the lease alive and rewrites the record every Refresh;
-// after a lost lease it registers again, retrying until ctx ends.
+// after a lost lease it registers again, retrying until ctx ends. With
+// each lease it runs OnJoin beside the renewals, and only then is the
+// host ready.
 func (h *Host) keep(ctx context.Context) {
 	defer close(h.done)
 	for ctx.Err() == nil {
 		h.mu.Lock()
 		lease := h.lease
 		h.mu.Unlock()
+		jctx, cancel := context.WithCancel(ctx)
+		joined := make(chan struct{})
+		go func() {
+			defer close(joined)
+			h.join(jctx, lease)
+		}()
 		h.keepLease(ctx, lease)
+		cancel()
+		<-joined
 		if ctx.Err() != nil {
 			return
 		}
-		h.log.Warn("fleet lease lost; registering again")
+		h.isolate()
 		backoff := 200 * time.Millisecond
 		for ctx.Err() == nil {
 			rctx, cancel := context.WithTimeout(ctx, h.cfg.TTL)
-			err := h.register(rctx)
+			err := h.renewOrRegister(rctx, lease)
 			cancel()
 			if err == nil {
 				break
 			}
+			h.noteErr(err)
 			h.log.Warn("register again", "err", err)
 			select {
 			case <-ctx.Done():
@@ -238,25 +301,88 @@ func (h *Host) keep(ctx context.Context) {
 	}
 }
 
-// keepLease returns when the lease is lost or ctx ends.
-func (h *Host) keepLease(ctx context.Context, lease clientv3.LeaseID) {
-	kctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ka, err := h.cli.KeepAlive(kctx, lease)
-	if err != nil {
-		return
+// renewOrRegister, after the host judged lease lapsed, renews it if etcd
+// still has it (the host was only late to confirm it: no other host can
+// have seen it gone, and its registration stays as it was), or else
+// registers under a new lease.
+func (h *Host) renewOrRegister(ctx context.Context, lease clientv3.LeaseID) error {
+	sent := time.Now()
+	r, err := h.cli.KeepAliveOnce(ctx, lease)
+	switch {
+	case err == nil:
+		h.confirm(lease, sent, r.TTL)
+		h.log.Info("lease confirmed again: it had not expired in etcd")
+		return nil
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return h.register(ctx)
 	}
-	t := time.NewTicker(h.cfg.Refresh)
-	defer t.Stop()
-	for {
+	return err
+}
+
+// join runs OnJoin for lease until it succeeds or ctx ends (the lease
+// was lost), then makes the host ready.
+func (h *Host) join(ctx context.Context, lease clientv3.LeaseID) {
+	backoff := 200 * time.Millisecond
+	for h.cfg.OnJoin != nil {
+		err := h.cfg.OnJoin(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		h.log.Warn("rejoin the fleet: check local sessions against it", "err", err)
 		select {
 		case <-ctx.Done():
 			return
-		case _, ok := <-ka:
-			if !ok {
-				return // expired, revoked, or etcd unreachable past the TTL
-			}
-		case <-t.C:
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, h.cfg.TTL)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lease != lease || ctx.Err() != nil {
+		return
+	}
+	h.ready = true
+	h.why = ""
+	if !h.lost.IsZero() {
+		h.log.Info("ready again: rejoined the fleet", "isolated_for", time.Since(h.lost).Round(time.Millisecond))
+	} else {
+		h.log.Info("ready")
+	}
+}
+
+// keepLease renews lease every Interval, each renewal bounded by the
+// instant the lease stops being live by this host's clock; it returns
+// when that instant passes, when etcd says the lease is gone, or when
+// ctx ends.
+func (h *Host) keepLease(ctx context.Context, lease clientv3.LeaseID) {
+	t := time.NewTicker(h.cfg.Interval)
+	defer t.Stop()
+	nextRefresh := time.Now().Add(h.cfg.Refresh)
+	for {
+		sent := time.Now()
+		until := h.liveUntil()
+		if !sent.Before(until) {
+			return
+		}
+		kctx, cancel := context.WithDeadline(ctx, until)
+		r, err := h.cli.KeepAliveOnce(kctx, lease)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			h.noteWhy("etcd says its lease is gone (expired or revoked)")
+			return
+		case err != nil:
+			h.noteErr(err)
+		default:
+			h.confirm(lease, sent, r.TTL)
+		}
+		if err == nil && !time.Now().Before(nextRefresh) {
+			nextRefresh = time.Now().Add(h.cfg.Refresh)
 			if err := h.refresh(ctx, lease); err != nil {
 				h.log.Warn("refresh the host record", "err", err)
 				if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -264,12 +390,132 @@ func (h *Host) keepLease(ctx context.Context, lease clientv3.LeaseID) {
 				}
 			}
 		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
+}
+
+// confirm records that etcd renewed lease with ttl seconds to live on a
+// request sent at sent.
+func (h *Host) confirm(lease clientv3.LeaseID, sent time.Time, ttl int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.confirmLocked(lease, sent, ttl)
+}
+
+func (h *Host) confirmLocked(lease clientv3.LeaseID, sent time.Time, ttl int64) {
+	if lease != h.lease || ttl <= 0 {
+		return
+	}
+	// etcd grants whole seconds; the host counts no more than it asked.
+	d := min(time.Duration(ttl)*time.Second, h.cfg.TTL) - h.cfg.Margin
+	if u := sent.Add(d); u.After(h.until) {
+		h.until = u
+		h.confirmed = sent
+	}
+	h.why = "" // an earlier failure no longer explains anything
+}
+
+func (h *Host) liveUntil() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.until
+}
+
+// isolate marks the host isolated once its lease is lost.
+func (h *Host) isolate() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ready {
+		h.lost = time.Now()
+		if h.until.Before(h.lost) {
+			h.lost = h.until
+		}
+	}
+	h.ready = false
+	h.log.Warn("isolated from the fleet: its lease lapsed; running VMs go on, changes are refused until it rejoins",
+		"why", h.why, "lapsed", time.Since(h.until).Round(time.Millisecond))
+}
+
+// noteErr keeps what an etcd call failed with, for the refusal.
+func (h *Host) noteErr(err error) {
+	h.noteWhy(fmt.Sprintf("etcd at %s unreachable: %v", strings.Join(h.cli.Endpoints(), ","), err))
+}
+
+func (h *Host) noteWhy(why string) {
+	h.mu.Lock()
+	h.why = why
+	h.mu.Unlock()
+}
+
+// round rounds d for people: tenths of a second under 10s, else seconds.
+func round(d time.Duration) time.Duration {
+	if d < 10*time.Second {
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Second)
+}
+
+// ago says how long ago something was that happened d ago.
+func ago(d time.Duration) string {
+	if d = round(d); d == 0 {
+		return "just now"
+	}
+	return d.String() + " ago"
+}
+
+// LeaseStatus is a host's judgment of its own lease.
+type LeaseStatus struct {
+	// Ready: the lease is live by the host's clock and OnJoin ran.
+	Ready bool
+	// Until is when the lease stops being live by the host's clock.
+	Until time.Time
+	// Why says what last went wrong with etcd ("" while ready).
+	Why string
+}
+
+// Status returns the host's judgment of its lease now.
+func (h *Host) Status() LeaseStatus {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return LeaseStatus{Ready: h.ready && time.Now().Before(h.until), Until: h.until, Why: h.why}
+}
+
+// Allowed returns nil while the host may change what it holds: its lease
+// is live by its own clock and it has rejoined. Otherwise it returns the
+// refusal, of class session.ErrIsolated, in one line that says why and
+// that running VMs and commands go on.
+func (h *Host) Allowed(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	if h.ready && now.Before(h.until) {
+		return nil
+	}
+	var cause string
+	why := h.why
+	if !now.Before(h.until) {
+		cause = "its etcd lease expired " + ago(now.Sub(h.until))
+		if why == "" {
+			// The renewal under way has not failed yet: it is only late.
+			why = fmt.Sprintf("etcd at %s unreachable: no renewal confirmed for %s", strings.Join(h.cli.Endpoints(), ","), round(now.Sub(h.confirmed)))
+		}
+	} else {
+		cause = "it is rejoining (checking its sessions against the fleet's owners)"
+	}
+	if why != "" {
+		cause += " (" + why + ")"
+	}
+	return &session.Error{Class: session.ErrIsolated,
+		Msg: fmt.Sprintf("host %s is isolated from the fleet: %s; running VMs and commands go on, changes wait for it to rejoin", h.cfg.ID, cause)}
 }
 
 // refresh rewrites the record with fresh facts, under the lease.
 func (h *Host) refresh(ctx context.Context, lease clientv3.LeaseID) error {
-	rctx, cancel := context.WithTimeout(ctx, h.cfg.TTL)
+	rctx, cancel := context.WithDeadline(ctx, h.liveUntil())
 	defer cancel()
 	rec, err := h.record(rctx)
 	if err != nil {

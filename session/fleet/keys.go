@@ -1,10 +1,24 @@
 // Package fleet is berth across hosts on etcd: a host's registration
 // under a lease (Join), the fleet's hosts as `berth host ls` shows them
-// (List), the placement of a new session by one transaction (Place), and
+// (List), the placement of a new session by one transaction (Place),
 // every host's front door (Router), a session.Service that serves each
 // session from its owner, forwarding over the API at the session's
-// epoch. The daemon uses it through Node and Router; it imports no
-// engine (the Router is given the host's own Service).
+// epoch, the fence that keeps an isolated host from changing anything
+// (Fence), the quarantine of stale copies at rejoin (QuarantineStale),
+// and an ordered, resumable watch of the fleet's keys (Watcher). The
+// daemon uses it through Node, Fence and Router; it imports no engine
+// (the Router is given the host's own Service).
+//
+// # Isolation
+//
+// A host judges its lease by its own monotonic clock: live until the
+// send time of the last renewal etcd confirmed plus the TTL minus a
+// margin, so it knows itself isolated before etcd can expire the lease
+// and another host see it gone. Isolated (or rejoining), it refuses
+// every change (session.ErrIsolated) while its VMs and running commands
+// go on; when etcd answers again it registers under a new lease, sets
+// aside every local copy whose owner key names another host or a later
+// epoch, and only then takes changes again.
 //
 // # Keys
 //

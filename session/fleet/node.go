@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -19,6 +20,10 @@ type Config struct {
 	// TLS, if set, makes every etcd connection mutual TLS
 	// (pki.ClientConfig).
 	TLS *tls.Config
+	// Local, if set, is the host's engine: at each join its copies that
+	// the fleet's owners say are stale are quarantined (QuarantineStale)
+	// before the host takes a change. Setting it sets HostConfig.OnJoin.
+	Local Local
 	HostConfig
 }
 
@@ -47,6 +52,14 @@ func Start(ctx context.Context, c Config) (_ *Node, err error) {
 			cli.Close()
 		}
 	}()
+	if c.Local != nil {
+		log := c.Logger
+		if log == nil {
+			log = slog.New(slog.DiscardHandler)
+		}
+		log = log.With("component", "fleet", "host", c.ID)
+		c.OnJoin = func(ctx context.Context) error { return QuarantineStale(ctx, cli, c.ID, c.Local, log) }
+	}
 	h, err := Join(ctx, cli, c.HostConfig)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -63,14 +76,38 @@ func (n *Node) Hosts(ctx context.Context) (session.HostList, error) {
 	defer cancel()
 	hs, err := List(ctx, n.cli)
 	if err != nil {
-		return session.HostList{}, &session.Error{Class: session.ErrUnavailable, Msg: fmt.Sprintf("the fleet's etcd did not answer: %v", err),
+		msg := fmt.Sprintf("the fleet's etcd did not answer: %v", err)
+		if aerr := n.host.Allowed(ctx); aerr != nil {
+			msg += "; " + aerr.(*session.Error).Msg
+		}
+		return session.HostList{}, &session.Error{Class: session.ErrUnavailable, Msg: msg,
 			Hint: "check that the fleet's etcd members are up", Err: err}
 	}
 	if hs == nil {
 		hs = []session.HostInfo{}
 	}
+	// etcd may still list this host while it knows itself isolated (its
+	// lease is live there until the TTL from its last renewal): say so.
+	if n.host.Allowed(ctx) != nil {
+		for i := range hs {
+			if hs[i].ID == n.host.ID() && hs[i].State != session.HostGone {
+				hs[i].State = session.HostIsolated
+			}
+		}
+	}
 	return session.HostList{Fleet: true, Self: n.host.ID(), Hosts: hs}, nil
 }
+
+// Allowed returns nil while this host may change what it holds, else
+// the refusal (see Host.Allowed).
+func (n *Node) Allowed(ctx context.Context) error { return n.host.Allowed(ctx) }
+
+// Status is this host's judgment of its lease.
+func (n *Node) Status() LeaseStatus { return n.host.Status() }
+
+// Client is the node's etcd client, for the fleet's other parts (the
+// router, watches); the Node closes it.
+func (n *Node) Client() *clientv3.Client { return n.cli }
 
 // Place places a new session (see the package doc).
 func (n *Node) Place(ctx context.Context, req Request) (Placement, error) {

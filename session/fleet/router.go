@@ -830,8 +830,23 @@ func (r *Router) createHere(ctx context.Context, opts session.CreateOptions, epo
 		r.release(ctx, opts.Name, epoch)
 		return s, err
 	}
+	r.setEpoch(ctx, opts.Name, epoch)
 	s.Host = r.cfg.Self
 	return s, nil
+}
+
+// setEpoch records on this host's copy the epoch it holds name at, for
+// the rejoin's quarantine; a failure is logged (the copy keeps the epoch
+// it had, which the quarantine reads as this host's while the owner key
+// names it).
+func (r *Router) setEpoch(ctx context.Context, name string, epoch int64) {
+	es, ok := r.cfg.Local.(EpochSetter)
+	if !ok || epoch == 0 {
+		return
+	}
+	if err := es.SetEpoch(ctx, name, epoch); err != nil {
+		r.log.Warn("record the session's epoch", "session", name, "epoch", epoch, "err", err)
+	}
 }
 
 // release gives up a placement at epoch; the caller's error stands, so

@@ -108,8 +108,10 @@ func (r *Router) Fork(ctx context.Context, name, newName string) (session.ForkRe
 	res, err := t.svc.Fork(ctx, name, newName)
 	if err != nil {
 		r.release(ctx, newName, p.Epoch)
+		return res, err
 	}
-	return res, err
+	r.setEpoch(ctx, newName, p.Epoch)
+	return res, nil
 }
 
 func (r *Router) Diff(ctx context.Context, name, from, to string, opts session.DiffOptions) (session.Diff, error) {

@@ -85,12 +85,24 @@ func (r *Router) ReceiveSession(ctx context.Context, rd io.Reader) (session.Move
 	return mv.ReceiveSession(ctx, rd)
 }
 
+// CommitReceived makes the staged session this host's, at the epoch its
+// owner key holds now: the move's transaction named this host before
+// the source asked.
 func (r *Router) CommitReceived(ctx context.Context, name string) (session.Session, error) {
 	mv, err := r.mover()
 	if err != nil {
 		return session.Session{}, err
 	}
-	return mv.CommitReceived(ctx, name)
+	s, err := mv.CommitReceived(ctx, name)
+	if err != nil {
+		return s, err
+	}
+	if o, ok, lerr := r.lookup(ctx, name, true); lerr == nil && ok && o.host == r.cfg.Self {
+		r.setEpoch(ctx, name, o.epoch)
+		s.Epoch = o.epoch
+	}
+	s.Host = r.cfg.Self
+	return s, nil
 }
 
 func (r *Router) DiscardReceived(ctx context.Context, name string) error {

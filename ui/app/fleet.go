@@ -26,8 +26,9 @@ func hostLsCmd() *cli.Command {
 		Name: "host ls", Action: session.ActionHosts, Group: hostGroup, Usage: "[--json]",
 		Summary: "list the hosts of this berth's fleet: state, capacity, what is promised",
 		Help: `Asks this host's daemon, which reads the fleet's etcd. STATE is ready, draining (placement
-puts nothing new there) or gone (its lease expired, or it left in a clean stop: NOTE says
-which). CPUS and MEMORY are promised/has. A berth started without --fleet says it is
+puts nothing new there), gone (its lease expired, or it left in a clean stop: NOTE says
+which) or, for this host, isolated (it cannot confirm its lease: it refuses changes, its
+VMs run on). CPUS and MEMORY are promised/has. A berth started without --fleet says it is
 not in a fleet.`,
 		Example: "berth host ls\nberth host ls --json | jq -r '.hosts[] | select(.state==\"ready\") | .id'",
 		Setup: func(fs *flag.FlagSet) cli.RunFunc {
@@ -71,11 +72,14 @@ func writeHosts(w io.Writer, list session.HostList, loc *time.Location) error {
 			id += " (this)"
 		}
 		note := ""
-		if h.State == session.HostGone {
+		switch h.State {
+		case session.HostGone:
 			note = "lease expired"
 			if h.Left {
 				note = "left"
 			}
+		case session.HostIsolated:
+			note = "lease not confirmed: changes refused"
 		}
 		images := strings.Join(h.Images, ",")
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s/%s\t%s\t%d\t%s\t%s\t%s\n", id, h.State, dash(h.Addr),

@@ -1,0 +1,409 @@
+package fleetbed_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/daemon/fleetbed"
+	"github.com/berthvm/berth/session/fleet"
+)
+
+func TestMain(m *testing.M) {
+	fleetbed.RunHelper()
+	os.Exit(m.Run())
+}
+
+// electionTimeout is etcd's default, which berth etcd keeps.
+const electionTimeout = time.Second
+
+// isolatedLine is how a refused change begins on host h.
+func isolatedLine(h *fleetbed.Host) string {
+	return "berth: host " + h.ID + " is isolated from the fleet: its etcd lease expired "
+}
+
+// probe asks h for a change that cannot succeed anyway (stop a session
+// that does not exist): an isolated host refuses it with its one line,
+// a ready one answers "not found". It reports whether h is isolated.
+func probe(t *testing.T, h *fleetbed.Host) (isolated bool, line string) {
+	t.Helper()
+	r := h.Run("stop", "ghost")
+	line = strings.TrimSpace(r.Stderr)
+	switch {
+	case strings.HasPrefix(line, "berth: host "+h.ID+" is isolated from the fleet: "):
+		return true, line
+	case strings.Contains(line, "not found"):
+		return false, line
+	}
+	t.Fatalf("stop ghost on %s: exit %d, %q", h.ID, r.Code, r.Stderr)
+	return false, ""
+}
+
+// waitIsolated polls h until it says it is isolated (want) or ready, and
+// returns how long that took.
+func waitIsolated(t *testing.T, h *fleetbed.Host, want bool, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		if iso, _ := probe(t, h); iso == want {
+			return time.Since(start)
+		}
+		if time.Since(start) > within {
+			t.Fatalf("host %s isolated=%v, not %v within %s; log:\n%s", h.ID, !want, want, within, h.DaemonLog())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitAll polls every host until each is isolated (want) or ready, and
+// returns for each how long after since it first was.
+func waitAll(t *testing.T, hosts []*fleetbed.Host, want bool, since time.Time, within time.Duration) map[string]time.Duration {
+	t.Helper()
+	got := map[string]time.Duration{}
+	for len(got) < len(hosts) {
+		for _, h := range hosts {
+			if _, ok := got[h.ID]; ok {
+				continue
+			}
+			if iso, _ := probe(t, h); iso == want {
+				got[h.ID] = time.Since(since)
+			}
+		}
+		if time.Since(since) > within && len(got) < len(hosts) {
+			t.Fatalf("within %s only %v are isolated=%v", within, got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return got
+}
+
+// checkRefusal checks that a change on h is refused in one line saying
+// the host is isolated, why, and that what runs goes on.
+func checkRefusal(t *testing.T, h *fleetbed.Host, args ...string) {
+	t.Helper()
+	r := h.Run(args...)
+	line := strings.TrimSpace(r.Stderr)
+	if r.Code == 0 || !strings.HasPrefix(line, isolatedLine(h)) || strings.Contains(line, "\n") ||
+		!strings.Contains(line, "running VMs and commands go on, changes wait for it to rejoin") {
+		t.Errorf("berth %s on isolated %s: exit %d, stderr %q", strings.Join(args, " "), h.ID, r.Code, r.Stderr)
+	}
+}
+
+// The lease's life on a fleet of three etcd members and three hosts, no
+// VMs: a host partitioned from etcd only knows itself isolated before
+// the others see its lease gone, refuses changes, and is ready again
+// after healing; losing one member changes nothing; losing two isolates
+// every host until quorum is back; a host killed with SIGKILL is gone
+// for the others within its TTL and ready again once restarted.
+func TestFleetBedLease(t *testing.T) {
+	b := fleetbed.New(t, fleetbed.Config{})
+	b.StartHosts()
+	h1, h2, h3 := b.Hosts[0], b.Hosts[1], b.Hosts[2]
+	for _, h := range b.Hosts {
+		waitIsolated(t, h, false, 10*time.Second)
+		for _, o := range b.Hosts {
+			h.WaitHost(o.ID, session.HostReady, 5*time.Second)
+		}
+	}
+	ttl := b.TTL
+
+	t.Run("partition from etcd", func(t *testing.T) {
+		start := time.Now()
+		h1.Partition()
+		// Both watched in one loop. Once h2 lists h1 gone, h1 must
+		// refuse changes: a probe of h1 begun after that must find it
+		// isolated.
+		var self, other time.Duration
+		for self == 0 || other == 0 {
+			if other == 0 && h2.State(h1.ID) == session.HostGone {
+				other = time.Since(start)
+			}
+			if self == 0 {
+				if iso, _ := probe(t, h1); iso {
+					self = time.Since(start)
+				} else if other != 0 {
+					t.Fatalf("%s listed %s gone %s after the partition, and %s still took changes after that", h2.ID, h1.ID, other, h1.ID)
+				}
+			}
+			if time.Since(start) > 2*ttl+5*time.Second {
+				t.Fatalf("%s isolated after %s, gone for %s after %s; log:\n%s", h1.ID, self, h2.ID, other, h1.DaemonLog())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("partitioned: %s isolated by its own clock after %s, gone for %s after %s (TTL %s)",
+			h1.ID, self.Round(10*time.Millisecond), h2.ID, other.Round(10*time.Millisecond), ttl)
+		// By design at most TTL-margin after its last renewal; the probe
+		// (a CLI call) adds its own time on a loaded machine. That it
+		// comes before others see it gone is checked above, exactly.
+		if self > ttl+time.Second {
+			t.Errorf("%s knew itself isolated %s after the partition, later than the TTL %s and a second", h1.ID, self, ttl)
+		}
+		checkRefusal(t, h1, "create", "newone")
+		checkRefusal(t, h1, "stop", "ghost")
+		// Reads are answered (the list of sessions is local).
+		if r := h1.Run("ls"); r.Code != 0 {
+			t.Errorf("ls on isolated %s: %+v", h1.ID, r)
+		}
+		// host ls cannot reach etcd; it says the host is isolated.
+		if r := h1.Run("host", "ls"); r.Code == 0 || !strings.Contains(r.Stderr, "is isolated from the fleet") {
+			t.Errorf("host ls on isolated %s: %+v", h1.ID, r)
+		}
+		healed := time.Now()
+		h1.Heal()
+		back := waitIsolated(t, h1, false, 3*ttl+10*time.Second)
+		seen := h2.WaitHost(h1.ID, session.HostReady, 10*time.Second) + back
+		t.Logf("healed: %s ready after %s, ready for %s after %s (partition lasted %s)",
+			h1.ID, back.Round(10*time.Millisecond), h2.ID, seen.Round(10*time.Millisecond), healed.Sub(start).Round(10*time.Millisecond))
+	})
+
+	t.Run("minority loss", func(t *testing.T) {
+		b.Members[0].Stop()
+		// Over two TTLs, no host is ever isolated.
+		end := time.Now().Add(2 * ttl)
+		for time.Now().Before(end) {
+			for _, h := range b.Hosts {
+				if iso, line := probe(t, h); iso {
+					t.Fatalf("one member of three down, %s: %s", h.ID, line)
+				}
+			}
+		}
+		for _, h := range b.Hosts {
+			if st := h2.State(h.ID); st != session.HostReady {
+				t.Errorf("one member down: %s lists %s %q", h2.ID, h.ID, st)
+			}
+		}
+		b.Members[0].Start()
+	})
+
+	t.Run("majority loss", func(t *testing.T) {
+		b.Members[1].Stop()
+		b.Members[2].Stop()
+		lost := time.Now() // the second member has exited: no quorum
+		for id, took := range waitAll(t, b.Hosts, true, lost, ttl+2*time.Second) {
+			t.Logf("majority lost: %s isolated %s after the second member exited", id, took.Round(10*time.Millisecond))
+			// A leader left without a quorum renews leases until it steps
+			// down, an election timeout (1s) later: etcd extends leases
+			// on the next leader's election, so those renewals are good,
+			// and the lease lives on until TTL after the last of them.
+			if bound := ttl + electionTimeout + time.Second; took > bound {
+				t.Errorf("%s isolated %s after quorum was lost, later than the TTL and an election timeout (%s)", id, took, bound)
+			}
+		}
+		for _, h := range b.Hosts {
+			checkRefusal(t, h, "create", "newone")
+		}
+		b.Members[1].Start()
+		back := time.Now() // a quorum serves again
+		b.Members[2].Start()
+		for id, took := range waitAll(t, b.Hosts, false, back, 3*ttl+10*time.Second) {
+			t.Logf("quorum back: %s ready %s after a quorum served again", id, took.Round(10*time.Millisecond))
+		}
+		for _, h := range b.Hosts {
+			h1.WaitHost(h.ID, session.HostReady, 10*time.Second)
+		}
+	})
+
+	t.Run("kill -9", func(t *testing.T) {
+		h3.Kill()
+		gone := h1.WaitHost(h3.ID, session.HostGone, 2*ttl+3*time.Second)
+		t.Logf("kill -9: %s gone for %s after %s (TTL %s)", h3.ID, h1.ID, gone.Round(10*time.Millisecond), ttl)
+		// etcd expires the lease TTL after the last renewal it received,
+		// which came up to one renewal interval before the kill.
+		interval := (ttl - fleet.DefaultMargin(ttl)) / 4
+		if early := ttl - interval - 100*time.Millisecond; gone < early {
+			t.Errorf("%s gone %s after its kill, before its TTL %s less a renewal interval %s", h3.ID, gone, ttl, interval)
+		}
+		h3.Start()
+		h1.WaitHost(h3.ID, session.HostReady, 10*time.Second)
+		waitIsolated(t, h3, false, 10*time.Second)
+	})
+}
+
+// stdoutBytes is how much output execution id has recorded on h.
+func stdoutBytes(t *testing.T, h *fleetbed.Host, name, id string) int64 {
+	t.Helper()
+	for _, e := range h.Execs(name) {
+		if e.ID == id {
+			return e.StdoutBytes
+		}
+	}
+	t.Fatalf("no execution %s in %s on %s", id, name, h.ID)
+	return 0
+}
+
+// alive says whether process pid exists.
+func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
+
+// waitGrows waits until execution id on h has recorded more than n bytes.
+func waitGrows(t *testing.T, h *fleetbed.Host, name, id string, n int64, within time.Duration) int64 {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		if m := stdoutBytes(t, h, name, id); m > n {
+			return m
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the loop %s on %s recorded nothing past %d bytes in %s", id, h.ID, n, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A session on a host of the fleet (one real VM): a loop in it goes on
+// while its host is partitioned from etcd, while the etcd majority is
+// lost and while its daemon is killed and restarted, and every change
+// to it is refused while the host is isolated; afterwards the same VMM
+// runs it, at the same epoch. Then its owner key is made to name
+// another host: at the host's next rejoin its VM is stopped and its copy
+// moved into quarantine with its records.
+//
+// Boots a VM: run under flock /tmp/berth-vm.lock.
+func TestFleetBedSession(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a VM")
+	}
+	b := fleetbed.New(t, fleetbed.Config{Hosts: 2})
+	b.StartHosts()
+	h1, h2 := b.Hosts[0], b.Hosts[1]
+	waitIsolated(t, h1, false, 10*time.Second)
+	ttl := b.TTL
+
+	h1.OK("create", "p1", "--disk", "256M", "--memory", "384M")
+	loop := strings.TrimSpace(h1.OK("exec", "p1", "--detach", "--", "sh", "-c", "i=0; while :; do i=$((i+1)); echo $i; sleep 0.1; done"))
+	pid := h1.VMMPid("p1")
+	before := h1.Info("p1")
+	if !alive(pid) || before.State != session.StateRunning {
+		t.Fatalf("p1: pid %d, %+v", pid, before)
+	}
+	seen := waitGrows(t, h1, "p1", loop, 0, 30*time.Second)
+	// The fleet says h1 owns p1 (as placement would): nothing below may
+	// change that, nor set p1's copy aside.
+	ownerKey := fleet.Prefix + "sessions/p1/owner"
+	rev := strings.TrimSpace(b.Etcd("put", ownerKey, `{"host":"h1"}`))
+	owner := rev + ` {"host":"h1"}`
+	ownerUnchanged := func(what string) {
+		t.Helper()
+		if got := b.Etcd("get", ownerKey, ""); got != owner {
+			t.Errorf("%s: p1's owner key is %q, want %q", what, got, owner)
+		}
+	}
+
+	// unchanged checks that p1 is as it was: the same VMM, running, at
+	// the same epoch, and the loop still recording.
+	unchanged := func(what string) {
+		t.Helper()
+		s := h1.Info("p1")
+		if s.State != session.StateRunning || s.Pid != pid || !alive(pid) || s.Epoch != before.Epoch || !s.CreatedAt.Equal(before.CreatedAt) {
+			t.Errorf("%s: p1 %s pid %d (alive %v) epoch %d, want running pid %d epoch %d", what, s.State, s.Pid, alive(pid), s.Epoch, pid, before.Epoch)
+		}
+		seen = waitGrows(t, h1, "p1", loop, seen, 10*time.Second)
+	}
+
+	t.Run("partition", func(t *testing.T) {
+		h1.Partition()
+		waitIsolated(t, h1, true, ttl+2*time.Second)
+		for _, args := range [][]string{
+			{"exec", "p1", "--", "true"},
+			{"stop", "p1"},
+			{"sleep", "p1"},
+			{"pause", "p1"},
+			{"delete", "p1", "--yes"},
+			{"cancel", "p1", loop},
+			{"checkpoint", "p1"},
+			{"fork", "p1", "p2"},
+			{"create", "p3"},
+		} {
+			checkRefusal(t, h1, args...)
+		}
+		// What is running goes on, and reads are answered.
+		unchanged("partitioned")
+		if got := h1.OK("ls"); !strings.Contains(got, "p1") {
+			t.Errorf("ls on isolated h1: %q", got)
+		}
+		h2.WaitHost(h1.ID, session.HostGone, 2*ttl+3*time.Second)
+		h1.Heal()
+		waitIsolated(t, h1, false, 3*ttl+10*time.Second)
+		unchanged("healed")
+		ownerUnchanged("healed")
+		if r := h1.Run("exec", "p1", "--", "echo", "ok"); r.Code != 0 || r.Stdout != "ok\n" {
+			t.Errorf("exec after healing: %+v", r)
+		}
+	})
+
+	t.Run("majority loss", func(t *testing.T) {
+		b.Members[0].Stop()
+		b.Members[1].Stop()
+		waitIsolated(t, h1, true, ttl+2*time.Second)
+		checkRefusal(t, h1, "exec", "p1", "--", "true")
+		unchanged("majority lost")
+		b.Members[0].Start()
+		b.Members[1].Start()
+		waitIsolated(t, h1, false, 3*ttl+10*time.Second)
+		unchanged("quorum back")
+		ownerUnchanged("quorum back")
+	})
+
+	t.Run("kill -9", func(t *testing.T) {
+		h1.Kill()
+		h2.WaitHost(h1.ID, session.HostGone, 2*ttl+3*time.Second)
+		if !alive(pid) {
+			t.Fatalf("p1's VMM %d died with its daemon", pid)
+		}
+		h1.Start()
+		waitIsolated(t, h1, false, 10*time.Second)
+		h2.WaitHost(h1.ID, session.HostReady, 10*time.Second)
+		unchanged("daemon restarted")
+		ownerUnchanged("daemon restarted")
+		if qs := h1.OK("quarantine"); qs != "no quarantined copies\n" {
+			t.Errorf("quarantine after the rejoins: %q", qs)
+		}
+	})
+
+	t.Run("quarantine at rejoin", func(t *testing.T) {
+		// The fleet says h2 owns p1 now (as a forced recovery would).
+		b.Etcd("put", fleet.Prefix+"sessions/p1/owner", `{"host":"h2"}`)
+		h1.Partition()
+		waitIsolated(t, h1, true, ttl+2*time.Second)
+		h1.Heal()
+		waitIsolated(t, h1, false, 3*ttl+20*time.Second)
+		if r := h1.Run("info", "p1"); r.Code == 0 || !strings.Contains(r.Stderr, "not found") {
+			t.Errorf("p1 after quarantine: %+v", r)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if alive(pid) {
+			t.Errorf("p1's stale VMM %d still runs after quarantine", pid)
+		}
+		dirs, _ := filepath.Glob(filepath.Join(h1.Data, "quarantine", "p1-*"))
+		if len(dirs) != 1 {
+			t.Fatalf("quarantine holds %v", dirs)
+		}
+		why, _ := os.ReadFile(filepath.Join(dirs[0], "why.txt"))
+		if !strings.Contains(string(why), "host h2 owns session p1") {
+			t.Errorf("why.txt: %q", why)
+		}
+		for _, f := range []string{"session/workspace.img", "records.jsonl"} {
+			if _, err := os.Stat(filepath.Join(dirs[0], f)); err != nil {
+				t.Errorf("quarantined copy: %v", err)
+			}
+		}
+		recs, _ := os.ReadFile(filepath.Join(dirs[0], "records.jsonl"))
+		if !strings.Contains(string(recs), `"kind":"exec"`) || !strings.Contains(string(recs), loop) || !strings.Contains(string(recs), `"kind":"output"`) {
+			t.Errorf("records.jsonl lacks the loop's execution or its output: %.300s", recs)
+		}
+		var qs []struct{ Session, Why, Dir string }
+		if err := json.Unmarshal([]byte(h1.OK("quarantine", "--json")), &qs); err != nil || len(qs) != 1 || qs[0].Session != "p1" || qs[0].Dir != dirs[0] {
+			t.Errorf("berth quarantine --json: %+v %v", qs, err)
+		}
+		if !strings.Contains(h1.DaemonLog(), "quarantined a stale copy") {
+			t.Errorf("the daemon did not log the quarantine:\n%s", h1.DaemonLog())
+		}
+	})
+}
