@@ -255,8 +255,9 @@ func Run(ctx context.Context, o Options) (err error) {
 	// In a fleet, every front end (the socket, the --listen address, the
 	// extras such as SSH) is given the fleet's front door, which serves
 	// each session from its owner; alone, the Manager itself. The front
-	// door's own host is reached through the fence: an isolated host
-	// refuses changes and answers reads.
+	// door stands behind the fence: an isolated host refuses changes at
+	// once (it could not route them: etcd is out of its reach) and
+	// answers what reads it can.
 	var hostList session.HostLister
 	var svc session.Service = mgr
 	var fleetLn net.Listener
@@ -271,7 +272,7 @@ func Run(ctx context.Context, o Options) (err error) {
 			defer fm.ln.Close() // served below, and closed by the shutdown; this is for an early return
 		}
 		d := cfg.Defaults.WithFallbacks()
-		router := fm.node.Router(fleet.RouterConfig{Local: fleet.Fence(mgr, fm.node), TLS: fm.peerTLS, Logger: log,
+		router := fm.node.Router(fleet.RouterConfig{Local: mgr, TLS: fm.peerTLS, Logger: log, LiveUntil: fm.node.LiveUntil,
 			Defaults: session.CreateOptions{CPUs: d.CPUs, MemoryMiB: d.MemoryMiB, DiskBytes: d.DiskBytes, Image: d.Image, VMM: d.VMM, SystemBytes: d.SystemBytes}})
 		defer func() {
 			router.Close()
@@ -282,7 +283,8 @@ func Run(ctx context.Context, o Options) (err error) {
 			}
 		}()
 		fleetNode.Store(fm.node)
-		hostList, svc, fleetLn = router, router, fm.ln
+		// host ls from the node: it says when this host is isolated.
+		hostList, svc, fleetLn = fm.node, fleet.Fence(router, fm.node), fm.ln
 		fmt.Fprintf(o.Out, "joined the fleet at %s as host %s\n", fc.Endpoints, fc.HostID)
 	case fc.Listen != "":
 		return fmt.Errorf("--listen %s serves the API to a fleet's hosts and operators: it needs --fleet ETCD_URLS (or fleet in config.toml)", fc.Listen)

@@ -16,9 +16,19 @@ type EpochSetter interface {
 }
 
 var (
-	_ session.Mover = (*fence)(nil)
-	_ EpochSetter   = (*fence)(nil)
+	_ session.Mover     = (*fence)(nil)
+	_ session.Relocator = (*fence)(nil)
+	_ EpochSetter       = (*fence)(nil)
 )
+
+// MoveTo is refused while isolated, as every change is.
+func (g *fence) MoveTo(ctx context.Context, name, to string) (session.MoveResult, error) {
+	rl, ok := g.Service.(session.Relocator)
+	if !ok {
+		return session.MoveResult{}, &session.Error{Class: session.ErrUnsupported, Msg: "this berth is one host on its own: moving a session needs a fleet"}
+	}
+	return gate(g, ctx, func() (session.MoveResult, error) { return rl.MoveTo(ctx, name, to) })
+}
 
 func (g *fence) mover() (session.Mover, error) {
 	mv, ok := g.Service.(session.Mover)

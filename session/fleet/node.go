@@ -105,6 +105,10 @@ func (n *Node) Allowed(ctx context.Context) error { return n.host.Allowed(ctx) }
 // Status is this host's judgment of its lease.
 func (n *Node) Status() LeaseStatus { return n.host.Status() }
 
+// LiveUntil is when the host's lease ends by its own clock, unless a
+// renewal is confirmed before.
+func (n *Node) LiveUntil() time.Time { return n.host.liveUntil() }
+
 // Client is the node's etcd client, for the fleet's other parts (the
 // router, watches); the Node closes it.
 func (n *Node) Client() *clientv3.Client { return n.cli }

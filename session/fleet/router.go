@@ -30,6 +30,11 @@ type RouterConfig struct {
 	// fleet's CA (pki.ClientConfig). Nil: plain TCP, for hosts on
 	// loopback only.
 	TLS *tls.Config
+	// LiveUntil, if set, is when this host's lease ends by its own clock
+	// (Node.LiveUntil): a lookup waits for etcd no longer than that, so
+	// that a host cut off from etcd answers from its own copies, or
+	// refuses as isolated, without waiting out callTimeout first.
+	LiveUntil func() time.Time
 	// OnPlace, if set, is told of every placement a create tried, with
 	// its outcome (tests, figures).
 	OnPlace func(Placement, error)
@@ -119,6 +124,16 @@ func unavailable(err error) error {
 		Hint: "check that the fleet's etcd members are up", Err: err}
 }
 
+// etcdWait bounds a wait for etcd: callTimeout, or less when the lease
+// ends sooner by this host's clock (a little, when it has ended).
+func (r *Router) etcdWait() time.Duration {
+	d := callTimeout
+	if r.cfg.LiveUntil != nil {
+		d = min(d, max(time.Until(r.cfg.LiveUntil()), 200*time.Millisecond))
+	}
+	return d
+}
+
 // lookup reads name's owner and spec, in one range read of its keys;
 // ok is false when the fleet has no such session. A front door reads
 // serializable (the member's own copy, no round of the cluster): one a
@@ -126,7 +141,7 @@ func unavailable(err error) error {
 // stale, and the call is routed afresh. The owner's check of a
 // forwarded call's epoch reads linearizable (fresh).
 func (r *Router) lookup(ctx context.Context, name string, fresh bool) (o ownerAt, ok bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	ctx, cancel := context.WithTimeout(ctx, r.etcdWait())
 	defer cancel()
 	opts := []clientv3.OpOption{clientv3.WithPrefix()}
 	if !fresh {
@@ -255,6 +270,15 @@ func (r *Router) route(ctx context.Context, name string) (target, error) {
 		// a miss is read again, fresh, before it is taken for one
 		// outside the fleet.
 		o, ok, err = r.lookup(ctx, name, true)
+	}
+	if err != nil && !fwd {
+		// etcd out of reach: this host's own copies are served here. It
+		// still holds its lease (past it the fence refuses every change),
+		// and no other host can take a session of a host whose lease
+		// lives: a move needs this host, a recovery the lease's end.
+		if s, gerr := r.cfg.Local.Get(ctx, name); gerr == nil {
+			return target{svc: r.cfg.Local, ctx: ctx, host: r.cfg.Self, epoch: s.Epoch}, nil
+		}
 	}
 	if err != nil {
 		return target{}, err
@@ -392,7 +416,7 @@ func (r *Router) sessionKeys(ctx context.Context) (map[string]ownerAt, map[strin
 
 // sessionKeysAt is sessionKeys with the revision read at.
 func (r *Router) sessionKeysAt(ctx context.Context) (map[string]ownerAt, map[string]HostRecord, int64, error) {
-	rctx, cancel := context.WithTimeout(ctx, callTimeout)
+	rctx, cancel := context.WithTimeout(ctx, r.etcdWait())
 	defer cancel()
 	resp, err := r.cli.Txn(rctx).Then(
 		clientv3.OpGet(sessionsDir, clientv3.WithPrefix()),
@@ -449,6 +473,12 @@ func (r *Router) List(ctx context.Context) ([]session.Session, error) {
 	}
 	owners, live, err := r.sessionKeys(ctx)
 	if err != nil {
+		// etcd out of reach: this host's own sessions are what it can
+		// still say (an isolated host answers reads).
+		if l, lerr := r.localList(ctx); lerr == nil {
+			r.log.Warn("ls: etcd out of reach, listing this host's sessions only", "err", err)
+			return l, nil
+		}
 		return nil, err
 	}
 	type answer struct {

@@ -55,24 +55,37 @@ func netConfig() chapi.NetConfig {
 }
 
 // inNetns runs f on an OS thread moved into the network namespace of
-// process pid. The thread is never handed back: it ends with the
-// goroutine (runtime.LockOSThread without Unlock), so no other goroutine
-// runs in that namespace by accident.
+// process pid, then moves the thread back. A thread that cannot be moved
+// back is never handed to another goroutine: it ends with this one
+// (runtime.LockOSThread without Unlock).
 func inNetns(pid int, f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("berth's network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
 		ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
 		if err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("the VMM's network namespace: %w", err)
 			return
 		}
 		defer ns.Close()
 		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("enter the VMM's network namespace (berth needs CAP_SYS_ADMIN for a guest NIC on cloud-hypervisor): %w", err)
 			return
 		}
-		errc <- f()
+		err = f()
+		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
 	}()
 	return <-errc
 }
