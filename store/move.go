@@ -232,7 +232,8 @@ func (s *Store) exportSegment(fw *frameWriter, id string) error {
 
 // dataExtents calls fn with each range of f (of size bytes) that holds
 // data, found with SEEK_DATA and SEEK_HOLE; a filesystem without them
-// reports the whole file as data.
+// reports the whole file as data. It is diskcopy.DataExtents's twin: the
+// store sits below the engine and imports none of it.
 func dataExtents(f *os.File, size int64, fn func(off, n int64) error) error {
 	fd := int(f.Fd())
 	for off := int64(0); off < size; {

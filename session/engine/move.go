@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthvm/berth/session"
+	"github.com/berthvm/berth/session/engine/diskcopy"
 	"github.com/berthvm/berth/store"
 )
 
@@ -246,7 +247,7 @@ func (bw *bundleWriter) file(path, rel string, buf []byte) error {
 	}
 	b, _ := json.Marshal(bundleFile{Path: filepath.ToSlash(rel), Size: fi.Size(), Mode: fi.Mode().Perm()})
 	bw.frame(bframeFile, b)
-	return dataExtents(f, fi.Size(), func(off, n int64) error {
+	return diskcopy.DataExtents(f, fi.Size(), func(off, n int64) error {
 		for n > 0 {
 			c := min(n, int64(len(buf)))
 			if _, err := f.ReadAt(buf[:c], off); err != nil {
@@ -289,37 +290,6 @@ func (rw *recordsWriter) flush() error {
 		rw.buf = rw.buf[:0]
 	}
 	return rw.bw.err
-}
-
-// dataExtents calls fn with each range of f (of size bytes) that holds
-// data, as SEEK_DATA and SEEK_HOLE find them; where they are not
-// supported the whole file is data.
-func dataExtents(f *os.File, size int64, fn func(off, n int64) error) error {
-	fd := int(f.Fd())
-	for off := int64(0); off < size; {
-		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return nil // the rest is a hole
-		}
-		if err != nil {
-			if errors.Is(err, unix.EINVAL) && off == 0 {
-				return fn(0, size)
-			}
-			return fmt.Errorf("seek data in %s: %w", f.Name(), err)
-		}
-		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("seek hole in %s: %w", f.Name(), err)
-		}
-		end = min(end, size)
-		if end > start {
-			if err := fn(start, end-start); err != nil {
-				return err
-			}
-		}
-		off = end
-	}
-	return nil
 }
 
 // errBundle classes a bundle that is malformed, truncated or fails a hash.

@@ -110,25 +110,41 @@ func copyRanges(ctx context.Context, in, out *os.File, size int64) error {
 		return err
 	}
 	ifd, ofd := int(in.Fd()), int(out.Fd())
-	for off := int64(0); off < size; {
+	return DataExtents(in, size, func(off, n int64) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		data, err := unix.Seek(ifd, off, unix.SEEK_DATA)
+		return copyRange(ctx, ifd, ofd, off, n)
+	})
+}
+
+// DataExtents calls fn with each range of f (of size bytes) that holds
+// data, as SEEK_DATA and SEEK_HOLE find them; where they are not
+// supported the whole file is data.
+func DataExtents(f *os.File, size int64, fn func(off, n int64) error) error {
+	fd := int(f.Fd())
+	for off := int64(0); off < size; {
+		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
-			return nil // only a hole from here to the end
+			return nil // the rest is a hole
 		}
 		if err != nil {
-			return fmt.Errorf("seek data: %w", err)
+			if errors.Is(err, unix.EINVAL) && off == 0 {
+				return fn(0, size)
+			}
+			return fmt.Errorf("seek data in %s: %w", f.Name(), err)
 		}
-		hole, err := unix.Seek(ifd, data, unix.SEEK_HOLE)
+		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
 		if err != nil {
-			return fmt.Errorf("seek hole: %w", err)
+			return fmt.Errorf("seek hole in %s: %w", f.Name(), err)
 		}
-		if err := copyRange(ctx, ifd, ofd, data, hole-data); err != nil {
-			return err
+		end = min(end, size)
+		if end > start {
+			if err := fn(start, end-start); err != nil {
+				return err
+			}
 		}
-		off = hole
+		off = end
 	}
 	return nil
 }
