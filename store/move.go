@@ -801,37 +801,7 @@ func (s *Store) commitImport(p *importPlan, rec Session, recVal []byte) error {
 // listing was not written) and their output, then the marker. The caller
 // holds the session's stripe, or is Open.
 func (s *Store) abandonImport(name string, ids []string) error {
-	wb := s.db.NewWriteBatch()
-	defer wb.Cancel()
-	var use int64
-	err := s.db.View(func(txn *badger.Txn) error {
-		var err error
-		if use, err = getUse(txn, name); err != nil {
-			return err
-		}
-		all := append(keySuffixes(txn, sessionExecPrefix(name)), ids...)
-		for _, id := range all {
-			for _, p := range [][]byte{chunkPrefix(id), trimPrefix(id)} {
-				if err := deleteUnder(txn, wb, p); err != nil {
-					return err
-				}
-			}
-			for _, k := range [][]byte{outStateKey(id), execKey(id), sessionExecKey(name, id)} {
-				if err := wb.Delete(k); err != nil {
-					return err
-				}
-			}
-		}
-		for _, p := range [][]byte{outOrderPrefix(name), eventPrefix(name), runPrefix(name), schedulePrefix(name)} {
-			if err := deleteUnder(txn, wb, p); err != nil {
-				return err
-			}
-		}
-		return wb.Delete(outUseKey(name))
-	})
-	if err == nil {
-		err = wb.Flush()
-	}
+	_, use, err := s.deleteRecords(name, ids)
 	if err != nil {
 		return err
 	}

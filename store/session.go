@@ -66,6 +66,47 @@ func retentionOf(sess Session) int64 {
 	return DefaultRetention
 }
 
+// deleteRecords deletes, in one write batch, every record of session
+// name but the session's own: its executions (those listed with it, and
+// extra), their output's index and bookkeeping, events, runs and
+// schedules. It returns the executions' ids and the output bytes the
+// session had stored; their segment files are the caller's to remove.
+// Chunks go before their exec record: a crash mid-way must not leave
+// chunks that no exec record leads to.
+func (s *Store) deleteRecords(name string, extra []string) (ids []string, use int64, err error) {
+	wb := s.db.NewWriteBatch()
+	defer wb.Cancel()
+	err = s.db.View(func(txn *badger.Txn) error {
+		var err error
+		if use, err = getUse(txn, name); err != nil {
+			return err
+		}
+		ids = append(keySuffixes(txn, sessionExecPrefix(name)), extra...)
+		for _, id := range ids {
+			for _, p := range [][]byte{chunkPrefix(id), trimPrefix(id)} {
+				if err := deleteUnder(txn, wb, p); err != nil {
+					return err
+				}
+			}
+			for _, k := range [][]byte{outStateKey(id), execKey(id), sessionExecKey(name, id)} {
+				if err := wb.Delete(k); err != nil {
+					return err
+				}
+			}
+		}
+		for _, p := range [][]byte{outOrderPrefix(name), eventPrefix(name), runPrefix(name), schedulePrefix(name)} {
+			if err := deleteUnder(txn, wb, p); err != nil {
+				return err
+			}
+		}
+		return wb.Delete(outUseKey(name))
+	})
+	if err == nil {
+		err = wb.Flush()
+	}
+	return ids, use, err
+}
+
 // retention returns the session's output limit. Output of an exec whose
 // session has no record yet is kept under the default.
 func (s *Store) retention(name string) int64 {
@@ -157,41 +198,7 @@ func (s *Store) DeleteSession(name string) error {
 	if err := s.space.room(0); err != nil {
 		return fmt.Errorf("delete session %q: %w", name, err)
 	}
-	var execIDs []string
-	var use int64
-	wb := s.db.NewWriteBatch()
-	defer wb.Cancel()
-	err := s.db.View(func(txn *badger.Txn) error {
-		var err error
-		if use, err = getUse(txn, name); err != nil {
-			return err
-		}
-		execIDs = keySuffixes(txn, sessionExecPrefix(name))
-		for _, id := range execIDs {
-			// Chunks before the exec record: a crash mid-way must not leave
-			// chunks that no exec record leads to.
-			if err := deleteUnder(txn, wb, chunkPrefix(id)); err != nil {
-				return err
-			}
-			if err := deleteUnder(txn, wb, trimPrefix(id)); err != nil {
-				return err
-			}
-			for _, k := range [][]byte{outStateKey(id), execKey(id), sessionExecKey(name, id)} {
-				if err := wb.Delete(k); err != nil {
-					return err
-				}
-			}
-		}
-		for _, p := range [][]byte{outOrderPrefix(name), eventPrefix(name), runPrefix(name), schedulePrefix(name)} {
-			if err := deleteUnder(txn, wb, p); err != nil {
-				return err
-			}
-		}
-		return wb.Delete(outUseKey(name))
-	})
-	if err == nil {
-		err = wb.Flush()
-	}
+	execIDs, use, err := s.deleteRecords(name, nil)
 	if err == nil {
 		// The output's index is gone: free its segments. A segment left by
 		// a failure here is removed at the next Open.
