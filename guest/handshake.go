@@ -338,16 +338,8 @@ func RawBulk(ctx context.Context, conn net.Conn, br *bufio.Reader, n int64) (tim
 	if _, err := fmt.Fprintf(conn, "%s%s %d\n", lineBulk, nonce, n); err != nil {
 		return 0, err
 	}
-	sc := &lineScanner{br: br}
-	want := fmt.Sprintf("%s %d", nonce, n)
-	for {
-		line, err := sc.next()
-		if err != nil {
-			return 0, err
-		}
-		if rest, ok := field(line, lineBulk); ok && rest == want {
-			break
-		}
+	if err := awaitLine(br, lineBulk, fmt.Sprintf("%s %d", nonce, n)); err != nil {
+		return 0, err
 	}
 	if _, err := io.CopyN(io.Discard, br, n); err != nil {
 		return 0, err
@@ -374,15 +366,23 @@ func RawSink(ctx context.Context, conn net.Conn, br *bufio.Reader, n int64, wsiz
 	if err := writeZerosSize(conn, n, wsize); err != nil {
 		return 0, err
 	}
+	if err := awaitLine(br, lineSink, fmt.Sprintf("%s %d", nonce, n)); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+// awaitLine reads lines until one is kind followed by want, skipping
+// what an earlier exchange left on the channel.
+func awaitLine(br *bufio.Reader, kind, want string) error {
 	sc := &lineScanner{br: br}
-	want := fmt.Sprintf("%s %d", nonce, n)
 	for {
 		line, err := sc.next()
 		if err != nil {
-			return 0, err
+			return err
 		}
-		if rest, ok := field(line, lineSink); ok && rest == want {
-			return time.Since(start), nil
+		if rest, ok := field(line, kind); ok && rest == want {
+			return nil
 		}
 	}
 }
