@@ -2,17 +2,21 @@ package guest
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/yamux"
 )
 
-// Network ops. The guest has no network interface but loopback; what it
-// reaches beyond travels as streams on the agent channel.
+// Network ops on the agent channel. A guest with a NIC (below) reaches the
+// world through it; these serve the proxy and DNS on the guest's loopback
+// (every guest, and the only way out of one without a NIC) and the port
+// forwards the NIC cannot carry.
 //
 // Guest to host (the agent opens the stream):
 //   - OpEgress: a connection to the agent's proxy port; after the request
@@ -48,7 +52,9 @@ const (
 // served by berth's userspace stack on the host (session/engine/netstack),
 // where every flow is decided by the session's policy.
 const (
-	// NICAddr is the guest's address and its network.
+	// NICAddr is the address and network of a guest whose NIC has
+	// NICMAC; a NIC with another MAC has NICAddrOf's address in the same
+	// network.
 	NICAddr = "10.0.2.15/24"
 	// NICGateway is the default route, and host.berth.internal: flows to
 	// it reach the host's loopback where the policy names the host.
@@ -56,7 +62,8 @@ const (
 	// NICDNS is berth's DNS on the guest's network, named in
 	// /etc/resolv.conf when eth0 is up.
 	NICDNS = "10.0.2.3"
-	// NICMAC is the guest NIC's MAC address (QEMU's -device mac=).
+	// NICMAC is the MAC of the NICs of sessions made before each had one
+	// of its own (NewNICMAC), and of a VM whose config names none.
 	NICMAC = "52:54:00:12:34:56"
 	// NICName is the interface the agent configures.
 	NICName = "eth0"
@@ -202,3 +209,45 @@ func (c *Client) ServeIncoming(ctx context.Context, handle func(context.Context,
 }
 
 var _ net.Conn = (*StreamConn)(nil)
+
+// NICNet is the guest's network.
+var NICNet = netip.MustParsePrefix(NICAddr).Masked()
+
+// NICAddrOf is the guest's address on its network when its NIC has mac:
+// 10.0.2.15 for NICMAC, otherwise 10.0.2.16 to .254 by the MAC's last
+// byte. The agent reads its MAC from eth0 and the host's stack is told
+// the session's, so both derive the same address with no message
+// between them; a fork's new MAC gives it a new address
+// (NewNICMAC(avoid) sees that it differs).
+func NICAddrOf(mac net.HardwareAddr) netip.Prefix {
+	if len(mac) != 6 || mac.String() == NICMAC {
+		return netip.MustParsePrefix(NICAddr)
+	}
+	b := NICNet.Addr().As4()
+	b[3] = byte(16 + int(mac[5])%239)
+	return netip.PrefixFrom(netip.AddrFrom4(b), NICNet.Bits())
+}
+
+// NewNICMAC is a random MAC for a session's NIC, unicast and locally
+// administered (QEMU's 52:54:00 prefix), whose address (NICAddrOf)
+// differs from the address of every MAC in avoid: a fork's from its
+// source's.
+func NewNICMAC(avoid ...string) string {
+	for {
+		mac := net.HardwareAddr{0x52, 0x54, 0x00, 0, 0, 0}
+		rand.Read(mac[3:])
+		clash := mac.String() == NICMAC
+		for _, a := range avoid {
+			m, err := net.ParseMAC(a)
+			if a == "" {
+				m, err = net.ParseMAC(NICMAC)
+			}
+			if err == nil && (m.String() == mac.String() || NICAddrOf(m) == NICAddrOf(mac)) {
+				clash = true
+			}
+		}
+		if !clash {
+			return mac.String()
+		}
+	}
+}

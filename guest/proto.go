@@ -192,6 +192,10 @@ type MountSpec struct {
 	System    string `json:"system,omitempty"` // the system disk's ext4 UUID (root filesystem images)
 	Hostname  string `json:"hostname,omitempty"`
 	MachineID string `json:"machine_id,omitempty"`
+	// NICMAC, in a fork's spec, is the MAC its NIC takes (with the
+	// address NICAddrOf gives it) in place of the source's, which the
+	// restored device state carries.
+	NICMAC string `json:"nic_mac,omitempty"`
 }
 
 // MaxTrackRecord is the most distinct entries a change record holds

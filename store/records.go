@@ -46,6 +46,10 @@ type Session struct {
 	SystemBytes int64  `json:"system_bytes,omitempty"`
 	// MachineID is the VM's /etc/machine-id (32 hex digits).
 	MachineID string `json:"machine_id,omitempty"`
+	// NICMAC is the MAC of the session's NIC, its own (a fork's differs
+	// from its source's); "" for sessions made before, whose NICs have
+	// guest.NICMAC.
+	NICMAC string `json:"nic_mac,omitempty"`
 	// PauseReason says who paused a paused session when it was not a
 	// person: "host-disk-full" when its VMM stopped it on a write the host
 	// could not store.

@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/berthvm/berth/guest"
 )
 
 // Errors shared by every driver, so callers can use errors.Is.
@@ -67,6 +69,10 @@ type Config struct {
 	// to (berth's userspace network stack serves it). Drivers whose VMs do
 	// not implement NICDialer refuse it.
 	NIC bool
+	// NICMAC is the NIC's MAC address; empty is guest.NICMAC. A VM
+	// restored from a snapshot has the MAC the snapshot's device state
+	// holds, whatever this says.
+	NICMAC string
 
 	// Incoming, when set, names a memory snapshot to restore instead of
 	// booting (drivers whose VMs implement Snapshotter). The device
@@ -172,6 +178,14 @@ type Stopper interface {
 type Snapshotter interface {
 	// Snapshot saves a paused VM's memory and device state to path.
 	Snapshot(ctx context.Context, path string) error
+}
+
+// NICAddress is the MAC the VM's NIC is given: NICMAC, or guest.NICMAC.
+func (c *Config) NICAddress() string {
+	if c.NICMAC != "" {
+		return c.NICMAC
+	}
+	return guest.NICMAC
 }
 
 // NICDialer is implemented by VMs started with Config.NIC: DialNIC

@@ -56,6 +56,13 @@ func (a *Agent) fork(req *guest.Request) (guest.ForkResult, error) {
 		if err := SetIdentity(spec.Hostname, spec.MachineID); err != nil {
 			res.Errors = append(res.Errors, err.Error())
 		}
+		// The source's open connections were cut with its stack; the
+		// fork's NIC takes its own MAC and address.
+		if spec.NICMAC != "" {
+			if err := SetNICMAC(spec.NICMAC); err != nil {
+				res.Errors = append(res.Errors, err.Error())
+			}
+		}
 	}
 	if spec.Hostname != "" {
 		a.mu.Lock()

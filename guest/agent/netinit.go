@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -38,10 +39,16 @@ func SetupNet() error {
 	return nil
 }
 
-// nicUp gives eth0 its address and brings it up (ioctls), then adds the
-// default route through the gateway (netlink): no ip binary needed.
+// nicUp gives eth0 the address its MAC names (guest.NICAddrOf) and
+// brings it up (ioctls), then adds the default route through the gateway
+// (netlink): no ip binary needed. An address already there is replaced
+// (SIOCSIFADDR changes the primary one).
 func nicUp() error {
-	pfx := netip.MustParsePrefix(guest.NICAddr)
+	ifi, err := net.InterfaceByName(guest.NICName)
+	if err != nil {
+		return err
+	}
+	pfx := guest.NICAddrOf(ifi.HardwareAddr)
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -67,14 +74,27 @@ func nicUp() error {
 	if err := linkUp(guest.NICName); err != nil {
 		return fmt.Errorf("bring it up: %w", err)
 	}
-	ifi, err := net.InterfaceByName(guest.NICName)
-	if err != nil {
-		return err
-	}
 	if err := addDefaultRoute(ifi.Index, netip.MustParseAddr(guest.NICGateway)); err != nil {
 		return fmt.Errorf("default route via %s: %w", guest.NICGateway, err)
 	}
 	return nil
+}
+
+func linkDown(name string) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return err
+	}
+	ifr.SetUint16(ifr.Uint16() &^ unix.IFF_UP)
+	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }
 
 func linkUp(name string) error {
@@ -157,4 +177,42 @@ func routeMessage(index int, gw netip.Addr) []byte {
 	out = binary.NativeEndian.AppendUint32(out, 1)                   // seq
 	out = binary.NativeEndian.AppendUint32(out, uint32(os.Getpid())) // pid
 	return append(out, body...)
+}
+
+// SetNICMAC gives eth0 a new MAC and the address it names: the NIC of a
+// fork or of a session restored from a template, which the restored
+// device state gave the source's MAC. Without eth0 there is nothing to do. The link goes down for the change (not
+// every virtio-net can change its MAC while up), which drops its routes;
+// nicUp puts back the address and the default route.
+func SetNICMAC(mac string) error {
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 {
+		return fmt.Errorf("NIC MAC %q: not a 6-byte MAC", mac)
+	}
+	ifi, err := net.InterfaceByName(guest.NICName)
+	if err != nil {
+		return nil
+	}
+	if ifi.HardwareAddr.String() == hw.String() {
+		return nil
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := linkDown(guest.NICName); err != nil {
+		return fmt.Errorf("take %s down: %w", guest.NICName, err)
+	}
+	// struct ifreq: the name, then struct sockaddr ifr_hwaddr (the
+	// family, then the address).
+	var ifr [unix.IFNAMSIZ + 24]byte
+	copy(ifr[:unix.IFNAMSIZ-1], guest.NICName)
+	binary.NativeEndian.PutUint16(ifr[unix.IFNAMSIZ:], unix.ARPHRD_ETHER)
+	copy(ifr[unix.IFNAMSIZ+2:], hw)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCSIFHWADDR, uintptr(unsafe.Pointer(&ifr[0]))); e != 0 {
+		nicUp() // the old MAC, up again
+		return fmt.Errorf("set %s's MAC to %s: %w", guest.NICName, hw, e)
+	}
+	return nicUp()
 }

@@ -648,6 +648,7 @@ func (m *Manager) Fork(ctx context.Context, name, newName string) (session.ForkR
 	frec.CreatedAt, frec.LastActivity, frec.StartedAt = now, now, time.Time{}
 	frec.Pid, frec.SnapshotPath, frec.SnapshotBytes, frec.LastWake, frec.PauseReason = 0, "", 0, 0, ""
 	frec.MachineID = randomMachineID()
+	frec.NICMAC = guest.NewNICMAC(rec.NICMAC)
 	if rec.IdleTimeout != nil {
 		t := *rec.IdleTimeout
 		frec.IdleTimeout = &t
@@ -789,7 +790,7 @@ func (s *sess) newIdentity(ctx context.Context, step func(string)) (forkIdentity
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	spec := forkSpec(s.name, rec.MachineID, rec.SystemUUID != "")
+	spec := forkSpec(s.name, rec.MachineID, rec.NICMAC, rec.SystemUUID != "")
 	seed := make([]byte, 64)
 	rand.Read(seed)
 	fctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -823,8 +824,8 @@ type forkIdentity struct {
 	Errors    []string
 }
 
-func forkSpec(name, machineID string, system bool) guest.MountSpec {
-	spec := guest.MountSpec{Workspace: vmm.NewUUID(), Hostname: name, MachineID: machineID}
+func forkSpec(name, machineID, nicMAC string, system bool) guest.MountSpec {
+	spec := guest.MountSpec{Workspace: vmm.NewUUID(), Hostname: name, MachineID: machineID, NICMAC: nicMAC}
 	if system {
 		spec.System = vmm.NewUUID()
 	}

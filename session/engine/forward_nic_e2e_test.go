@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/session"
 )
 
@@ -125,6 +126,20 @@ func TestForwardNIC(t *testing.T) {
 	})
 
 	e.Subtest(t, "forward, sleep, a forward wakes it, the NIC is back with its address", func(t *testing.T) {
+		// eth0's MAC and IPv4 address, which its MAC names.
+		eth0 := func() string {
+			out := e.OK("exec", "f1", "--", "ip", "-4", "addr", "show", "eth0")
+			mac := strings.TrimSpace(e.OK("exec", "f1", "--", "cat", "/sys/class/net/eth0/address"))
+			hw, err := net.ParseMAC(mac)
+			if err != nil {
+				t.Fatalf("eth0's MAC: %q", mac)
+			}
+			if want := "inet " + guest.NICAddrOf(hw).String() + " "; !strings.Contains(out, want) {
+				t.Fatalf("eth0 (MAC %s) lacks %q:\n%s", mac, want, out)
+			}
+			return mac
+		}
+		before := eth0()
 		e.OK("sleep", "f1")
 		e.WaitState("f1", session.StateSleeping, 30*time.Second)
 		// The first connection wakes the session; it may reach the guest
@@ -138,8 +153,8 @@ func TestForwardNIC(t *testing.T) {
 		if got := peerBecomes(t, fw.addrs[0], "10.0.2.2"); got != "10.0.2.2" {
 			t.Errorf("after the wake the guest saw the forward come from %q, want 10.0.2.2 (the NIC's stack)", got)
 		}
-		if out := e.OK("exec", "f1", "--", "ip", "addr", "show", "eth0"); !strings.Contains(out, "inet 10.0.2.15/24") {
-			t.Errorf("eth0 after the wake:\n%s", out)
+		if after := eth0(); after != before {
+			t.Errorf("eth0's MAC was %s before the sleep, %s after the wake", before, after)
 		}
 		if p := peer(t, fw.addrs[1]); p != "127.0.0.1" {
 			t.Errorf("after the wake, the loopback listener's forward came from %q", p)

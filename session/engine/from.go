@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/store"
 )
@@ -94,6 +95,7 @@ func (m *Manager) createFrom(ctx context.Context, opts session.CreateOptions) (s
 		// The checkpoint's UUIDs find its disks at the first boot; the
 		// agent gives them new ones at once (newIdentity).
 		WorkspaceUUID: ck.WorkspaceUUID, MachineID: randomMachineID(),
+		NICMAC: guest.NewNICMAC(),
 	}
 	if ck.System {
 		rec.SystemUUID, rec.SystemBytes = ck.SystemUUID, ck.SystemBytes

@@ -75,6 +75,7 @@ func (m *Manager) Create(ctx context.Context, opts session.CreateOptions) (sessi
 		Name: opts.Name, State: string(session.StateCreating), Cause: "created", Image: opts.Image, VMM: opts.VMM,
 		CPUs: opts.CPUs, MemoryMiB: opts.MemoryMiB, DiskBytes: opts.DiskBytes, CreatedAt: now, LastActivity: now,
 		Retention: d.Retention, WorkspaceUUID: vmm.NewUUID(), MachineID: randomMachineID(),
+		NICMAC: guest.NewNICMAC(),
 	}
 	if opts.IdleTimeout != nil {
 		t := *opts.IdleTimeout

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"net"
 	"net/netip"
 	"os"
 	"time"
@@ -37,6 +38,15 @@ func (s *sess) wantsNIC() bool {
 	return ok && ns.StartsNIC()
 }
 
+// nicAddr is the guest's address on its NIC, which its MAC names.
+func (s *sess) nicAddr() netip.Addr {
+	s.mu.Lock()
+	mac := s.rec.NICMAC
+	s.mu.Unlock()
+	hw, _ := net.ParseMAC(mac)
+	return guest.NICAddrOf(hw).Addr()
+}
+
 // nicGateway is host.berth.internal on the guest's network.
 var nicGateway = netip.MustParseAddr(guest.NICGateway)
 
@@ -65,7 +75,7 @@ func (s *sess) serveNIC(ctx context.Context, vm vmm.VM) {
 				}
 				s.nic.CompareAndSwap(cur, nil)
 			}
-			err = netstack.Serve(ctx, conn, peer, netstack.Config{MaxFlows: s.m.proxy.Config().MaxConns, Up: up})
+			err = netstack.Serve(ctx, conn, peer, netstack.Config{MaxFlows: s.m.proxy.Config().MaxConns, GuestAddr: s.nicAddr(), Up: up})
 		}
 		if errors.Is(err, fs.ErrNotExist) {
 			return

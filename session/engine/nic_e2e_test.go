@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/session"
 )
 
@@ -149,11 +151,33 @@ func TestNetNIC(t *testing.T) {
 		return r.Stdout, r.Stderr, r.Code, time.Since(start)
 	}
 
-	e.Subtest(t, "eth0 with its address, berth's DNS, the proxy variables kept", func(t *testing.T) {
-		out, errs, code, _ := run("ifaces")
-		if code != 0 || !strings.Contains(out, "eth0 65520 [10.0.2.15/24") {
-			t.Fatalf("interfaces (exit %d): %s %s", code, out, errs)
+	// nicOf is session name's NIC as its guest sees it: eth0's MAC and the
+	// probe's line for eth0 (name, MTU, addresses).
+	nicOf := func(name string) (net.HardwareAddr, string) {
+		t.Helper()
+		out := e.OK("exec", name, "--", "sh", "-c", "cat /sys/class/net/eth0/address; /workspace/nicprobe ifaces | grep ^eth0")
+		mac, line, _ := strings.Cut(strings.TrimSpace(out), "\n")
+		hw, err := net.ParseMAC(mac)
+		if err != nil {
+			t.Fatalf("eth0 of %s: %q", name, out)
 		}
+		return hw, line
+	}
+	// hasAddr: the probe's line for eth0 names want first (an IPv6
+	// link-local address may follow).
+	hasAddr := func(line string, want netip.Prefix) bool {
+		return strings.HasPrefix(line, "eth0 65520 ["+want.String()+" ") || line == "eth0 65520 ["+want.String()+"]"
+	}
+	var n1MAC net.HardwareAddr
+	e.Subtest(t, "eth0 with its own MAC and the address it names, berth's DNS, the proxy variables kept", func(t *testing.T) {
+		// n1 was restored from a template booted with the default MAC:
+		// it has one of its own, and the address that MAC names.
+		mac, line := nicOf("n1")
+		want := guest.NICAddrOf(mac)
+		if mac.String() == guest.NICMAC || !hasAddr(line, want) {
+			t.Fatalf("eth0 of n1: MAC %s, %q; want a MAC of its own and %s", mac, line, want)
+		}
+		n1MAC = mac
 		// The default route: destination 0, gateway 10.0.2.2 (little endian hex).
 		if route := e.OK("exec", "n1", "--", "cat", "/proc/net/route"); !strings.Contains(route, "eth0\t00000000\t0202000A") {
 			t.Errorf("no default route via 10.0.2.2:\n%s", route)
@@ -241,15 +265,32 @@ func TestNetNIC(t *testing.T) {
 		}
 	})
 
-	e.Subtest(t, "a fork has a NIC of its own", func(t *testing.T) {
+	e.Subtest(t, "a fork has a NIC of its own: its MAC, its address, its port forwards", func(t *testing.T) {
 		e.OK("fork", "n1", "f1")
+		mac, line := nicOf("f1")
+		want := guest.NICAddrOf(mac)
+		if mac.String() == n1MAC.String() || want == guest.NICAddrOf(n1MAC) || !hasAddr(line, want) {
+			t.Fatalf("eth0 of the fork: MAC %s, %q; n1's MAC is %s (%s): want another MAC and address", mac, line, n1MAC, guest.NICAddrOf(n1MAC))
+		}
+		if ev := e.OK("events", "f1"); strings.Contains(ev, "fork identity:") {
+			t.Errorf("the fork's identity is incomplete:\n%s", ev)
+		}
 		r := e.Run("exec", "f1", "--", "/workspace/nicprobe", "tcp", hostTCP, "forked")
 		if r.Code != 0 || r.Stdout != "host got forked" {
 			t.Fatalf("in the fork, exit %d: %q %q", r.Code, r.Stdout, r.Stderr)
 		}
+		// The host's stack reaches the fork at its new address.
+		guestHTTPD(e, "f1", "8080")
+		fw := e.portForward("f1", fmt.Sprintf("%d:8080", freePort(t)))
+		if got := peerBecomes(t, fw.addrs[0], guest.NICGateway); got != guest.NICGateway {
+			t.Errorf("a forward into the fork comes from %q, want %s (through its NIC)", got, guest.NICGateway)
+		}
 		out, errs, code, _ := run("tcp", hostTCP, "source")
 		if code != 0 || out != "host got source" {
 			t.Fatalf("in the source after the fork, exit %d: %q %q", code, out, errs)
+		}
+		if mac, line := nicOf("n1"); mac.String() != n1MAC.String() || !hasAddr(line, guest.NICAddrOf(n1MAC)) {
+			t.Errorf("the source's NIC changed with the fork: %s %q", mac, line)
 		}
 	})
 

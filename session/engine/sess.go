@@ -236,7 +236,7 @@ func (s *sess) vmSetup(ctx context.Context) (store.Session, vmm.Driver, Image, v
 		Cmdline: bootCmdline(rec.WorkspaceUUID, rec.SystemUUID, im, s.name, rec.MachineID),
 		CPUs:    rec.CPUs, MemoryMiB: rec.MemoryMiB,
 		Workspace: s.wsPath(), Accel: s.m.cfg.Defaults.Accel,
-		NIC: s.wantsNIC(),
+		NIC: s.wantsNIC(), NICMAC: rec.NICMAC,
 	}
 	if im.RootFS() {
 		if rec.SystemUUID == "" {

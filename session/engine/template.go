@@ -237,7 +237,7 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 	step("connected")
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	spec := guest.MountSpec{Workspace: rec.WorkspaceUUID, System: rec.SystemUUID, Hostname: s.name, MachineID: rec.MachineID}
+	spec := guest.MountSpec{Workspace: rec.WorkspaceUUID, System: rec.SystemUUID, Hostname: s.name, MachineID: rec.MachineID, NICMAC: rec.NICMAC}
 	if w, err := c.MountAt(bctx, spec, time.Now(), seed); err != nil || !w.Mounted {
 		c.Close()
 		if err != nil && im.RootFS() && strings.Contains(err.Error(), "system disk") {

@@ -447,7 +447,7 @@ func vmConfig(cfg vmm.Config, p paths) chapi.VmConfig {
 	}
 	c.Disks = diskConfigs(cfg)
 	if cfg.NIC {
-		c.Net = &[]chapi.NetConfig{netConfig()}
+		c.Net = &[]chapi.NetConfig{netConfig(cfg.NICAddress())}
 	}
 	return c
 }

@@ -45,11 +45,11 @@ const nicID = "_net0"
 // header and a VLAN tag.
 const maxNICFrame = guest.NICMTU + 14 + 4
 
-// netConfig is the VM config's NIC: the namespace's tap, berth's MAC and
-// MTU, and no offloads, so every frame is a whole, checksummed packet as
+// netConfig is the VM config's NIC: the namespace's tap, the session's
+// MAC, berth's MTU, and no offloads, so every frame is a whole, checksummed packet as
 // the stream of QEMU's netdev carries (berth's stack has no GSO).
-func netConfig() chapi.NetConfig {
-	tap, mac, mtu, off := tapName, guest.NICMAC, guest.NICMTU, false
+func netConfig(mac string) chapi.NetConfig {
+	tap, mtu, off := tapName, guest.NICMTU, false
 	id := nicID
 	return chapi.NetConfig{Id: &id, Tap: &tap, Mac: &mac, Mtu: &mtu, OffloadTso: &off, OffloadUfo: &off, OffloadCsum: &off}
 }

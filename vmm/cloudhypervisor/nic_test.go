@@ -66,7 +66,7 @@ func TestNIC(t *testing.T) {
 	}
 	ctx := context.Background()
 	cfg := testConfig(t)
-	cfg.NIC = true
+	cfg.NIC, cfg.NICMAC = true, "52:54:00:0a:0b:0c" // the session's own
 	v := startVM(t, d, cfg)
 
 	c := vmInfo(t, v).Config
@@ -74,7 +74,7 @@ func TestNIC(t *testing.T) {
 		t.Fatalf("net = %+v, want one NIC", c.Net)
 	}
 	n := (*c.Net)[0]
-	if *n.Tap != tapName || *n.Mac != guest.NICMAC || *n.Mtu != guest.NICMTU || *n.OffloadTso || *n.OffloadCsum || *n.OffloadUfo {
+	if *n.Tap != tapName || *n.Mac != cfg.NICMAC || *n.Mtu != guest.NICMTU || *n.OffloadTso || *n.OffloadCsum || *n.OffloadUfo {
 		t.Errorf("net config = tap %s mac %s mtu %d, offloads tso %v csum %v ufo %v", *n.Tap, *n.Mac, *n.Mtu, *n.OffloadTso, *n.OffloadCsum, *n.OffloadUfo)
 	}
 	// The VMM is in a namespace of its own: the host's has no berth0.

@@ -13,15 +13,19 @@ import (
 func TestArgsNIC(t *testing.T) {
 	for _, tc := range []struct {
 		nic  bool
+		mac  string
 		want []string
 	}{
-		{false, nil},
-		{true, []string{
+		{false, "", nil},
+		{true, "", []string{ // a session made before each NIC had its own MAC
 			"-netdev stream,id=nic0,server=on,addr.type=unix,addr.path=nic.sock",
 			"-device virtio-net-pci,netdev=nic0,id=nicdev,addr=0x1e,mac=52:54:00:12:34:56,host_mtu=65520",
 		}},
+		{true, "52:54:00:0a:0b:0c", []string{
+			"-device virtio-net-pci,netdev=nic0,id=nicdev,addr=0x1e,mac=52:54:00:0a:0b:0c,host_mtu=65520",
+		}},
 	} {
-		args := strings.Join(Args(vmm.Config{Dir: "/x/vm", Kernel: "k", Initramfs: "i", NIC: tc.nic}, vmm.AccelTCG), " ")
+		args := strings.Join(Args(vmm.Config{Dir: "/x/vm", Kernel: "k", Initramfs: "i", NIC: tc.nic, NICMAC: tc.mac}, vmm.AccelTCG), " ")
 		for _, w := range tc.want {
 			if !strings.Contains(args, w) {
 				t.Errorf("NIC %v: args lack %q:\n%s", tc.nic, w, args)

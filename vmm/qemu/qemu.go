@@ -183,7 +183,7 @@ func Args(cfg vmm.Config, accel vmm.Accel) []string {
 		// what makes bulk transfers fast.
 		args = append(args,
 			"-netdev", "stream,id=nic0,server=on,addr.type=unix,addr.path="+nicSock,
-			"-device", fmt.Sprintf("virtio-net-pci,netdev=nic0,id=nicdev,addr=%s,mac=%s,host_mtu=%d", nicSlot, guest.NICMAC, guest.NICMTU))
+			"-device", fmt.Sprintf("virtio-net-pci,netdev=nic0,id=nicdev,addr=%s,mac=%s,host_mtu=%d", nicSlot, cfg.NICAddress(), guest.NICMTU))
 	}
 	if cfg.Incoming != "" {
 		// Start passes the snapshot open as fd 3. QEMU reads it straight

@@ -122,6 +122,12 @@ func initVM() {
 		if err := agent.SetIdentity(spec.Hostname, spec.MachineID); err != nil {
 			log.Warn("identity", "err", err)
 		}
+		if spec.NICMAC != "" {
+			// A template's NIC came with the template's MAC.
+			if err := agent.SetNICMAC(spec.NICMAC); err != nil {
+				log.Warn("network", "err", err)
+			}
+		}
 		if err := agent.SetupNet(); err != nil {
 			log.Warn("network", "err", err)
 		}

@@ -65,6 +65,9 @@ type Config struct {
 	// Dial connects to an allowed destination on the host; nil dials
 	// directly.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// GuestAddr is the guest's address, where DialTCP connects; the zero
+	// Addr is guest.NICAddr's.
+	GuestAddr netip.Addr
 	// Up, if set, is called with the running stack's Guest once the
 	// stack is built, and with nil when Serve is about to return.
 	Up func(*Guest)
@@ -76,8 +79,8 @@ type Config struct {
 // the stack.
 type Guest struct{ n *netw }
 
-// guestAddr is the guest's address on its NIC.
-var guestAddr = netip.MustParsePrefix(guest.NICAddr).Addr()
+// defaultGuestAddr is the address of a guest whose NIC has guest.NICMAC.
+var defaultGuestAddr = netip.MustParsePrefix(guest.NICAddr).Addr()
 
 // DialTCP connects to port on the guest's address. A port nothing listens
 // on there (nothing, or only on the guest's loopback) is
@@ -92,6 +95,10 @@ func (g *Guest) DialTCP(ctx context.Context, port int) (net.Conn, error) {
 	defer cancel()
 	stop := context.AfterFunc(n.ctx, cancel) // the stack's end ends the dial
 	defer stop()
+	guestAddr := n.cfg.GuestAddr
+	if !guestAddr.IsValid() {
+		guestAddr = defaultGuestAddr
+	}
 	local := tcpip.FullAddress{NIC: nicID, Addr: tcpip.AddrFrom4(gatewayAddr.As4())}
 	remote := tcpip.FullAddress{NIC: nicID, Addr: tcpip.AddrFrom4(guestAddr.As4()), Port: uint16(port)}
 	c, err := gonet.DialTCPWithBind(ctx, n.st, local, remote, ipv4.ProtocolNumber)
@@ -291,13 +298,10 @@ func (n *netw) build() error {
 	return nil
 }
 
-// nicNet is the guest's network: its addresses other than the gateway
-// are virtual (the DNS server, answered by the stack itself, the guest,
-// the rest nobody's) and never dialled on the host, whatever the policy
-// names.
-var nicNet = netip.MustParsePrefix(guest.NICAddr).Masked()
-
-func virtual(a netip.Addr) bool { return nicNet.Contains(a) && a != gatewayAddr }
+// virtual reports an address of the guest's network other than the
+// gateway: the DNS server (answered by the stack itself), the guest, the
+// rest nobody's; never dialled on the host, whatever the policy names.
+func virtual(a netip.Addr) bool { return guest.NICNet.Contains(a) && a != gatewayAddr }
 
 // dst is a flow's destination: the local end of the stack's endpoint.
 func dst(id stack.TransportEndpointID) netip.AddrPort {
