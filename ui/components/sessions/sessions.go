@@ -702,6 +702,15 @@ func (m *Model) columnAt(x int) (Column, bool) {
 	return 0, false
 }
 
+// colWidth is column c's width. In a fleet STATE is wider: a session
+// whose host is out of reach is "? unreachable".
+func (m *Model) colWidth(c Column) int {
+	if c == ColState && m.fleet {
+		return len("? ") + len(session.StateUnreachable)
+	}
+	return spec(c).width
+}
+
 // layout picks the columns that fit and their widths: fixed columns keep
 // their width, the name takes the rest, and low-priority columns drop
 // out (activity first) until the name gets at least minName cells.
@@ -713,14 +722,14 @@ func (m *Model) layout() {
 	for {
 		fixed := marker
 		for _, c := range all {
-			fixed += spec(c).width + gap
+			fixed += m.colWidth(c) + gap
 		}
 		nameW := m.width - fixed
 		if nameW >= minName || len(all) <= 3 {
 			m.cols = all
 			m.widths = make([]int, len(all))
 			for i, c := range all {
-				m.widths[i] = spec(c).width
+				m.widths[i] = m.colWidth(c)
 			}
 			m.widths[0] = common.Clamp(nameW, 4, maxName)
 			return
@@ -736,7 +745,7 @@ func (m *Model) layout() {
 			m.cols = all
 			m.widths = make([]int, len(all))
 			for i, c := range all {
-				m.widths[i] = spec(c).width
+				m.widths[i] = m.colWidth(c)
 			}
 			m.widths[0] = max(4, nameW)
 			return

@@ -294,7 +294,8 @@ func TestSortKeyCyclesLeftToRight(t *testing.T) {
 }
 
 // In a fleet (sessions have hosts) a HOST column follows NAME, and an
-// unreachable session is shown with its host; alone, no HOST column.
+// unreachable session is shown with its host and its whole state; alone,
+// no HOST column.
 func TestHostColumnInAFleet(t *testing.T) {
 	m := newTable(t, 120, 20, some()...)
 	if strings.Contains(ansi.Strip(m.View()), "HOST") {
@@ -311,7 +312,7 @@ func TestHostColumnInAFleet(t *testing.T) {
 		t.Fatalf("header %v, want NAME HOST …", h)
 	}
 	view := strings.Join(lines, "\n")
-	if !strings.Contains(view, "h2") || !strings.Contains(view, "unreach") {
+	if !strings.Contains(view, "h2") || !strings.Contains(view, "? unreachable ") {
 		t.Errorf("the unreachable session and its host are not shown:\n%s", view)
 	}
 }
