@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -26,8 +28,10 @@ func SetupNet() error {
 	}
 	host, _, _ := net.SplitHostPort(guest.DNSAddr)
 	resolver := "# berth: the agent answers what the session's network policy allows\nnameserver " + host + "\n"
-	var nicErr error
-	if _, err := net.InterfaceByName(guest.NICName); err == nil {
+	_, nicErr := nicHWAddr(guest.NICName)
+	if errors.Is(nicErr, unix.ENODEV) {
+		nicErr = nil // no NIC: the proxy alone
+	} else if nicErr == nil {
 		if nicErr = nicUp(); nicErr == nil {
 			resolver = "# berth: berth's DNS on the guest's NIC answers what the session's network policy allows\nnameserver " + guest.NICDNS + "\n"
 		}
@@ -44,11 +48,11 @@ func SetupNet() error {
 // (netlink): no ip binary needed. An address already there is replaced
 // (SIOCSIFADDR changes the primary one).
 func nicUp() error {
-	ifi, err := net.InterfaceByName(guest.NICName)
+	hw, err := nicHWAddr(guest.NICName)
 	if err != nil {
 		return err
 	}
-	pfx := guest.NICAddrOf(ifi.HardwareAddr)
+	pfx := guest.NICAddrOf(hw)
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -58,6 +62,10 @@ func nicUp() error {
 	if err != nil {
 		return err
 	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFINDEX, ifr); err != nil {
+		return fmt.Errorf("index: %w", err)
+	}
+	index := int(ifr.Uint32())
 	if err := ifr.SetInet4Addr(pfx.Addr().AsSlice()); err != nil {
 		return err
 	}
@@ -74,7 +82,7 @@ func nicUp() error {
 	if err := linkUp(guest.NICName); err != nil {
 		return fmt.Errorf("bring it up: %w", err)
 	}
-	if err := addDefaultRoute(ifi.Index, netip.MustParseAddr(guest.NICGateway)); err != nil {
+	if err := addDefaultRoute(index, netip.MustParseAddr(guest.NICGateway)); err != nil {
 		return fmt.Errorf("default route via %s: %w", guest.NICGateway, err)
 	}
 	return nil
@@ -181,7 +189,7 @@ func routeMessage(index int, gw netip.Addr) []byte {
 
 // SetNICMAC gives eth0 a new MAC and the address it names: the NIC of a
 // fork or of a session restored from a template, which the restored
-// device state gave the source's MAC. Without eth0 there is nothing to do. The link goes down for the change (not
+// device state gave the source's MAC. The link goes down for the change (not
 // every virtio-net can change its MAC while up), which drops its routes;
 // nicUp puts back the address and the default route.
 func SetNICMAC(mac string) error {
@@ -189,11 +197,19 @@ func SetNICMAC(mac string) error {
 	if err != nil || len(hw) != 6 {
 		return fmt.Errorf("NIC MAC %q: not a 6-byte MAC", mac)
 	}
-	ifi, err := net.InterfaceByName(guest.NICName)
-	if err != nil {
-		return nil
+	// The host names a MAC only for a VM that has a NIC: one not found
+	// may still be coming up.
+	var cur net.HardwareAddr
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		cur, err = nicHWAddr(guest.NICName)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.ENODEV) || time.Now().After(deadline) {
+			return fmt.Errorf("%s: %w", guest.NICName, err)
+		}
 	}
-	if ifi.HardwareAddr.String() == hw.String() {
+	if cur.String() == hw.String() {
 		return nil
 	}
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
@@ -215,4 +231,21 @@ func SetNICMAC(mac string) error {
 		return fmt.Errorf("set %s's MAC to %s: %w", guest.NICName, hw, e)
 	}
 	return nicUp()
+}
+
+// nicHWAddr is interface name's MAC (SIOCGIFHWADDR); unix.ENODEV when
+// there is no such interface. An ioctl, not net.InterfaceByName's
+// netlink dump, so that "no NIC" and a failure to ask are told apart.
+func nicHWAddr(name string) (net.HardwareAddr, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var ifr [unix.IFNAMSIZ + 24]byte
+	copy(ifr[:unix.IFNAMSIZ-1], name)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCGIFHWADDR, uintptr(unsafe.Pointer(&ifr[0]))); e != 0 {
+		return nil, e
+	}
+	return net.HardwareAddr(slices.Clone(ifr[unix.IFNAMSIZ+2 : unix.IFNAMSIZ+8])), nil
 }

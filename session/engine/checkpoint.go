@@ -787,10 +787,14 @@ func (s *sess) newIdentity(ctx context.Context, step func(string)) (forkIdentity
 		return forkIdentity{}, err
 	}
 	step("connected")
+	vm, err := s.currentVM()
+	if err != nil {
+		return forkIdentity{}, err
+	}
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	spec := forkSpec(s.name, rec.MachineID, rec.NICMAC, rec.SystemUUID != "")
+	spec := forkSpec(s.name, rec.MachineID, nicMAC(vm, rec), rec.SystemUUID != "")
 	seed := make([]byte, 64)
 	rand.Read(seed)
 	fctx, cancel := context.WithTimeout(ctx, time.Minute)

@@ -106,6 +106,10 @@ func TestForwardNIC(t *testing.T) {
 		}
 		if p := peerBecomes(t, fw.addrs[0], "10.0.2.2"); p != "10.0.2.2" {
 			t.Errorf("the guest saw the forward come from %q, want 10.0.2.2 (the NIC's stack)", p)
+			// What the guest's NIC is, and what its agent said.
+			t.Logf("eth0: %s", e.OK("exec", "f1", "--", "sh", "-c", "cat /sys/class/net/eth0/address; ip addr show eth0"))
+			b, _ := os.ReadFile(filepath.Join(e.Data, "sessions", "f1", "vm", "console.log"))
+			t.Logf("console: %s", b)
 		}
 		if p := peer(t, fw.addrs[1]); p != "127.0.0.1" {
 			t.Errorf("the guest saw the forward to its loopback listener come from %q, want 127.0.0.1 (the agent)", p)

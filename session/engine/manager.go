@@ -243,6 +243,7 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 	m.removeStaleWork()
 	m.removePartialMoves()
 	m.removePartialImages()
+	m.removePartialTemplates(ctx)
 	var wg sync.WaitGroup
 	for _, s := range m.sessions {
 		wg.Go(func() { s.recover(ctx) })

@@ -13,6 +13,7 @@ import (
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/engine/egress"
 	"github.com/berthvm/berth/session/engine/netstack"
+	"github.com/berthvm/berth/store"
 	"github.com/berthvm/berth/vmm"
 )
 
@@ -36,6 +37,16 @@ func (s *sess) wantsNIC() bool {
 	}
 	ns, ok := d.(vmm.NICStarter)
 	return ok && ns.StartsNIC()
+}
+
+// nicMAC is the MAC the agent of a VM restored from another's snapshot
+// (a template's, a fork's source's) gives its NIC: the session's, when
+// the VM has a NIC and the session a MAC of its own.
+func nicMAC(vm vmm.VM, rec store.Session) string {
+	if nd, ok := vm.(vmm.NICDialer); ok && nd.HasNIC() {
+		return rec.NICMAC
+	}
+	return ""
 }
 
 // nicAddr is the guest's address on its NIC, which its MAC names.

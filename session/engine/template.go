@@ -17,6 +17,7 @@ import (
 	"github.com/berthvm/berth/guest"
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/vmm"
+	"golang.org/x/sys/unix"
 )
 
 // Templates. For each image and VM size berth keeps a booted template: a
@@ -112,6 +113,14 @@ func (m *Manager) template(ctx context.Context, s *sess) (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
+	// The builder's lock, held (never inherited: O_CLOEXEC) until the
+	// build ends, tells removePartialTemplates a live build from the
+	// leftover of a daemon killed during one, whose VM would run on.
+	unlock, err := lockBuild(tmp, d.Name())
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
 	if err := os.MkdirAll(filepath.Join(tmp, "vm"), 0o755); err != nil {
 		return "", err
 	}
@@ -237,7 +246,7 @@ func (s *sess) bootFromTemplate(ctx context.Context, snap string) error {
 	step("connected")
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	spec := guest.MountSpec{Workspace: rec.WorkspaceUUID, System: rec.SystemUUID, Hostname: s.name, MachineID: rec.MachineID, NICMAC: rec.NICMAC}
+	spec := guest.MountSpec{Workspace: rec.WorkspaceUUID, System: rec.SystemUUID, Hostname: s.name, MachineID: rec.MachineID, NICMAC: nicMAC(vm, rec)}
 	if w, err := c.MountAt(bctx, spec, time.Now(), seed); err != nil || !w.Mounted {
 		c.Close()
 		if err != nil && im.RootFS() && strings.Contains(err.Error(), "system disk") {
@@ -291,6 +300,69 @@ type templateOf struct {
 func templateImage(im Image) []byte {
 	b, _ := json.Marshal(templateOf{Image: im.Name, Digest: im.Digest})
 	return b
+}
+
+// Files of a template being built, besides its vm directory.
+const (
+	buildLockFile = "builder.lock"
+	buildVMMFile  = "vmm" // the driver's name, to find its VM again
+)
+
+// lockBuild takes the lock of the template build in dir and names its
+// driver there.
+func lockBuild(dir, driver string) (unlock func(), err error) {
+	f, err := os.OpenFile(filepath.Join(dir, buildLockFile), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock the template build in %s: %w", dir, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, buildVMMFile), []byte(driver), 0o600); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil
+}
+
+// removePartialTemplates ends the builds a killed daemon left: their VMs
+// (still running: a VMM outlives its daemon) are killed and their
+// directories removed. A build whose lock is held is another daemon's
+// that shares the templates (tests do), and so is one just made, whose
+// builder may not hold its lock yet.
+func (m *Manager) removePartialTemplates(ctx context.Context) {
+	dirs, _ := filepath.Glob(filepath.Join(m.cfg.DataDir, "templates", ".*"))
+	for _, dir := range dirs {
+		fi, err := os.Stat(dir)
+		if err != nil || !fi.IsDir() || time.Since(fi.ModTime()) < 5*time.Second {
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(dir, buildLockFile), os.O_RDWR, 0)
+		if err == nil {
+			err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+			if err != nil {
+				f.Close()
+				continue // a live build
+			}
+		}
+		if name, err := os.ReadFile(filepath.Join(dir, buildVMMFile)); err == nil {
+			if d, err := m.driver(string(name)); err == nil {
+				actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				if vm, err := d.Attach(actx, filepath.Join(dir, "vm")); err == nil {
+					m.log.Warn("killing the VM of a template build a daemon left", "dir", dir)
+					vm.Kill(actx)
+					vm.Close()
+				}
+				cancel()
+			}
+		}
+		m.log.Info("removing an interrupted template build", "dir", dir)
+		os.RemoveAll(dir)
+		if f != nil {
+			f.Close()
+		}
+	}
 }
 
 // dropTemplates removes the templates of the builds of image name with
