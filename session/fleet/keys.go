@@ -29,7 +29,8 @@
 //
 //	hosts/H            HostRecord  under H's lease: present while H is alive
 //	seen/H             Seen        no lease: H's last registration, so a host whose
-//	                               lease expired is remembered as gone
+//	                               lease expired is remembered as gone, and H
+//	                               restarted reads its draining flag back
 //	alloc/H            Alloc       no lease: what placement promised H (CPUs, memory,
 //	                               sessions); its mod revision guards placement
 //	sessions/S/spec    Spec        S's create options, desired state (a Session CRD's .spec)

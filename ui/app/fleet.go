@@ -101,7 +101,13 @@ the fleet is refused.`,
 						return err
 					}
 				}
-				return drainSummary(res)
+				if err := drainSummary(res); err != nil {
+					return err
+				}
+				if !*asJSON {
+					fmt.Fprintf(out, "host %s is draining: %s\n", res.Host, moved(len(res.Steps)))
+				}
+				return nil
 			}
 		},
 	}
@@ -135,6 +141,17 @@ func drainSummary(res session.DrainResult) error {
 		}
 	}
 	return cli.Exit(cli.ExitFailed, fmt.Sprintf("host %s is draining, but %d of its %d sessions are still there (see above)", res.Host, left, len(res.Steps)))
+}
+
+// moved says how many sessions a drain that left none moved.
+func moved(n int) string {
+	switch n {
+	case 0:
+		return "it holds no sessions"
+	case 1:
+		return "its one session moved"
+	}
+	return fmt.Sprintf("its %d sessions moved", n)
 }
 
 func hostUndrainCmd() *cli.Command {
