@@ -52,9 +52,12 @@
 // have the image, then the least promised, and commits spec, owner and
 // alloc/H in one transaction guarded by S's owner being absent, alloc/H's
 // mod revision being the one read, and hosts/H still being the
-// registration read. A guard that fails on the owner is ErrExists; on the
-// host, the read is retried. So concurrent creates of one name from many
-// front doors make it once, and no host is promised more than it has.
+// registration read (its mod revision: so a placement that read H before
+// a drain marked it cannot land after). A guard that fails on the owner
+// is ErrExists; on the host (another placement, a refresh of its record,
+// a drain), the read is retried. So concurrent creates of one name from
+// many front doors make it once, and no host is promised more than it
+// has. A move's commit (Transfer) is guarded the same way.
 package fleet
 
 import "strings"

@@ -20,11 +20,12 @@ var _ session.Drainer = (*Router)(nil)
 // drained, and one that is isolated refuses as it refuses every change.
 //
 // Here, the flag is written first, so placement puts nothing new here
-// from then on (a placement that read this host before may still land:
-// a second drain moves it); then each session is taken in turn, by
-// name: a stopped or sleeping one moves to a host placement picks
-// (live, not draining, with room, the image preferred), one that runs
-// is left with what to do.
+// from then on (a placement that read this host before fails its guard
+// on hosts/H's revision and reads again; one that committed before is
+// made here, running, and a second drain lists it); then each session
+// is taken in turn, by name: a stopped or sleeping one moves to a host
+// placement picks (live, not draining, with room, the image preferred),
+// one that runs is left with what to do.
 func (r *Router) Drain(ctx context.Context, host string, progress func(session.DrainStep)) (session.DrainResult, error) {
 	if err := ValidateHostID(host); err != nil {
 		return session.DrainResult{}, err
