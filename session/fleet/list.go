@@ -21,7 +21,7 @@ type view struct {
 }
 
 type liveHost struct {
-	rec   HostRecord
+	rec HostRecord
 	// rev is hosts/H's mod revision: placement's guard that the
 	// registration read is still the one etcd has (not a new lease, not
 	// a record marked draining since).
