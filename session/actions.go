@@ -61,6 +61,8 @@ const (
 	ActionMove Action = "move"
 	// ActionHosts reads a fleet's hosts (berth host ls).
 	ActionHosts Action = "hosts"
+	// ActionDrain drains a fleet's host or ends its drain.
+	ActionDrain Action = "drain"
 )
 
 // Role is what a caller may do; roles are ordered, each allowed all the
@@ -176,6 +178,8 @@ var verbs = []Verb{
 	// Only what has no VM moves: its disks are still, its memory (if any)
 	// in a snapshot file.
 	{Action: ActionMove, States: []State{StateStopped, StateSleeping}, Role: Admin, Mutates: true, What: "move sessions between hosts"},
+	// A drain moves sessions off a host: a move's role.
+	{Action: ActionDrain, Role: Admin, Mutates: true, What: "drain fleet hosts"},
 }
 
 // Lookup returns the row of action.

@@ -91,3 +91,63 @@ func ForwardedOf(ctx context.Context) (epoch int64, ok bool) {
 	epoch, ok = ctx.Value(forwardKey{}).(int64)
 	return epoch, ok
 }
+
+// Draining a host (berth host drain H): placement puts nothing new on
+// it, and its stopped and sleeping sessions move to other hosts; what
+// runs is left where it is, with what to do about it.
+
+// DrainOutcome is what a drain did with one session.
+type DrainOutcome string
+
+const (
+	// DrainMoved: the session moved to another host (DrainStep.To).
+	DrainMoved DrainOutcome = "moved"
+	// DrainLeft: the session runs (or is busy) and was left on the
+	// host; DrainStep.Why says what to do.
+	DrainLeft DrainOutcome = "left"
+	// DrainFailed: the session could not move; DrainStep.Why says why.
+	DrainFailed DrainOutcome = "failed"
+)
+
+// DrainStep is one session of a drained host.
+type DrainStep struct {
+	Session string       `json:"session"`
+	Outcome DrainOutcome `json:"outcome"`
+	// State is what the session was when the drain came to it.
+	State State `json:"state"`
+	// To and Took: where a moved session went, and how long it took.
+	To   string        `json:"to,omitempty"`
+	Took time.Duration `json:"took,omitempty"`
+	// Why is what to do about a session left, or why one failed.
+	Why string `json:"why,omitempty"`
+}
+
+// DrainResult is a whole drain: one step per session of the host.
+type DrainResult struct {
+	Host  string      `json:"host"`
+	Steps []DrainStep `json:"steps"`
+}
+
+// Moved reports whether every session of the host moved: nothing is
+// left on it.
+func (r DrainResult) Moved() bool {
+	for _, s := range r.Steps {
+		if s.Outcome != DrainMoved {
+			return false
+		}
+	}
+	return true
+}
+
+// A Drainer drains a fleet's hosts: the fleet's Router (which has the
+// host itself do it), its fence, and the socket and TLS client.
+type Drainer interface {
+	// Drain marks host draining, a mark that lasts until Undrain (across
+	// its restarts), then moves its stopped and sleeping sessions, one at
+	// a time, each to a host placement picks; progress (if not nil) is
+	// told of each session as the drain is done with it. A host that is
+	// gone or isolated is refused (nothing is marked).
+	Drain(ctx context.Context, host string, progress func(DrainStep)) (DrainResult, error)
+	// Undrain lets placement pick host again.
+	Undrain(ctx context.Context, host string) error
+}

@@ -34,6 +34,8 @@
 //	GET    /v1/watch                                  NDJSON session.Event stream
 //	GET    /v1/host                                   HostStatus
 //	GET    /v1/hosts                                  HostList (the fleet's hosts; fleet false: not in one)
+//	POST   /v1/hosts/{id}/drain                       NDJSON drainFrame stream: a DrainStep per session, then the DrainResult
+//	POST   /v1/hosts/{id}/undrain                     204: placement may pick the host again
 //	GET    /v1/sessions                               []Session
 //	POST   /v1/sessions                               CreateOptions → 201 Session
 //	GET    /v1/sessions/{name}                        Session

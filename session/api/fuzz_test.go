@@ -198,3 +198,30 @@ func checkExecFrame(t *testing.T, body []byte) {
 		}
 	}
 }
+
+// FuzzDrainStream: a drain's stream from a daemon (a peer) is read to a
+// result, an error or its end, whatever it holds; a result is bounded,
+// and only steps reach progress.
+func FuzzDrainStream(f *testing.F) {
+	for _, s := range []string{
+		`{"step":{"session":"a","outcome":"moved","state":"stopped","to":"b","took":1000}}` + "\n" + `{"result":{"host":"h","steps":[]}}` + "\n",
+		`{"error":{"error":"host h is gone","class":"invalid state"}}` + "\n",
+		`{"step":{"session":"a"}}` + "\n",
+		`{"result":{"host":"h","steps":[{},{}]}}`,
+		"\n\n{}\n",
+		`{"step":`,
+		"",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		steps := 0
+		res, err := readDrain(bytes.NewReader(b), func(session.DrainStep) { steps++ })
+		if err == nil && len(res.Steps) > maxDrainSteps {
+			t.Fatalf("a result of %d steps accepted", len(res.Steps))
+		}
+		if steps > bytes.Count(b, []byte("\n"))+1 {
+			t.Fatalf("%d steps from %d lines", steps, bytes.Count(b, []byte("\n"))+1)
+		}
+	})
+}

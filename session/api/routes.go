@@ -24,6 +24,8 @@ func (s *server) routes() []route {
 		{"GET", "/v1/watch", "NDJSON session.Event stream", s.watch},
 		{"GET", "/v1/host", "HostStatus", s.host},
 		{"GET", "/v1/hosts", "HostList (the fleet's hosts; fleet false: not in one)", s.hosts},
+		{"POST", "/v1/hosts/{id}/drain", "NDJSON drainFrame stream: a DrainStep per session, then the DrainResult", s.drainHost},
+		{"POST", "/v1/hosts/{id}/undrain", "204: placement may pick the host again", s.undrainHost},
 
 		{"GET", "/v1/sessions", "[]Session", s.list},
 		{"POST", "/v1/sessions", "CreateOptions → 201 Session", s.create},

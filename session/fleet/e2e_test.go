@@ -336,3 +336,53 @@ func TestFleetFrontDoorEndToEnd(t *testing.T) {
 		t.Errorf("serve --listen 0.0.0.0:0 without a CA: %+v", r)
 	}
 }
+
+// berth host drain and undrain through real daemons, with no VM: host
+// b, drained through host a's berth, is listed draining and refuses
+// create --on b in one line (placement refuses it: no VM is made); the
+// mark outlasts a SIGKILL and restart of b's daemon; undrained, b is
+// ready again. A host not in the fleet, and one gone, are refused in
+// one line. (Sessions moving off a drained host: TestRouterDrain.)
+func TestFleetDrainEndToEnd(t *testing.T) {
+	a := daemontest.New(t, t.TempDir())
+	b := daemontest.New(t, t.TempDir())
+	url, _ := startEtcd(t, a.Berth)
+	serve := func(e *daemontest.Env, id string) {
+		e.StartDaemon("--fleet", url, "--host-id", id, "--listen", "127.0.0.1:0", "--fleet-ttl", "2s")
+	}
+	serve(a, "a")
+	serve(b, "b")
+	if out := a.OK("host", "drain", "b"); out != "host b is draining: it holds no sessions\n" {
+		t.Errorf("host drain b through a said %q", out)
+	}
+	if h := stateOf(hostLs(t, a), "b"); h.State != session.HostDraining {
+		t.Errorf("host b after the drain: %q, want draining", h.State)
+	}
+	if table := a.OK("host", "ls"); !regexp.MustCompile(`(?m)^b +draining `).MatchString(table) {
+		t.Errorf("host ls:\n%s", table)
+	}
+	a.Fails("host b cannot take x: it is draining", "create", "x", "--on", "b")
+
+	b.KillDaemon()
+	serve(b, "b")
+	if h := stateOf(hostLs(t, a), "b"); h.State != session.HostDraining {
+		t.Errorf("host b after its daemon's restart: %q, want draining", h.State)
+	}
+	var res session.DrainResult
+	if err := json.Unmarshal([]byte(b.OK("host", "drain", "b", "--json")), &res); err != nil || res.Host != "b" || len(res.Steps) != 0 {
+		t.Errorf("host drain b --json on b: %+v, %v", res, err)
+	}
+	if out := a.OK("host", "undrain", "b"); out != "host b takes new sessions again\n" {
+		t.Errorf("host undrain b said %q", out)
+	}
+	if h := stateOf(hostLs(t, a), "b"); h.State != session.HostReady {
+		t.Errorf("host b undrained: %q, want ready", h.State)
+	}
+
+	a.Fails("no host zz in the fleet", "host", "drain", "zz")
+	b.Daemon.Process.Signal(syscall.SIGTERM)
+	b.Daemon.Wait()
+	b.Daemon = nil
+	a.Fails("host b is gone", "host", "drain", "b")
+	a.Fails("host b is gone", "host", "undrain", "b")
+}

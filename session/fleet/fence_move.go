@@ -19,7 +19,28 @@ var (
 	_ session.Mover     = (*fence)(nil)
 	_ session.Relocator = (*fence)(nil)
 	_ EpochSetter       = (*fence)(nil)
+	_ session.Drainer   = (*fence)(nil)
 )
+
+// Drain and Undrain change the fleet: refused while isolated. On the
+// host drained, that is the refusal of a host that is isolated; on
+// another front door, of one that could not reach etcd to forward it.
+
+func (g *fence) Drain(ctx context.Context, host string, progress func(session.DrainStep)) (session.DrainResult, error) {
+	dr, ok := g.Service.(session.Drainer)
+	if !ok {
+		return session.DrainResult{}, &session.Error{Class: session.ErrUnsupported, Msg: "this berth is one host on its own: draining a host needs a fleet"}
+	}
+	return gate(g, ctx, func() (session.DrainResult, error) { return dr.Drain(ctx, host, progress) })
+}
+
+func (g *fence) Undrain(ctx context.Context, host string) error {
+	dr, ok := g.Service.(session.Drainer)
+	if !ok {
+		return &session.Error{Class: session.ErrUnsupported, Msg: "this berth is one host on its own: draining a host needs a fleet"}
+	}
+	return gate0(g, ctx, func() error { return dr.Undrain(ctx, host) })
+}
 
 // MoveTo is refused while isolated, as every change is.
 func (g *fence) MoveTo(ctx context.Context, name, to string) (session.MoveResult, error) {

@@ -44,6 +44,23 @@ func join(t *testing.T, cli *clientv3.Client, id string, f Facts) *Host {
 	return h
 }
 
+// setDraining sets h's draining flag once h is ready (just joined, it
+// may not be yet).
+func setDraining(t *testing.T, h *Host, on bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := h.SetDraining(ctxT(t), on)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, session.ErrIsolated) || time.Now().After(deadline) {
+			t.Fatalf("set host %s draining %v: %v", h.ID(), on, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func states(t *testing.T, cli *clientv3.Client) map[string]session.HostInfo {
 	t.Helper()
 	hs, err := List(ctxT(t), cli)
@@ -79,7 +96,7 @@ func TestJoinListLeave(t *testing.T) {
 	t.Parallel()
 	cli := dial(t, fleettest.Etcd(t))
 	a := join(t, cli, "a", Facts{CPUs: 4, MemoryMiB: 8192, DiskFree: 100 << 30, Floor: 1 << 30, Images: []string{"mini"}})
-	join(t, cli, "b", Facts{CPUs: 2, MemoryMiB: 4096, Draining: true})
+	setDraining(t, join(t, cli, "b", Facts{CPUs: 2, MemoryMiB: 4096}), true)
 	got := states(t, cli)
 	if got["a"].State != session.HostReady || got["b"].State != session.HostDraining {
 		t.Fatalf("states %+v", got)
@@ -325,7 +342,7 @@ func TestPlaceChoosesAndPins(t *testing.T) {
 	cli := dial(t, fleettest.Etcd(t))
 	join(t, cli, "empty", Facts{CPUs: 16, MemoryMiB: 32 << 10, DiskFree: 1 << 40})
 	join(t, cli, "imaged", Facts{CPUs: 16, MemoryMiB: 32 << 10, DiskFree: 1 << 40, Images: []string{"debian"}})
-	join(t, cli, "drain", Facts{CPUs: 16, MemoryMiB: 32 << 10, DiskFree: 1 << 40, Draining: true})
+	setDraining(t, join(t, cli, "drain", Facts{CPUs: 16, MemoryMiB: 32 << 10, DiskFree: 1 << 40}), true)
 	join(t, cli, "tiny", Facts{CPUs: 1, MemoryMiB: 512, DiskFree: 1 << 40})
 	join(t, cli, "lowdisk", Facts{CPUs: 16, MemoryMiB: 32 << 10, DiskFree: 2 << 30, Floor: 1536 << 20})
 	gone := join(t, cli, "gone", big)

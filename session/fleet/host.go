@@ -66,7 +66,6 @@ type Facts struct {
 	DiskFree  int64
 	Floor     int64
 	Images    []string
-	Draining  bool
 }
 
 // HostConfig is one host's membership.
@@ -80,8 +79,8 @@ type HostConfig struct {
 	// Refresh is how often the record is rewritten with fresh Facts;
 	// 0: TTL.
 	Refresh time.Duration
-	// Facts reports the host's capacity, images and draining flag; it is
-	// called at each registration and refresh.
+	// Facts reports the host's capacity and images; it is called at each
+	// registration and refresh.
 	Facts func(ctx context.Context) (Facts, error)
 	// Margin is taken off the TTL when the host judges by its own clock
 	// how long its lease lives: it covers the difference between its
@@ -140,6 +139,21 @@ type Host struct {
 	// confirmed is the send time of the last renewal etcd confirmed.
 	// Guarded by mu.
 	confirmed time.Time
+	// draining is the host's draining flag (SetDraining). Guarded by mu.
+	//
+	// It is kept in the host's own record, which the host alone writes:
+	// hosts/H under its lease, which placement reads, and seen/H, which
+	// has no lease. Every registration and refresh writes it again, so a
+	// renewal or a new lease keeps it; at Join the host reads it back
+	// from seen/H, so a restarted daemon (or one on a new data
+	// directory with the same host id) is still draining. Not a key of
+	// its own that any front door writes: the one-writer rule stays
+	// whole (a front door asks the host), and placement reads nothing
+	// more than the registrations it reads now.
+	draining bool
+	// wmu serializes the writes of the record, so that a refresh that
+	// read the flag before SetDraining changed it cannot land after it.
+	wmu sync.Mutex
 }
 
 // Join registers the host under a new lease and starts keeping it. It
@@ -175,6 +189,9 @@ func Join(ctx context.Context, cli *clientv3.Client, cfg HostConfig) (*Host, err
 		h.log = slog.New(slog.DiscardHandler)
 	}
 	h.log = h.log.With("component", "fleet", "host", cfg.ID)
+	if err := h.loadDraining(ctx); err != nil {
+		return nil, err
+	}
 	if err := h.register(ctx); err != nil {
 		return nil, err
 	}
@@ -187,6 +204,70 @@ func Join(ctx context.Context, cli *clientv3.Client, cfg HostConfig) (*Host, err
 // ID is the host's id.
 func (h *Host) ID() string { return h.cfg.ID }
 
+// loadDraining takes the draining flag from the host's last
+// registration, seen/H (see Host.draining).
+func (h *Host) loadDraining(ctx context.Context) error {
+	r, err := h.cli.Get(ctx, seenKey(h.cfg.ID))
+	if err != nil {
+		return fmt.Errorf("join the fleet: read host %s's last registration: %w", h.cfg.ID, err)
+	}
+	if len(r.Kvs) == 0 {
+		return nil
+	}
+	rec, err := ParseHostRecord(h.cfg.ID, r.Kvs[0].Value)
+	if err != nil {
+		// Unreadable, it says nothing: the host is not draining, and its
+		// registration replaces the record.
+		h.log.Warn("the host's last registration is unreadable: not draining", "err", err)
+		return nil
+	}
+	if rec.Draining {
+		h.log.Info("draining, as its last registration says (berth host undrain ends it)")
+	}
+	h.mu.Lock()
+	h.draining = rec.Draining
+	h.mu.Unlock()
+	return nil
+}
+
+// Draining reports the host's draining flag.
+func (h *Host) Draining() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.draining
+}
+
+// SetDraining sets the host's draining flag and writes its record at
+// once under its lease, so that placement, reading it afterwards, puts
+// nothing new here (on) or may again (off). It is refused while the
+// host is isolated (Allowed's error); a write that fails leaves the flag
+// as it was.
+func (h *Host) SetDraining(ctx context.Context, on bool) error {
+	if err := h.Allowed(ctx); err != nil {
+		return err
+	}
+	h.wmu.Lock()
+	defer h.wmu.Unlock()
+	h.mu.Lock()
+	was, lease := h.draining, h.lease
+	h.draining = on
+	h.mu.Unlock()
+	if err := h.write(ctx, lease); err != nil {
+		h.mu.Lock()
+		h.draining = was
+		h.mu.Unlock()
+		what := "mark host %s draining"
+		if !on {
+			what = "end host %s's drain"
+		}
+		return fmt.Errorf(what+": write its record to etcd: %w", h.cfg.ID, err)
+	}
+	if was != on {
+		h.log.Info("draining flag set", "draining", on)
+	}
+	return nil
+}
+
 // record is the host's record now.
 func (h *Host) record(ctx context.Context) (HostRecord, error) {
 	f, err := h.cfg.Facts(ctx)
@@ -194,10 +275,10 @@ func (h *Host) record(ctx context.Context) (HostRecord, error) {
 		return HostRecord{}, fmt.Errorf("host facts: %w", err)
 	}
 	h.mu.Lock()
-	since := h.since
+	since, draining := h.since, h.draining
 	h.mu.Unlock()
 	r := HostRecord{ID: h.cfg.ID, Addr: h.cfg.Addr, CPUs: f.CPUs, MemoryMiB: f.MemoryMiB, DiskFree: f.DiskFree, Floor: f.Floor,
-		Images: f.Images, Draining: f.Draining, Instance: h.cfg.Instance, Since: since, At: time.Now().UTC()}
+		Images: f.Images, Draining: draining, Instance: h.cfg.Instance, Since: since, At: time.Now().UTC()}
 	return r, r.check()
 }
 
@@ -205,6 +286,8 @@ func (h *Host) record(ctx context.Context) (HostRecord, error) {
 // another live berth holds hosts/H. One that was this data directory's
 // (a daemon killed and restarted) is taken over: its lease is revoked.
 func (h *Host) register(ctx context.Context) error {
+	h.wmu.Lock()
+	defer h.wmu.Unlock()
 	h.mu.Lock()
 	h.since = time.Now().UTC()
 	h.mu.Unlock()
@@ -515,6 +598,13 @@ func (h *Host) Allowed(ctx context.Context) error {
 
 // refresh rewrites the record with fresh facts, under the lease.
 func (h *Host) refresh(ctx context.Context, lease clientv3.LeaseID) error {
+	h.wmu.Lock()
+	defer h.wmu.Unlock()
+	return h.write(ctx, lease)
+}
+
+// write writes the record now, under lease; the caller holds wmu.
+func (h *Host) write(ctx context.Context, lease clientv3.LeaseID) error {
 	rctx, cancel := context.WithDeadline(ctx, h.liveUntil())
 	defer cancel()
 	rec, err := h.record(rctx)

@@ -29,7 +29,8 @@
 //
 //	hosts/H            HostRecord  under H's lease: present while H is alive
 //	seen/H             Seen        no lease: H's last registration, so a host whose
-//	                               lease expired is remembered as gone
+//	                               lease expired is remembered as gone, and H
+//	                               restarted reads its draining flag back
 //	alloc/H            Alloc       no lease: what placement promised H (CPUs, memory,
 //	                               sessions); its mod revision guards placement
 //	sessions/S/spec    Spec        S's create options, desired state (a Session CRD's .spec)
@@ -51,9 +52,12 @@
 // have the image, then the least promised, and commits spec, owner and
 // alloc/H in one transaction guarded by S's owner being absent, alloc/H's
 // mod revision being the one read, and hosts/H still being the
-// registration read. A guard that fails on the owner is ErrExists; on the
-// host, the read is retried. So concurrent creates of one name from many
-// front doors make it once, and no host is promised more than it has.
+// registration read (its mod revision: so a placement that read H before
+// a drain marked it cannot land after). A guard that fails on the owner
+// is ErrExists; on the host (another placement, a refresh of its record,
+// a drain), the read is retried. So concurrent creates of one name from
+// many front doors make it once, and no host is promised more than it
+// has. A move's commit (Transfer) is guarded the same way.
 package fleet
 
 import "strings"

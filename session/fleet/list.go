@@ -21,8 +21,11 @@ type view struct {
 }
 
 type liveHost struct {
-	rec   HostRecord
-	lease int64 // hosts/H's lease: placement's guard that the registration read still lives
+	rec HostRecord
+	// rev is hosts/H's mod revision: placement's guard that the
+	// registration read is still the one etcd has (not a new lease, not
+	// a record marked draining since).
+	rev int64
 }
 
 type allocAt struct {
@@ -56,7 +59,7 @@ func read(ctx context.Context, cli *clientv3.Client, seen bool, extra ...clientv
 			v.bad = append(v.bad, err)
 			continue
 		}
-		v.live[id] = liveHost{rec: rec, lease: kv.Lease}
+		v.live[id] = liveHost{rec: rec, rev: kv.ModRevision}
 	}
 	for _, kv := range r.Responses[1].GetResponseRange().Kvs {
 		id := idOf(seenDir, string(kv.Key))

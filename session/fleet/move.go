@@ -60,7 +60,7 @@ func Transfer(ctx context.Context, cli *clientv3.Client, name, from string, epoc
 			clientv3.Compare(clientv3.ModRevision(ownerKey(name)), "=", epoch),
 			clientv3.Compare(clientv3.ModRevision(allocKey(from)), "=", src.rev),
 			clientv3.Compare(clientv3.ModRevision(allocKey(to)), "=", dst.rev),
-			clientv3.Compare(clientv3.LeaseValue(hostKey(to)), "=", l.lease),
+			clientv3.Compare(clientv3.ModRevision(hostKey(to)), "=", l.rev),
 		).Then(
 			clientv3.OpPut(ownerKey(name), mustJSON(Owner{Host: to})),
 			clientv3.OpPut(allocKey(from), mustJSON(sa)),

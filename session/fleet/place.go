@@ -84,7 +84,7 @@ func Place(ctx context.Context, cli *clientv3.Client, req Request) (Placement, e
 		r, err := cli.Txn(ctx).If(
 			clientv3.Compare(clientv3.CreateRevision(ownerKey(o.Name)), "=", 0),
 			clientv3.Compare(clientv3.ModRevision(allocKey(host)), "=", at.rev),
-			clientv3.Compare(clientv3.LeaseValue(hostKey(host)), "=", l.lease),
+			clientv3.Compare(clientv3.ModRevision(hostKey(host)), "=", l.rev),
 		).Then(
 			clientv3.OpPut(specKey(o.Name), spec),
 			clientv3.OpPut(ownerKey(o.Name), mustJSON(Owner{Host: host})),
@@ -102,7 +102,8 @@ func Place(ctx context.Context, cli *clientv3.Client, req Request) (Placement, e
 		if try >= maxTries {
 			return Placement{}, fmt.Errorf("place %s: host %s kept changing under %d tries (heavy contention): try again: %w", o.Name, host, try, session.ErrConflict)
 		}
-		// Another front door placed on the same host first: read again,
+		// Another front door placed on the same host first (or the host
+		// rewrote its record: a refresh, a drain): read again,
 		// after a short random pause so the colliders spread out.
 		select {
 		case <-ctx.Done():

@@ -35,6 +35,9 @@ type RouterConfig struct {
 	// that a host cut off from etcd answers from its own copies, or
 	// refuses as isolated, without waiting out callTimeout first.
 	LiveUntil func() time.Time
+	// Host, if set, is this host's registration: a drain of this host
+	// sets its draining flag through it (Node.Router sets it).
+	Host *Host
 	// OnPlace, if set, is told of every placement a create tried, with
 	// its outcome (tests, figures).
 	OnPlace func(Placement, error)
@@ -83,6 +86,7 @@ func NewRouter(cli *clientv3.Client, cfg RouterConfig) *Router {
 // Router is the front door of the node's host over local.
 func (n *Node) Router(cfg RouterConfig) *Router {
 	cfg.Self = n.host.ID()
+	cfg.Host = n.host
 	return NewRouter(n.cli, cfg)
 }
 

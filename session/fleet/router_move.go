@@ -33,7 +33,12 @@ func (r *Router) MoveTo(ctx context.Context, name, to string) (session.MoveResul
 		}
 		return rl.MoveTo(t.ctx, name, to)
 	}
-	if t.epoch == 0 {
+	return r.moveHere(t.ctx, name, to, t.epoch)
+}
+
+// moveHere moves name, which this host holds at epoch, to host to.
+func (r *Router) moveHere(ctx context.Context, name, to string, epoch int64) (session.MoveResult, error) {
+	if epoch == 0 {
 		return session.MoveResult{}, &session.Error{Class: session.ErrInvalidState,
 			Msg: fmt.Sprintf("session %s was made before host %s joined the fleet and has no owner in it: it cannot move", name, r.cfg.Self)}
 	}
@@ -49,13 +54,13 @@ func (r *Router) MoveTo(ctx context.Context, name, to string) (session.MoveResul
 		return session.MoveResult{}, fmt.Errorf("move %s to %s: %w", name, to, err)
 	}
 	commit := func(ctx context.Context, _ session.MoveStaged) error {
-		epoch, err := Transfer(ctx, r.cli, name, r.cfg.Self, t.epoch, to)
+		next, err := Transfer(ctx, r.cli, name, r.cfg.Self, epoch, to)
 		if err == nil {
-			r.log.Info("moved the owner", "session", name, "to", to, "epoch", epoch)
+			r.log.Info("moved the owner", "session", name, "to", to, "epoch", next)
 		}
 		return err
 	}
-	return session.Move(t.ctx, src, dst, name, commit, r.log)
+	return session.Move(ctx, src, dst, name, commit, r.log)
 }
 
 // The host-to-host calls of a move are this host's own (the bundle of

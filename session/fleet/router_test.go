@@ -39,6 +39,9 @@ type testHost struct {
 	srv    *http.Server
 	mu     sync.Mutex
 	places []placed // the placements its creates tried
+	// What serve needs again for a restart.
+	scfg, ccfg *tls.Config
+	facts      fleet.Facts
 }
 
 type placed struct {
@@ -94,28 +97,57 @@ func (f *testFleet) start(t *testing.T, id string, fa fleet.Facts) *testHost {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &testHost{id: id, addr: ln.Addr().String(), fake: sessiontest.New(sessiontest.Options{})}
+	h := &testHost{id: id, fake: sessiontest.New(sessiontest.Options{}), scfg: scfg, ccfg: ccfg, facts: fa}
 	t.Cleanup(func() { h.fake.Close() })
+	f.serve(t, h, ln)
+	return h
+}
+
+// restart kills host h's daemon as SIGKILL would (its lease not
+// revoked, its API gone) and starts it again on the same engine.
+func (f *testFleet) restart(t *testing.T, h *testHost) {
+	t.Helper()
+	h.srv.Close()
+	h.router.Close()
+	h.host.Crash()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.serve(t, h, ln)
+}
+
+// serve joins h to the fleet as a daemon does (again, for a restart):
+// registered, its front door over its engine (a Mover: movingFake) and
+// the front door's API on ln.
+func (f *testFleet) serve(t *testing.T, h *testHost, ln net.Listener) {
+	t.Helper()
+	fa, scfg, ccfg := h.facts, h.scfg, h.ccfg
+	id := h.id
+	h.addr = ln.Addr().String()
+	var err error
 	h.host, err = fleet.Join(t.Context(), f.cli, fleet.HostConfig{ID: id, Addr: h.addr, Instance: "i-" + id, TTL: 2 * time.Second,
 		Facts: func(context.Context) (fleet.Facts, error) { return fa, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { h.host.Leave(context.Background()) })
-	h.router = fleet.NewRouter(f.cli, fleet.RouterConfig{Self: id, Local: h.fake, TLS: ccfg, Logger: testLogger(t),
+	hh := h.host
+	t.Cleanup(func() { hh.Leave(context.Background()) })
+	h.router = fleet.NewRouter(f.cli, fleet.RouterConfig{Self: id, Local: &movingFake{Fake: h.fake}, Host: h.host, TLS: ccfg, Logger: testLogger(t),
 		Defaults: session.DefaultCreate(),
 		OnPlace: func(p fleet.Placement, err error) {
 			h.mu.Lock()
 			h.places = append(h.places, placed{p.Tries, err == nil})
 			h.mu.Unlock()
 		}})
-	t.Cleanup(func() { h.router.Close() })
+	rt := h.router
+	t.Cleanup(func() { rt.Close() })
 	life, stop := context.WithCancel(context.Background())
-	h.srv = &http.Server{Handler: api.NewServer(h.router, testLogger(t), api.WithHosts(h.router)), BaseContext: func(net.Listener) context.Context { return life },
+	srv := &http.Server{Handler: api.NewServer(h.router, testLogger(t), api.WithHosts(h.router)), BaseContext: func(net.Listener) context.Context { return life },
 		ErrorLog: slog.NewLogLogger(testLogger(t).Handler(), slog.LevelWarn)}
-	go h.srv.Serve(tls.NewListener(ln, scfg))
-	t.Cleanup(func() { stop(); h.srv.Close() })
-	return h
+	h.srv = srv
+	go srv.Serve(tls.NewListener(ln, scfg))
+	t.Cleanup(func() { stop(); srv.Close() })
 }
 
 // operator is an API client with an operator's certificate to host id.

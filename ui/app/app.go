@@ -42,7 +42,7 @@ func Main(args []string, version string) int {
 // Commands are the commands only the daemon's host runs, for cli.Run's
 // table. They read the global flags from Env.Globals, which must be set.
 func Commands(version string) []*cli.Command {
-	return []*cli.Command{tuiCmd(), serveCmd(version), portForwardCmd(), imageBuildCmd(), imageImportCmd(), imageCommitCmd(), imageExportCmd(), imageLsCmd(), imageRmCmd(), hostLsCmd(), hostQuarantineCmd(), etcdCmd(), fleetInitCmd(), fleetCertCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
+	return []*cli.Command{tuiCmd(), serveCmd(version), portForwardCmd(), imageBuildCmd(), imageImportCmd(), imageCommitCmd(), imageExportCmd(), imageLsCmd(), imageRmCmd(), hostLsCmd(), hostDrainCmd(), hostUndrainCmd(), hostQuarantineCmd(), etcdCmd(), fleetInitCmd(), fleetCertCmd(), doctorCmd(), sshAddKeyCmd(), versionCmd(version)}
 }
 
 // The daemon's log in the background is rotated at logMax, logKeep old

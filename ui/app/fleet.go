@@ -62,6 +62,123 @@ not in a fleet.`,
 	}
 }
 
+func hostDrainCmd() *cli.Command {
+	return &cli.Command{
+		Name: "host drain", Action: session.ActionDrain, Group: hostGroup, Usage: "HOST [--json]", Args: []string{"HOST"},
+		Summary: "stop placing sessions on a fleet host and move its stopped and sleeping ones off",
+		Help: `Marks HOST draining: placement puts no new session there, and create --on HOST is refused,
+until berth host undrain HOST; the mark is kept in HOST's own registration and lasts across its
+restarts. Then each session HOST holds is taken in turn: a stopped or sleeping one moves (as
+berth move does) to a host placement picks: live, not draining, with room, one that has the
+session's image first. A running, paused or crashed one is left where it is, with what to do:
+berth sleep NAME (a sleeping session wakes on its new host with its processes) or berth stop
+NAME, then berth host drain HOST again. One line per session says what became of it. The exit
+status is 1 when any session is still on HOST. Any host's berth can drain any host: the call
+goes to HOST, which marks itself and sends its sessions; a host that is gone or isolated from
+the fleet is refused.`,
+		Example: "berth host drain h2\nberth --host tcp://h1:7443 host drain h2",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			asJSON := fs.Bool("json", false, "print the result as JSON, not a line per session")
+			return func(ctx context.Context, c *cli.Call, args []string) error {
+				cl, err := local.Connect(ctx, globals(c), "cli", false)
+				if err != nil {
+					return err
+				}
+				defer cl.Close()
+				out := c.Env().Stdout
+				var progress func(session.DrainStep)
+				if !*asJSON {
+					progress = func(s session.DrainStep) { fmt.Fprintln(out, drainLine(args[0], s)) }
+				}
+				res, err := cl.Drain(ctx, args[0], progress)
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					enc := json.NewEncoder(out)
+					enc.SetIndent("", "  ")
+					if err := enc.Encode(res); err != nil {
+						return err
+					}
+				}
+				if err := drainSummary(res); err != nil {
+					return err
+				}
+				if !*asJSON {
+					fmt.Fprintf(out, "host %s is draining: %s\n", res.Host, moved(len(res.Steps)))
+				}
+				return nil
+			}
+		},
+	}
+}
+
+// drainLine is one session of a drain of host, for people.
+func drainLine(host string, s session.DrainStep) string {
+	switch s.Outcome {
+	case session.DrainMoved:
+		took := s.Took.Round(100 * time.Millisecond)
+		if s.Took < time.Second {
+			took = s.Took.Round(time.Millisecond)
+		}
+		return fmt.Sprintf("moved %s to %s in %s (%s there)", s.Session, s.To, took, s.State)
+	case session.DrainLeft:
+		return fmt.Sprintf("left %s on %s: %s", s.Session, host, s.Why)
+	}
+	return fmt.Sprintf("failed to move %s: %s", s.Session, s.Why)
+}
+
+// drainSummary is the drain's last word: nil when every session moved,
+// else the exit with one line saying how many are still there.
+func drainSummary(res session.DrainResult) error {
+	if res.Moved() {
+		return nil
+	}
+	left := 0
+	for _, s := range res.Steps {
+		if s.Outcome != session.DrainMoved {
+			left++
+		}
+	}
+	return cli.Exit(cli.ExitFailed, fmt.Sprintf("host %s is draining, but %d of its %d sessions are still there (see above)", res.Host, left, len(res.Steps)))
+}
+
+// moved says how many sessions a drain that left none moved.
+func moved(n int) string {
+	switch n {
+	case 0:
+		return "it holds no sessions"
+	case 1:
+		return "its one session moved"
+	}
+	return fmt.Sprintf("its %d sessions moved", n)
+}
+
+func hostUndrainCmd() *cli.Command {
+	return &cli.Command{
+		Name: "host undrain", Action: session.ActionDrain, Group: hostGroup, Usage: "HOST", Args: []string{"HOST"},
+		Summary: "let placement put sessions on a drained fleet host again",
+		Help: `Ends berth host drain HOST: placement may put new sessions on HOST again, and create --on
+HOST is accepted. Sessions moved off it stay where they went (berth move NAME --to HOST brings
+one back). As a drain, it goes to HOST itself, which must be up and not isolated.`,
+		Example: "berth host undrain h2",
+		Setup: func(fs *flag.FlagSet) cli.RunFunc {
+			return func(ctx context.Context, c *cli.Call, args []string) error {
+				cl, err := local.Connect(ctx, globals(c), "cli", false)
+				if err != nil {
+					return err
+				}
+				defer cl.Close()
+				if err := cl.Undrain(ctx, args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintf(c.Env().Stdout, "host %s takes new sessions again\n", args[0])
+				return nil
+			}
+		},
+	}
+}
+
 // writeHosts prints host ls's table.
 func writeHosts(w io.Writer, list session.HostList, loc *time.Location) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

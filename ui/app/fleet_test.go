@@ -67,3 +67,38 @@ func TestMemberArgsRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// A drain's line per session, and its last word: an exit of 1 naming
+// how many sessions are still on the host when any is.
+func TestDrainLines(t *testing.T) {
+	for _, c := range []struct {
+		step session.DrainStep
+		want string
+	}{
+		{session.DrainStep{Session: "st", Outcome: session.DrainMoved, State: session.StateStopped, To: "h2", Took: 1234 * time.Millisecond}, "moved st to h2 in 1.2s (stopped there)"},
+		{session.DrainStep{Session: "sl", Outcome: session.DrainMoved, State: session.StateSleeping, To: "h3", Took: 4567 * time.Microsecond}, "moved sl to h3 in 5ms (sleeping there)"},
+		{session.DrainStep{Session: "run", Outcome: session.DrainLeft, State: session.StateRunning, Why: "it is running: do this"}, "left run on h1: it is running: do this"},
+		{session.DrainStep{Session: "old", Outcome: session.DrainFailed, State: session.StateStopped, Why: "no room"}, "failed to move old: no room"},
+	} {
+		if got := drainLine("h1", c.step); got != c.want {
+			t.Errorf("drainLine(%+v) = %q, want %q", c.step, got, c.want)
+		}
+	}
+	moved := session.DrainStep{Outcome: session.DrainMoved}
+	for _, c := range []struct {
+		steps []session.DrainStep
+		want  string // "": exit 0
+	}{
+		{nil, ""},
+		{[]session.DrainStep{moved, moved}, ""},
+		{[]session.DrainStep{moved, {Outcome: session.DrainLeft}, {Outcome: session.DrainFailed}}, "host h1 is draining, but 2 of its 3 sessions are still there (see above)"},
+	} {
+		err := drainSummary(session.DrainResult{Host: "h1", Steps: c.steps})
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%d steps all moved: %v", len(c.steps), err)
+		case c.want != "" && (err == nil || err.Error() != c.want):
+			t.Errorf("%d steps: %v, want %q", len(c.steps), err, c.want)
+		}
+	}
+}
