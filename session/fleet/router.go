@@ -570,12 +570,26 @@ func (r *Router) Host(ctx context.Context) (session.HostStatus, error) {
 }
 
 // Watch merges this host's events with every live host's, each session
-// stamped with its host. It follows the fleet: a host that joins later
-// is followed from then on; a host whose registration goes, or whose
+// stamped with its host, and the fleet's own changes from now on (see
+// WatchSince). It follows the fleet: a host that joins later is
+// followed from then on; a host whose registration goes, or whose
 // stream ends, has its sessions reported StateUnreachable (as do, at the
 // start, sessions whose host is gone). The channel closes when ctx ends.
 // A forwarded watch is this host's own.
 func (r *Router) Watch(ctx context.Context) (<-chan session.Event, error) {
+	return r.WatchSince(ctx, 0)
+}
+
+// WatchSince is Watch with the fleet's changes (EventFleet: placements,
+// moves, owners, hosts joining, going, leaving, draining) from the one
+// after revision since (0: from now), in revision order and each once,
+// across etcd connections lost and revisions compacted (followFleet).
+// The hosts' own session events carry no revision: they are merged in
+// as they come, from now.
+func (r *Router) WatchSince(ctx context.Context, since int64) (<-chan session.Event, error) {
+	if since < 0 {
+		return nil, &session.Error{Class: session.ErrInvalid, Msg: fmt.Sprintf("revision %d: want 0 or more", since)}
+	}
 	lch, err := r.cfg.Local.Watch(ctx)
 	if err != nil {
 		return nil, err
@@ -587,17 +601,25 @@ func (r *Router) Watch(ctx context.Context) (<-chan session.Event, error) {
 	if err != nil {
 		return nil, err
 	}
+	if since == 0 {
+		since = rev
+	}
+	fleet, _, err := r.followFleet(ctx, since)
+	if err != nil {
+		return nil, err
+	}
 	out := make(chan session.Event)
-	f := &follower{r: r, ctx: ctx, out: out, in: make(chan hostEvent), feeds: map[string]bool{}, seen: map[string]map[string]session.Session{}}
+	f := &follower{r: r, ctx: ctx, out: out, in: make(chan hostEvent), feeds: map[string]bool{}, seen: map[string]map[string]session.Session{}, rev: rev}
 	f.wg.Go(func() { f.feed(r.cfg.Self, lch) })
 	f.feeds[r.cfg.Self] = true
 	for id, rec := range live {
 		f.start(id, rec)
 	}
-	hosts := r.cli.Watch(clientv3.WithRequireLeader(ctx), hostsDir, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	go f.run(hosts, owners, live) // ends when ctx ends; then closes out
+	go f.run(fleet, owners, live) // ends when ctx ends; then closes out
 	return out, nil
 }
+
+var _ session.FleetWatcher = (*Router)(nil)
 
 // hostEvent is one event from host's stream; ended marks the stream's
 // end.
@@ -617,6 +639,9 @@ type follower struct {
 	wg    sync.WaitGroup
 	feeds map[string]bool                       // hosts followed now
 	seen  map[string]map[string]session.Session // by host, by name: the last state sent
+	// rev is the revision the feeds were started at: fleet changes up
+	// to it (a follow resumed from before) are shown, not acted on.
+	rev int64
 }
 
 // start follows host id's stream.
@@ -673,7 +698,7 @@ func (f *follower) lost(id, why string) {
 	delete(f.seen, id)
 }
 
-func (f *follower) run(hosts clientv3.WatchChan, owners map[string]ownerAt, live map[string]HostRecord) {
+func (f *follower) run(fleet <-chan fleetEvent, owners map[string]ownerAt, live map[string]HostRecord) {
 	defer close(f.out)
 	defer func() {
 		// The feeds end with ctx; drain them so none blocks.
@@ -715,25 +740,22 @@ func (f *follower) run(hosts clientv3.WatchChan, owners map[string]ownerAt, live
 				delete(f.seen[he.host], ev.Name)
 			}
 			f.send(ev)
-		case wr, ok := <-hosts:
+		case fe, ok := <-fleet:
 			if !ok {
-				if f.ctx.Err() == nil {
-					f.r.log.Warn("watch: the fleet's hosts are no longer followed", "err", "etcd watch ended")
-				}
-				hosts = nil // hosts already followed go on
-				continue
+				return // it ends only with ctx
 			}
-			for _, e := range wr.Events {
-				id := idOf(hostsDir, string(e.Kv.Key))
-				switch e.Type {
-				case clientv3.EventTypePut:
-					if rec, err := ParseHostRecord(id, e.Kv.Value); err == nil {
-						f.start(id, rec)
-					}
-				case clientv3.EventTypeDelete:
-					if f.feeds[id] {
-						f.lost(id, fmt.Sprintf("host %s is gone: its lease expired or it left", id))
-					}
+			f.send(fe.ev)
+			if fe.ev.Rev <= f.rev || fe.ev.Fleet.Host == f.r.cfg.Self {
+				continue // this host's own events come from its own feed, which lives as long as ctx
+			}
+			switch fc := fe.ev.Fleet; fc.Change {
+			case session.FleetJoined:
+				if fe.rec != nil {
+					f.start(fc.Host, *fe.rec)
+				}
+			case session.FleetLost:
+				if f.feeds[fc.Host] {
+					f.lost(fc.Host, fmt.Sprintf("host %s is gone: its lease expired or it left", fc.Host))
 				}
 			}
 		}
