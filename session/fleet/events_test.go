@@ -226,7 +226,7 @@ func TestFleetEventsAcrossDropAndCompaction(t *testing.T) {
 	// The follower's connection drops; the fleet changes and etcd
 	// compacts those changes away before it is back.
 	proxy.setCut(true)
-	w.own("b", "h2")                                                // made in the gap, shown relisted
+	w.own("b", "h2")                                                 // made in the gap, shown relisted
 	w.do(clientv3.OpPut(ownerKey("a"), mustJSON(Owner{Host: "h1"}))) // moved back in the gap
 	w.do(clientv3.OpDelete(sessionsDir+"old/", clientv3.WithPrefix()))
 	w.own("gone", "h1")
