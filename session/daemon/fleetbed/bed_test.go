@@ -412,3 +412,148 @@ func TestFleetBedSession(t *testing.T) {
 		}
 	})
 }
+
+// fakeSession is a session of TestFleetBedMajority as it was made: its
+// owner, the command going on in it, its VMM's pid and its epoch, and its
+// owner key as etcd has it ("MODREV VALUE").
+type fakeSession struct {
+	name  string
+	owner *fleetbed.Host
+	loop  string
+	pid   int
+	epoch int64
+	key   string
+	seen  int64
+}
+
+// Majority loss and return (issue 25, item 7) on fake hosts (the fleet
+// wired as berth serve wires it over the sessiontest fake; no VMs), with
+// a session on each host and a command going on in each: losing one
+// etcd member of three changes nothing (creates and execs go through);
+// losing two isolates every host within the lease's TTL, and every
+// change on every host is refused in one line that says why, while the
+// sessions keep running on the same VMM and their commands go on; when
+// the members are back every host is ready again, and no session's
+// owner, epoch or VMM has changed.
+func TestFleetBedMajority(t *testing.T) {
+	b := fleetbed.New(t, fleetbed.Config{Fake: true})
+	b.StartHosts()
+	for _, h := range b.Hosts {
+		waitIsolated(t, h, false, 10*time.Second)
+		for _, o := range b.Hosts {
+			h.WaitHost(o.ID, session.HostReady, 5*time.Second)
+		}
+	}
+	ttl := b.TTL
+	// door is a host other than h: calls go through it to h.
+	door := func(h *fleetbed.Host) *fleetbed.Host {
+		for i, o := range b.Hosts {
+			if o == h {
+				return b.Hosts[(i+1)%len(b.Hosts)]
+			}
+		}
+		return nil
+	}
+	var ss []*fakeSession
+	for i, h := range b.Hosts {
+		s := &fakeSession{name: fmt.Sprintf("s%d", i+1), owner: h}
+		door(h).OK("create", s.name, "--on", h.ID)
+		s.loop = strings.TrimSpace(door(h).OK("exec", s.name, "--detach", "--", "tick"))
+		info := h.Info(s.name)
+		s.pid, s.epoch = info.Pid, info.Epoch
+		s.key = b.Etcd("get", fleet.Prefix+"sessions/"+s.name+"/owner", "")
+		if want := fmt.Sprintf("%d {\"host\":%q}", s.epoch, h.ID); info.State != session.StateRunning || s.pid == 0 || s.epoch == 0 || s.key != want {
+			t.Fatalf("%s: %+v; owner key %q, want %q", s.name, info, s.key, want)
+		}
+		s.seen = waitGrows(t, h, s.name, s.loop, 0, 10*time.Second)
+		ss = append(ss, s)
+	}
+	// unchanged checks every session against what it was made as: the
+	// same owner key (so the same epoch), running on the same VMM at that
+	// epoch, its command still going.
+	unchanged := func(what string, withKey bool) {
+		t.Helper()
+		for _, s := range ss {
+			info := s.owner.Info(s.name)
+			if info.State != session.StateRunning || info.Pid != s.pid || info.Epoch != s.epoch {
+				t.Errorf("%s: %s on %s is %s, VMM %d, epoch %d; want running, VMM %d, epoch %d",
+					what, s.name, s.owner.ID, info.State, info.Pid, info.Epoch, s.pid, s.epoch)
+			}
+			s.seen = waitGrows(t, s.owner, s.name, s.loop, s.seen, 10*time.Second)
+			if !withKey {
+				continue
+			}
+			if got := b.Etcd("get", fleet.Prefix+"sessions/"+s.name+"/owner", ""); got != s.key {
+				t.Errorf("%s: %s's owner key is %q, was %q", what, s.name, got, s.key)
+			}
+		}
+	}
+
+	t.Run("minority loss", func(t *testing.T) {
+		b.Members[0].Stop()
+		end := time.Now().Add(2 * ttl)
+		for time.Now().Before(end) {
+			for _, h := range b.Hosts {
+				if iso, line := probe(t, h); iso {
+					t.Fatalf("one member of three down, %s: %s", h.ID, line)
+				}
+			}
+		}
+		h1, h2, h3 := b.Hosts[0], b.Hosts[1], b.Hosts[2]
+		h1.OK("create", "minority", "--on", h2.ID)
+		if got := h3.OK("exec", "minority", "--", "echo", "ok"); got != "ok\n" {
+			t.Errorf("exec through %s with one member down: %q", h3.ID, got)
+		}
+		h3.OK("delete", "minority", "--yes")
+		unchanged("one member down", true)
+		b.Members[0].Start()
+	})
+
+	t.Run("majority loss and return", func(t *testing.T) {
+		b.Members[1].Stop()
+		b.Members[2].Stop()
+		lost := time.Now() // the second member has exited: no quorum
+		var all time.Duration
+		for id, took := range waitAll(t, b.Hosts, true, lost, ttl+electionTimeout+2*time.Second) {
+			t.Logf("majority lost: %s isolated %s after the second member exited", id, took.Round(10*time.Millisecond))
+			all = max(all, took)
+		}
+		t.Logf("majority lost: every host isolated %s after the second member exited (TTL %s)", all.Round(10*time.Millisecond), ttl)
+		for _, s := range ss {
+			h := s.owner
+			checkRefusal(t, h, "create", "newone")
+			checkRefusal(t, h, "exec", s.name, "--", "true")
+			checkRefusal(t, h, "stop", s.name)
+			if r := h.Run("host", "ls"); r.Code == 0 || !strings.Contains(r.Stderr, "host "+h.ID+" is isolated from the fleet") || strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 {
+				t.Errorf("host ls on %s without a quorum: %+v", h.ID, r)
+			}
+		}
+		unchanged("majority lost", false)
+
+		b.Members[1].Start()
+		back := time.Now() // a quorum serves again
+		b.Members[2].Start()
+		all = 0
+		for id, took := range waitAll(t, b.Hosts, false, back, 3*ttl+10*time.Second) {
+			t.Logf("quorum back: %s ready %s after a quorum served again", id, took.Round(10*time.Millisecond))
+			all = max(all, took)
+		}
+		t.Logf("quorum back: every host ready %s after a quorum served again", all.Round(10*time.Millisecond))
+		for _, h := range b.Hosts {
+			for _, o := range b.Hosts {
+				h.WaitHost(o.ID, session.HostReady, 10*time.Second)
+			}
+		}
+		unchanged("quorum back", true)
+		for _, s := range ss {
+			if got := door(s.owner).OK("exec", s.name, "--", "echo", "back"); got != "back\n" {
+				t.Errorf("exec %s through %s after quorum came back: %q", s.name, door(s.owner).ID, got)
+			}
+		}
+		for _, h := range b.Hosts {
+			if strings.Contains(h.DaemonLog(), "QUARANTINE") {
+				t.Errorf("%s set a copy aside:\n%s", h.ID, h.DaemonLog())
+			}
+		}
+	})
+}
