@@ -517,6 +517,11 @@ func TestFleetBedMajority(t *testing.T) {
 		for id, took := range waitAll(t, b.Hosts, true, lost, ttl+electionTimeout+2*time.Second) {
 			t.Logf("majority lost: %s isolated %s after the second member exited", id, took.Round(10*time.Millisecond))
 			all = max(all, took)
+			// As in TestFleetBedLease: the leader left without a quorum
+			// renews leases until it steps down, an election timeout later.
+			if bound := ttl + electionTimeout + time.Second; took > bound {
+				t.Errorf("%s isolated %s after quorum was lost, later than the TTL and an election timeout (%s)", id, took, bound)
+			}
 		}
 		t.Logf("majority lost: every host isolated %s after the second member exited (TTL %s)", all.Round(10*time.Millisecond), ttl)
 		for _, s := range ss {
