@@ -41,11 +41,17 @@ func (l *fleetLog) load(kvs []*mvccpb.KeyValue) {
 	}
 }
 
-// fleetEvent is an EventFleet with, for a host that joined, the
-// registration (the follower follows the host's own events from it).
+// fleetEvent is what one change of the fleet's keys means: an
+// EventFleet to show (ev; nil when nothing shown changed, as in a
+// host's periodic refresh), and for a host's registration, the host
+// and its record (rec; nil when the registration went), from which the
+// follower follows the host's own events.
 type fleetEvent struct {
-	ev  session.Event
-	rec *HostRecord
+	ev   *session.Event
+	host string
+	rec  *HostRecord
+	gone bool // the host's registration went
+	rev  int64
 }
 
 // apply takes one change and returns what it means for the fleet: no
@@ -122,15 +128,17 @@ func (l *fleetLog) host(id string, c Change) []fleetEvent {
 			return nil
 		}
 		delete(l.hosts, id)
-		return l.event(c, "", session.FleetChange{Change: session.FleetLost, Host: id},
+		out := l.event(c, "", session.FleetChange{Change: session.FleetLost, Host: id},
 			fmt.Sprintf("host %s is gone: its lease expired (isolated or down) or it left", id))
+		out[0].gone = true
+		return out
 	}
 	rec, err := ParseHostRecord(id, c.Value)
 	if err != nil {
 		return nil
 	}
 	l.hosts[id] = rec
-	var out []fleetEvent
+	out := []fleetEvent{{host: id, rec: &rec, rev: c.Rev}}
 	switch {
 	case !had:
 		l.left[id] = false
@@ -139,12 +147,12 @@ func (l *fleetLog) host(id string, c Change) []fleetEvent {
 			msg += ", draining"
 		}
 		out = l.event(c, "", session.FleetChange{Change: session.FleetJoined, Host: id}, msg)
-		out[0].rec = &rec
 	case rec.Draining && !prev.Draining:
 		out = l.event(c, "", session.FleetChange{Change: session.FleetDraining, Host: id}, fmt.Sprintf("host %s is draining: no new sessions are placed there", id))
 	case !rec.Draining && prev.Draining:
 		out = l.event(c, "", session.FleetChange{Change: session.FleetReady, Host: id}, fmt.Sprintf("host %s takes new sessions again", id))
 	}
+	out[0].rec = &rec
 	return out
 }
 
@@ -153,7 +161,12 @@ func (l *fleetLog) event(c Change, name string, fc session.FleetChange, msg stri
 	if c.Relisted {
 		msg += " (found by listing again: earlier changes were compacted away)"
 	}
-	return []fleetEvent{{ev: session.Event{Time: l.now(), Kind: session.EventFleet, Name: name, Message: msg, Fleet: &fc, Rev: c.Rev}}}
+	ev := session.Event{Time: l.now(), Kind: session.EventFleet, Name: name, Message: msg, Fleet: &fc, Rev: c.Rev}
+	fe := fleetEvent{ev: &ev, rev: c.Rev}
+	if name == "" {
+		fe.host = fc.Host
+	}
+	return []fleetEvent{fe}
 }
 
 // followFleet reports the fleet's changes after revision since (0: from

@@ -136,7 +136,9 @@ func nextUntil(t *testing.T, ch <-chan fleetEvent, rev int64, within time.Durati
 			if !ok {
 				t.Fatalf("the follow ended after %v", got)
 			}
-			got = append(got, fe.ev)
+			if fe.ev != nil {
+				got = append(got, *fe.ev)
+			}
 		case <-deadline:
 			t.Fatalf("no event at revision %d after %s; got %v", rev, within, got)
 		}
@@ -155,7 +157,9 @@ func nextN(t *testing.T, ch <-chan fleetEvent, n int, within time.Duration) []se
 			if !ok {
 				t.Fatalf("the follow ended after %v", got)
 			}
-			got = append(got, fe.ev)
+			if fe.ev != nil {
+				got = append(got, *fe.ev)
+			}
 		case <-deadline:
 			t.Fatalf("%d events after %s, want %d: %v", len(got), within, n, got)
 		}

@@ -53,8 +53,9 @@ func FuzzFleetLog(f *testing.F) {
 		l := newFleetLog()
 		for rev, c := range []Change{{Key: Prefix + key, Value: b, Rev: 1}, {Key: Prefix + key, Value: b, Deleted: deleted, Rev: 2}} {
 			for _, fe := range l.apply(c) {
-				if fe.ev.Rev != int64(rev+1) || ValidateHostID(fe.ev.Fleet.Host) != nil {
-					t.Fatalf("event %+v of %+v", fe.ev, c)
+				if fe.rev != int64(rev+1) || (fe.ev != nil && (fe.ev.Rev != fe.rev || ValidateHostID(fe.ev.Fleet.Host) != nil)) ||
+					(fe.rec != nil && fe.rec.ID != fe.host) {
+					t.Fatalf("event %+v of %+v", fe, c)
 				}
 			}
 		}

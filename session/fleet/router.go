@@ -609,9 +609,10 @@ func (r *Router) WatchSince(ctx context.Context, since int64) (<-chan session.Ev
 		return nil, err
 	}
 	out := make(chan session.Event)
-	f := &follower{r: r, ctx: ctx, out: out, in: make(chan hostEvent), feeds: map[string]bool{}, seen: map[string]map[string]session.Session{}, rev: rev}
-	f.wg.Go(func() { f.feed(r.cfg.Self, lch) })
-	f.feeds[r.cfg.Self] = true
+	f := &follower{r: r, ctx: ctx, out: out, in: make(chan hostEvent), feeds: map[string]*feed{}, seen: map[string]map[string]session.Session{}, rev: rev}
+	self := &feed{cancel: func() {}} // lives as long as ctx
+	f.feeds[r.cfg.Self] = self
+	f.wg.Go(func() { f.feed(r.cfg.Self, self, lch) })
 	for id, rec := range live {
 		f.start(id, rec)
 	}
@@ -621,13 +622,17 @@ func (r *Router) WatchSince(ctx context.Context, since int64) (<-chan session.Ev
 
 var _ session.FleetWatcher = (*Router)(nil)
 
-// hostEvent is one event from host's stream; ended marks the stream's
-// end.
+// hostEvent is one event from host's stream (of feed from); ended marks
+// the stream's end.
 type hostEvent struct {
 	host  string
+	from  *feed
 	ev    session.Event
 	ended bool
 }
+
+// feed is one host's stream followed; cancel ends it.
+type feed struct{ cancel context.CancelFunc }
 
 // follower is one fleet Watch: a feed goroutine per host followed,
 // joined into run, which alone owns feeds and seen.
@@ -637,41 +642,45 @@ type follower struct {
 	out   chan<- session.Event
 	in    chan hostEvent
 	wg    sync.WaitGroup
-	feeds map[string]bool                       // hosts followed now
+	feeds map[string]*feed                      // hosts followed now
 	seen  map[string]map[string]session.Session // by host, by name: the last state sent
 	// rev is the revision the feeds were started at: fleet changes up
 	// to it (a follow resumed from before) are shown, not acted on.
 	rev int64
 }
 
-// start follows host id's stream.
+// start follows host id's stream, unless it is followed already.
 func (f *follower) start(id string, rec HostRecord) {
-	if f.feeds[id] {
+	if f.feeds[id] != nil {
 		return
 	}
 	c, err := f.r.clientAt(id, rec.Addr)
 	if err != nil {
 		return
 	}
-	ch, err := c.Watch(session.WithForwarded(f.ctx, 0))
+	ctx, cancel := context.WithCancel(f.ctx)
+	ch, err := c.Watch(session.WithForwarded(ctx, 0))
 	if err != nil {
+		cancel()
 		f.r.log.Warn("watch: a host did not answer", "host", id, "err", err)
 		return
 	}
-	f.feeds[id] = true
-	f.wg.Go(func() { f.feed(id, ch) })
+	fd := &feed{cancel: cancel}
+	f.feeds[id] = fd
+	f.wg.Go(func() { f.feed(id, fd, ch) })
 }
 
-// feed passes ch's events to run until ch closes (ctx ending closes it).
-func (f *follower) feed(id string, ch <-chan session.Event) {
+// feed passes ch's events to run until ch closes (its context ending
+// closes it).
+func (f *follower) feed(id string, fd *feed, ch <-chan session.Event) {
 	for ev := range ch {
 		select {
-		case f.in <- hostEvent{host: id, ev: ev}:
+		case f.in <- hostEvent{host: id, from: fd, ev: ev}:
 		case <-f.ctx.Done():
 		}
 	}
 	select {
-	case f.in <- hostEvent{host: id, ended: true}:
+	case f.in <- hostEvent{host: id, from: fd, ended: true}:
 	case <-f.ctx.Done():
 	}
 }
@@ -683,13 +692,18 @@ func (f *follower) send(ev session.Event) {
 	}
 }
 
-// lost reports host's sessions unreachable: its registration went, or
-// its stream ended.
+// lost reports host's sessions unreachable and ends its feed: its
+// registration went, or its stream ended. A registration made again
+// starts a new feed, whose opening states follow; the old one's last
+// events, if any come late, are dropped (run), so none comes twice.
 func (f *follower) lost(id, why string) {
-	delete(f.feeds, id)
 	if id == f.r.cfg.Self {
-		return
+		return // this host's own feed lives as long as ctx
 	}
+	if fd := f.feeds[id]; fd != nil {
+		fd.cancel()
+	}
+	delete(f.feeds, id)
 	for name, s := range f.seen[id] {
 		u := unreachable(name, target{host: id, spec: session.CreateOptions{CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, DiskBytes: s.DiskBytes,
 			Image: s.Image, VMM: s.VMM, Net: s.Net}}, why)
@@ -720,6 +734,9 @@ func (f *follower) run(fleet <-chan fleetEvent, owners map[string]ownerAt, live 
 		case <-f.ctx.Done():
 			return
 		case he := <-f.in:
+			if f.feeds[he.host] != he.from {
+				continue // a feed ended by lost: its host is followed anew, or not at all
+			}
 			if he.ended {
 				if f.ctx.Err() == nil {
 					f.lost(he.host, fmt.Sprintf("host %s stopped answering", he.host))
@@ -744,19 +761,17 @@ func (f *follower) run(fleet <-chan fleetEvent, owners map[string]ownerAt, live 
 			if !ok {
 				return // it ends only with ctx
 			}
-			f.send(fe.ev)
-			if fe.ev.Rev <= f.rev || fe.ev.Fleet.Host == f.r.cfg.Self {
+			if fe.ev != nil {
+				f.send(*fe.ev)
+			}
+			if fe.rev <= f.rev || fe.host == "" || fe.host == f.r.cfg.Self {
 				continue // this host's own events come from its own feed, which lives as long as ctx
 			}
-			switch fc := fe.ev.Fleet; fc.Change {
-			case session.FleetJoined:
-				if fe.rec != nil {
-					f.start(fc.Host, *fe.rec)
-				}
-			case session.FleetLost:
-				if f.feeds[fc.Host] {
-					f.lost(fc.Host, fmt.Sprintf("host %s is gone: its lease expired or it left", fc.Host))
-				}
+			switch {
+			case fe.rec != nil:
+				f.start(fe.host, *fe.rec) // joined, or registered again: followed if not followed now
+			case fe.gone && f.feeds[fe.host] != nil:
+				f.lost(fe.host, fmt.Sprintf("host %s is gone: its lease expired or it left", fe.host))
 			}
 		}
 	}

@@ -1,11 +1,15 @@
 package fleetbed_test
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -509,6 +513,8 @@ func TestFleetBedMajority(t *testing.T) {
 		b.Members[0].Start()
 	})
 
+	// events --follow on h1 across what follows.
+	fol := h1Follow(t, b.Hosts[0])
 	t.Run("majority loss and return", func(t *testing.T) {
 		b.Members[1].Stop()
 		b.Members[2].Stop()
@@ -561,4 +567,155 @@ func TestFleetBedMajority(t *testing.T) {
 			}
 		}
 	})
+
+	// One host partitioned from etcd only: the others see it gone, then
+	// back; h1's follower follows it anew, and no event of it comes twice.
+	t.Run("one host partitioned", func(t *testing.T) {
+		h1, h2, h3 := b.Hosts[0], b.Hosts[1], b.Hosts[2]
+		h2.Partition()
+		h1.WaitHost(h2.ID, session.HostGone, 2*ttl+3*time.Second)
+		h2.Heal()
+		waitIsolated(t, h2, false, 3*ttl+10*time.Second)
+		h1.WaitHost(h2.ID, session.HostReady, 10*time.Second)
+		unchanged("h2 healed", true)
+		if got := h1.OK("exec", "s2", "--", "echo", "again"); got != "again\n" {
+			t.Errorf("exec s2 through h1 after the partition: %q", got)
+		}
+		h2.OK("create", "after", "--on", h3.ID)
+		h1.OK("delete", "after", "--yes")
+	})
+
+	// The follower saw the execs made after the return and after the
+	// partition, each event once; the fleet's changes in revision order,
+	// each once.
+	t.Run("followed", func(t *testing.T) {
+		evs := fol.stop(t)
+		seq := map[string]bool{}
+		var fleetRev int64
+		var changes []string
+		for _, ev := range evs {
+			switch {
+			case ev.Kind == session.EventFleet:
+				changes = append(changes, fmt.Sprintf("%s %s %s@%d", ev.Name, ev.Fleet.Change, ev.Fleet.Host, ev.Rev))
+				if ev.Rev <= fleetRev {
+					t.Errorf("fleet event %q at %d after one at %d", ev.Message, ev.Rev, fleetRev)
+				}
+				fleetRev = ev.Rev
+			case ev.Seq != 0:
+				id := fmt.Sprintf("%s#%d", ev.Name, ev.Seq)
+				if seq[id] {
+					t.Errorf("event %s (%s %s) shown twice", id, ev.Kind, ev.Message)
+				}
+				seq[id] = true
+			}
+		}
+		t.Logf("the fleet's changes as h1 followed them: %v", changes)
+		for _, s := range ss {
+			n := 0
+			for _, ev := range evs {
+				if ev.Kind == session.EventExec && ev.Name == s.name && ev.Exec != nil && ev.Exec.State == session.ExecExited && slices.Equal(ev.Exec.Argv, []string{"echo", "back"}) {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Errorf("h1's follower saw %s's echo back exit %d times, want once", s.name, n)
+			}
+		}
+		n := 0
+		for _, ev := range evs {
+			if ev.Kind == session.EventExec && ev.Name == "s2" && ev.Exec != nil && ev.Exec.State == session.ExecExited && slices.Equal(ev.Exec.Argv, []string{"echo", "again"}) {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("h1's follower saw s2's echo again exit %d times, want once", n)
+		}
+		var names []string
+		for _, c := range changes {
+			names = append(names, c[:strings.LastIndex(c, "@")])
+		}
+		if want := []string{" lost h2", " joined h2", "after placed h3", "after released h3"}; !slices.Equal(names, want) {
+			t.Errorf("the fleet's changes as h1 followed them: %q, want %q", names, want)
+		}
+	})
+}
+
+// follower is `berth events --follow --json` on a host, its events kept.
+type follower struct {
+	cmd    *exec.Cmd
+	stderr strings.Builder
+	mu     sync.Mutex
+	evs    []session.Event
+	done   chan struct{}
+}
+
+func h1Follow(t *testing.T, h *fleetbed.Host) *follower {
+	t.Helper()
+	f := &follower{cmd: h.Cmd("events", "--follow", "--json"), done: make(chan struct{})}
+	f.cmd.Stderr = &f.stderr
+	out, err := f.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { // ends with the command's output
+		defer close(f.done)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			var ev session.Event
+			if json.Unmarshal(sc.Bytes(), &ev) == nil {
+				f.mu.Lock()
+				f.evs = append(f.evs, ev)
+				f.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		if f.cmd.ProcessState == nil {
+			f.cmd.Process.Kill()
+			<-f.done
+			f.cmd.Wait()
+		}
+	})
+	// It prints the sessions' recorded events once its watch is made:
+	// from then on it follows, whatever etcd does.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f.mu.Lock()
+		n := len(f.evs)
+		f.mu.Unlock()
+		if n > 0 {
+			return f
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events --follow on %s printed nothing in 10s", h.ID)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop waits a moment for events in flight, ends the follower and
+// returns what it printed.
+func (f *follower) stop(t *testing.T) []session.Event {
+	t.Helper()
+	time.Sleep(time.Second)
+	f.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-f.done:
+	case <-time.After(10 * time.Second):
+		t.Error("events --follow did not end within 10s of SIGINT")
+		f.cmd.Process.Kill()
+		<-f.done
+	}
+	f.cmd.Wait() // stderr copied whole
+	if f.stderr.Len() > 0 {
+		t.Errorf("events --follow said %q", f.stderr.String())
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t.Logf("events --follow printed %d events", len(f.evs))
+	return slices.Clone(f.evs)
 }
