@@ -172,11 +172,10 @@ func (l *fleetLog) event(c Change, name string, fc session.FleetChange, msg stri
 // followFleet reports the fleet's changes after revision since (0: from
 // now) as EventFleet events, in revision order, each once, across lost
 // connections and compactions (Watcher), until ctx ends; then the
-// channel closes. It returns the revision the follow starts after. A
-// since that etcd has compacted away begins with every key as it is
+// channel closes. A since that etcd has compacted away begins with every key as it is
 // now, each event marked Relisted: what changed in the gap is folded
 // into them, and what went in it is simply absent.
-func (r *Router) followFleet(ctx context.Context, since int64) (<-chan fleetEvent, int64, error) {
+func (r *Router) followFleet(ctx context.Context, since int64) (<-chan fleetEvent, error) {
 	rctx, cancel := context.WithTimeout(ctx, r.etcdWait())
 	defer cancel()
 	opts := []clientv3.OpOption{clientv3.WithPrefix()}
@@ -190,10 +189,10 @@ func (r *Router) followFleet(ctx context.Context, since int64) (<-chan fleetEven
 	case errors.Is(err, rpctypes.ErrCompacted):
 		w = NewWatcher(r.cli, Prefix, 0, r.log)
 	case errors.Is(err, rpctypes.ErrFutureRev):
-		return nil, 0, &session.Error{Class: session.ErrInvalid, Msg: fmt.Sprintf("revision %d is ahead of the fleet's etcd", since),
+		return nil, &session.Error{Class: session.ErrInvalid, Msg: fmt.Sprintf("revision %d is ahead of the fleet's etcd", since),
 			Hint: "pass the rev of an event this fleet showed", Err: err}
 	case err != nil:
-		return nil, 0, unavailable(err)
+		return nil, unavailable(err)
 	default:
 		if since == 0 {
 			since = resp.Header.Revision
@@ -218,5 +217,5 @@ func (r *Router) followFleet(ctx context.Context, since int64) (<-chan fleetEven
 			}
 		}
 	}()
-	return out, since, nil
+	return out, nil
 }

@@ -212,7 +212,7 @@ func TestFleetEventsAcrossDropAndCompaction(t *testing.T) {
 	w.own("old", "h1")
 	ctx, cancel := context.WithCancel(ctxT(t))
 	defer cancel()
-	ch, _, err := r.followFleet(ctx, 0)
+	ch, err := r.followFleet(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestFleetEventsAcrossDropAndCompaction(t *testing.T) {
 	defer r2.Close()
 	w.do(clientv3.OpDelete(sessionsDir+"c/", clientv3.WithPrefix()))
 	end := w.join("h3", false)
-	ch2, _, err := r2.followFleet(ctx, last)
+	ch2, err := r2.followFleet(ctx, last)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +272,7 @@ func TestFleetEventsAcrossDropAndCompaction(t *testing.T) {
 	}
 
 	// Resumed after a compacted revision: the fleet as it is, relisted.
-	ch3, _, err := r2.followFleet(ctx, mark)
+	ch3, err := r2.followFleet(ctx, mark)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestFleetEventsAcrossDropAndCompaction(t *testing.T) {
 	}
 
 	// A revision ahead of etcd's is refused, not waited for.
-	if _, _, err := r2.followFleet(ctx, end+1000); err == nil {
+	if _, err := r2.followFleet(ctx, end+1000); err == nil {
 		t.Error("a follow from a future revision was not refused")
 	}
 }

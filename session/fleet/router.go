@@ -604,7 +604,7 @@ func (r *Router) WatchSince(ctx context.Context, since int64) (<-chan session.Ev
 	if since == 0 {
 		since = rev
 	}
-	fleet, _, err := r.followFleet(ctx, since)
+	fleet, err := r.followFleet(ctx, since)
 	if err != nil {
 		return nil, err
 	}
