@@ -170,11 +170,11 @@ func (l *fleetLog) event(c Change, name string, fc session.FleetChange, msg stri
 }
 
 // followFleet reports the fleet's changes after revision since (0: from
-// now) as EventFleet events, in revision order, each once, across lost
+// now) as fleetEvents, in revision order, each once, across lost
 // connections and compactions (Watcher), until ctx ends; then the
-// channel closes. A since that etcd has compacted away begins with every key as it is
-// now, each event marked Relisted: what changed in the gap is folded
-// into them, and what went in it is simply absent.
+// channel closes. A since that etcd has compacted away begins with
+// every key as it is now, each event marked Relisted: what changed in
+// the gap is folded into them, and what went in it is simply absent.
 func (r *Router) followFleet(ctx context.Context, since int64) (<-chan fleetEvent, error) {
 	rctx, cancel := context.WithTimeout(ctx, r.etcdWait())
 	defer cancel()
