@@ -16,6 +16,10 @@
 // hosts share the machine's filesystem (separate data directories, no
 // mount namespaces): a test of moves would want unshare -m on top.
 //
+// With Config.Fake each host is the test binary itself, wiring the fleet
+// as berth serve does over the sessiontest fake (fakehost.go): sessions
+// and commands without VMs, for tests about coordination.
+//
 // Building a bed needs root and the ip and nft commands; New skips the
 // test with the reason otherwise. Everything it makes is undone in
 // t.Cleanup, failed test or not, and a bed left by a killed test run is
