@@ -74,6 +74,42 @@ type HostLister interface {
 	Hosts(ctx context.Context) (HostList, error)
 }
 
+// FleetChangeKind names what a FleetChange reports.
+type FleetChangeKind string
+
+const (
+	FleetPlaced   FleetChangeKind = "placed"   // a session got its first owner (Host) at Epoch
+	FleetMoved    FleetChangeKind = "moved"    // its owner went from From to Host at Epoch (a move or a recovery)
+	FleetOwner    FleetChangeKind = "owner"    // its owner key was written again, same Host, new Epoch
+	FleetReleased FleetChangeKind = "released" // its owner key went: the session was deleted
+	FleetJoined   FleetChangeKind = "joined"   // Host registered under a lease
+	FleetLost     FleetChangeKind = "lost"     // Host's registration went: its lease expired (isolated or down) or it left
+	FleetLeft     FleetChangeKind = "left"     // Host recorded a clean stop
+	FleetDraining FleetChangeKind = "draining" // Host takes no new sessions
+	FleetReady    FleetChangeKind = "ready"    // Host takes new sessions again (draining lifted)
+)
+
+// FleetChange is a change of a fleet's keys as `events --follow` shows
+// it. Relisted says it was found by listing the keys again after etcd
+// compacted the revisions a follower needed: changes between the last
+// one reported and it were folded into it.
+type FleetChange struct {
+	Change FleetChangeKind `json:"change"`
+	Host   string          `json:"host"`
+	From   string          `json:"from,omitempty"`
+	Epoch  int64           `json:"epoch,omitempty"`
+	// Relisted: see FleetChange.
+	Relisted bool `json:"relisted,omitempty"`
+}
+
+// FleetWatcher follows a fleet: Watch's events, with the fleet's changes
+// (EventFleet) from the one after revision since on (0: from now), in
+// revision order, each once. A follower that reconnects, to any front
+// door, passes the Rev of the last EventFleet it saw.
+type FleetWatcher interface {
+	WatchSince(ctx context.Context, since int64) (<-chan Event, error)
+}
+
 type forwardKey struct{}
 
 // WithForwarded returns a context for a call a fleet's front door

@@ -222,6 +222,7 @@ const (
 	EventFlush   EventKind = "flush"   // Message says how many bytes
 	EventNote    EventKind = "note"    // anything else for the timeline
 	EventHost    EventKind = "host"    // Host set: the data directory's space crossed the floor
+	EventFleet   EventKind = "fleet"   // Fleet set: a fleet's key changed (a placement, a move, a host); Rev says when
 )
 
 // Event is one change, as published to watchers and kept in a session's
@@ -236,6 +237,11 @@ type Event struct {
 	Session *Session    `json:"info,omitempty"`
 	Exec    *Execution  `json:"exec,omitempty"`
 	Host    *HostStatus `json:"host,omitempty"`
+	// Fleet and Rev are set on an EventFleet: what changed and the
+	// fleet's etcd revision it changed at, after which a follower that
+	// reconnects resumes (FleetWatcher).
+	Fleet *FleetChange `json:"fleet,omitempty"`
+	Rev   int64        `json:"rev,omitempty"`
 }
 
 // CreateOptions are the settings of a new session. Zero values take the

@@ -31,7 +31,7 @@
 // Routes:
 //
 //	GET    /v1/version                                {"api":"v1","version":...}
-//	GET    /v1/watch                                  NDJSON session.Event stream
+//	GET    /v1/watch                                  NDJSON session.Event stream (?since_rev=N: a fleet's changes after revision N)
 //	GET    /v1/host                                   HostStatus
 //	GET    /v1/hosts                                  HostList (the fleet's hosts; fleet false: not in one)
 //	POST   /v1/hosts/{id}/drain                       NDJSON drainFrame stream: a DrainStep per session, then the DrainResult

@@ -637,3 +637,34 @@ func TestHarnessSuite(t *testing.T) {
 	h := start(t, nil)
 	sessiontest.HarnessSuite(t, h.client)
 }
+
+// sinceFake is a fake that follows a fleet's revisions: WatchSince sends
+// one fleet event at the revision after since.
+type sinceFake struct{ *sessiontest.Fake }
+
+func (f sinceFake) WatchSince(ctx context.Context, since int64) (<-chan session.Event, error) {
+	ch := make(chan session.Event, 1)
+	ch <- session.Event{Kind: session.EventFleet, Name: "demo", Rev: since + 1,
+		Fleet: &session.FleetChange{Change: session.FleetMoved, Host: "h2", From: "h1", Epoch: since + 1}}
+	go func() { <-ctx.Done(); close(ch) }()
+	return ch, nil
+}
+
+// ?since_rev reaches a fleet's front door, its events whole; a berth
+// not in a fleet refuses it in one line.
+func TestWatchSince(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	_, err := start(t, nil).client.WatchSince(ctx, 5)
+	wantClass(t, "WatchSince of a berth not in a fleet", err, session.ErrInvalid)
+
+	h := start(t, sinceFake{sessiontest.New(sessiontest.Options{})})
+	events, err := h.client.WatchSince(ctx, 41)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := <-events
+	if ev.Kind != session.EventFleet || ev.Rev != 42 || ev.Fleet == nil || *ev.Fleet != (session.FleetChange{Change: session.FleetMoved, Host: "h2", From: "h1", Epoch: 42}) {
+		t.Errorf("resumed after 41: %+v (%+v)", ev, ev.Fleet)
+	}
+}

@@ -436,6 +436,8 @@ func (c *Client) Output(ctx context.Context, execID string, fromSeq uint64, limi
 	return out, c.call(ctx, http.MethodGet, p, q, nil, &out)
 }
 
+var _ session.FleetWatcher = (*Client)(nil)
+
 // Cancel kills a running execution.
 func (c *Client) Cancel(ctx context.Context, execID string) error {
 	p, err := execPath(execID, "/cancel")
@@ -448,7 +450,17 @@ func (c *Client) Cancel(ctx context.Context, execID string) error {
 // Watch streams events until ctx ends or the daemon goes away; then the
 // channel is closed.
 func (c *Client) Watch(ctx context.Context) (<-chan session.Event, error) {
-	req, err := c.newRequest(ctx, http.MethodGet, "/v1/watch", nil, nil)
+	return c.WatchSince(ctx, 0)
+}
+
+// WatchSince is Watch with a fleet's changes after revision since
+// (session.FleetWatcher); a daemon not in a fleet refuses a since above 0.
+func (c *Client) WatchSince(ctx context.Context, since int64) (<-chan session.Event, error) {
+	var q url.Values
+	if since != 0 {
+		q = url.Values{"since_rev": {strconv.FormatInt(since, 10)}}
+	}
+	req, err := c.newRequest(ctx, http.MethodGet, "/v1/watch", q, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ func (s *server) routes() []route {
 	svc := s.svc
 	return []route{
 		{"GET", "/v1/version", `{"api":"v1","version":...}`, s.getVersion},
-		{"GET", "/v1/watch", "NDJSON session.Event stream", s.watch},
+		{"GET", "/v1/watch", "NDJSON session.Event stream (?since_rev=N: a fleet's changes after revision N)", s.watch},
 		{"GET", "/v1/host", "HostStatus", s.host},
 		{"GET", "/v1/hosts", "HostList (the fleet's hosts; fleet false: not in one)", s.hosts},
 		{"POST", "/v1/hosts/{id}/drain", "NDJSON drainFrame stream: a DrainStep per session, then the DrainResult", s.drainHost},

@@ -3,6 +3,8 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"net/http"
 	"sync"
 	"time"
@@ -30,8 +32,27 @@ func (sw *streamWriter) send(v any) error {
 	return sw.rc.Flush()
 }
 
+// watch streams events; ?since_rev=N (a fleet's front door only) adds
+// the fleet's changes after revision N.
 func (s *server) watch(w http.ResponseWriter, r *http.Request) {
-	events, err := s.svc.Watch(r.Context())
+	since, err := queryUint(r, "since_rev")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var events <-chan session.Event
+	fw, fleet := s.svc.(session.FleetWatcher)
+	switch {
+	case since == 0:
+		events, err = s.svc.Watch(r.Context())
+	case !fleet:
+		err = &session.Error{Class: session.ErrInvalid, Msg: "since_rev: this berth is not in a fleet, so its events have no revisions",
+			Hint: "leave out --since-rev"}
+	case since > math.MaxInt64:
+		err = &session.Error{Class: session.ErrInvalid, Msg: fmt.Sprintf("since_rev %d is out of range", since)}
+	default:
+		events, err = fw.WatchSince(r.Context(), int64(since))
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return

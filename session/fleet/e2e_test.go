@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net"
@@ -67,6 +68,76 @@ func startEtcd(t *testing.T, berth string, args ...string) (string, *exec.Cmd) {
 		t.Fatalf("berth etcd said nothing in 30s (stderr %q)", stderr.String())
 	}
 	return "", nil
+}
+
+// fleetFollower is `berth events --follow --json` on a host, its fleet
+// events read as they come.
+type fleetFollower struct {
+	cmd *exec.Cmd
+	evs chan session.Event
+}
+
+func followFleet(t *testing.T, e *daemontest.Env, args ...string) *fleetFollower {
+	t.Helper()
+	f := &fleetFollower{cmd: e.Cmd(append([]string{"events", "--follow", "--json"}, args...)...), evs: make(chan session.Event, 100)}
+	out, err := f.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.stop)
+	go func() { // ends with the command's output
+		defer close(f.evs)
+		s := bufio.NewScanner(out)
+		for s.Scan() {
+			var ev session.Event
+			if json.Unmarshal(s.Bytes(), &ev) == nil && ev.Kind == session.EventFleet && ev.Fleet != nil {
+				f.evs <- ev
+			}
+		}
+	}()
+	return f
+}
+
+func (f *fleetFollower) stop() {
+	if f.cmd.ProcessState == nil {
+		f.cmd.Process.Kill()
+		f.cmd.Wait()
+	}
+}
+
+// next is the next fleet event.
+func (f *fleetFollower) next(t *testing.T) session.Event {
+	t.Helper()
+	select {
+	case ev, ok := <-f.evs:
+		if !ok {
+			t.Fatal("events --follow ended")
+		}
+		return ev
+	case <-time.After(15 * time.Second):
+		t.Fatal("no fleet event within 15s")
+	}
+	return session.Event{}
+}
+
+// until skips fleet events to the one shown as want.
+func (f *fleetFollower) until(t *testing.T, want string) session.Event {
+	t.Helper()
+	for {
+		if ev := f.next(t); shownFleet(ev) == want {
+			return ev
+		}
+	}
+}
+
+func shownFleet(ev session.Event) string {
+	if ev.Fleet == nil {
+		return ""
+	}
+	return strings.TrimSpace(ev.Name + " " + string(ev.Fleet.Change) + " " + ev.Fleet.Host)
 }
 
 func hostLs(t *testing.T, e *daemontest.Env) session.HostList {
@@ -138,6 +209,9 @@ func TestFleetEndToEnd(t *testing.T) {
 		}
 	}
 
+	// events --follow on b shows the fleet's hosts going and coming.
+	fb := followFleet(t, b)
+
 	// SIGKILL: still ready while the lease lives, gone after it.
 	killed := time.Now()
 	a.KillDaemon()
@@ -160,6 +234,20 @@ func TestFleetEndToEnd(t *testing.T) {
 		t.Errorf("host a after its restart: %q", h.State)
 	}
 
+	lost := fb.until(t, "lost a")
+	joined := fb.until(t, "joined a")
+	if lost.Rev <= 0 || joined.Rev <= lost.Rev {
+		t.Errorf("a lost at revision %d, joined again at %d", lost.Rev, joined.Rev)
+	}
+	fb.stop()
+	// Resumed through the other front door after a's loss: a's return
+	// first, then b's clean stop.
+	fa := followFleet(t, a, "--since-rev", fmt.Sprint(lost.Rev))
+	defer fa.stop()
+	if ev := fa.next(t); shownFleet(ev) != "joined a" || ev.Rev != joined.Rev {
+		t.Errorf("resumed after %d on a: first %q@%d, want joined a@%d", lost.Rev, shownFleet(ev), ev.Rev, joined.Rev)
+	}
+
 	// A clean stop deregisters at once.
 	b.Daemon.Process.Signal(syscall.SIGTERM)
 	if err := b.Daemon.Wait(); err != nil {
@@ -168,6 +256,9 @@ func TestFleetEndToEnd(t *testing.T) {
 	b.Daemon = nil
 	if h := stateOf(hostLs(t, a), "b"); h.State != session.HostGone || !h.Left {
 		t.Errorf("host b right after a clean stop: %+v, want gone, left", h)
+	}
+	if gone, left := fa.next(t), fa.next(t); shownFleet(gone) != "lost b" || shownFleet(left) != "left b" || left.Rev <= gone.Rev {
+		t.Errorf("b's clean stop followed as %q@%d, %q@%d; want lost b, left b", shownFleet(gone), gone.Rev, shownFleet(left), left.Rev)
 	}
 
 	// Without --fleet, nothing of it.

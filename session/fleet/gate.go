@@ -39,6 +39,17 @@ type fence struct {
 	a Allower
 }
 
+// WatchSince passes through: a watch changes nothing.
+func (g *fence) WatchSince(ctx context.Context, since int64) (<-chan session.Event, error) {
+	fw, ok := g.Service.(session.FleetWatcher)
+	if !ok {
+		return nil, &session.Error{Class: session.ErrInvalid, Msg: "this berth does not follow a fleet's revisions"}
+	}
+	return fw.WatchSince(ctx, since)
+}
+
+var _ session.FleetWatcher = (*fence)(nil)
+
 // gate runs f if the host is allowed to change.
 func gate[T any](g *fence, ctx context.Context, f func() (T, error)) (T, error) {
 	if err := g.a.Allowed(ctx); err != nil {

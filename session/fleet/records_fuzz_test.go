@@ -39,3 +39,25 @@ func FuzzRecords(f *testing.F) {
 		}
 	})
 }
+
+// A fleet follower reads every key's value from etcd: any bytes under
+// any key make no panic, and an event it shows names a valid host and
+// keeps the change's revision.
+func FuzzFleetLog(f *testing.F) {
+	f.Add("sessions/a/owner", []byte(`{"host":"h1"}`), false)
+	f.Add("hosts/h1", []byte(`{"id":"h1","addr":"x:1","draining":true}`), false)
+	f.Add("seen/h1", []byte(`{"id":"h1","left":true}`), false)
+	f.Add("hosts/h1", []byte(nil), true)
+	f.Add("sessions/a/b/owner", []byte(`{"host":"../x"}`), false)
+	f.Fuzz(func(t *testing.T, key string, b []byte, deleted bool) {
+		l := newFleetLog()
+		for rev, c := range []Change{{Key: Prefix + key, Value: b, Rev: 1}, {Key: Prefix + key, Value: b, Deleted: deleted, Rev: 2}} {
+			for _, fe := range l.apply(c) {
+				if fe.rev != int64(rev+1) || (fe.ev != nil && (fe.ev.Rev != fe.rev || ValidateHostID(fe.ev.Fleet.Host) != nil)) ||
+					(fe.rec != nil && fe.rec.ID != fe.host) {
+					t.Fatalf("event %+v of %+v", fe, c)
+				}
+			}
+		}
+	})
+}

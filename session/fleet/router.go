@@ -574,12 +574,26 @@ func (r *Router) Host(ctx context.Context) (session.HostStatus, error) {
 }
 
 // Watch merges this host's events with every live host's, each session
-// stamped with its host. It follows the fleet: a host that joins later
-// is followed from then on; a host whose registration goes, or whose
+// stamped with its host, and the fleet's own changes from now on (see
+// WatchSince). It follows the fleet: a host that joins later is
+// followed from then on; a host whose registration goes, or whose
 // stream ends, has its sessions reported StateUnreachable (as do, at the
 // start, sessions whose host is gone). The channel closes when ctx ends.
 // A forwarded watch is this host's own.
 func (r *Router) Watch(ctx context.Context) (<-chan session.Event, error) {
+	return r.WatchSince(ctx, 0)
+}
+
+// WatchSince is Watch with the fleet's changes (EventFleet: placements,
+// moves, owners, hosts joining, going, leaving, draining) from the one
+// after revision since (0: from now), in revision order and each once,
+// across etcd connections lost and revisions compacted (followFleet).
+// The hosts' own session events carry no revision: they are merged in
+// as they come, from now.
+func (r *Router) WatchSince(ctx context.Context, since int64) (<-chan session.Event, error) {
+	if since < 0 {
+		return nil, &session.Error{Class: session.ErrInvalid, Msg: fmt.Sprintf("revision %d: want 0 or more", since)}
+	}
 	lch, err := r.cfg.Local.Watch(ctx)
 	if err != nil {
 		return nil, err
@@ -591,25 +605,38 @@ func (r *Router) Watch(ctx context.Context) (<-chan session.Event, error) {
 	if err != nil {
 		return nil, err
 	}
+	if since == 0 {
+		since = rev
+	}
+	fleet, err := r.followFleet(ctx, since)
+	if err != nil {
+		return nil, err
+	}
 	out := make(chan session.Event)
-	f := &follower{r: r, ctx: ctx, out: out, in: make(chan hostEvent), feeds: map[string]bool{}, seen: map[string]map[string]session.Session{}}
-	f.wg.Go(func() { f.feed(r.cfg.Self, lch) })
-	f.feeds[r.cfg.Self] = true
+	f := &follower{r: r, ctx: ctx, out: out, in: make(chan hostEvent), feeds: map[string]*feed{}, seen: map[string]map[string]session.Session{}, rev: rev}
+	self := &feed{cancel: func() {}} // lives as long as ctx
+	f.feeds[r.cfg.Self] = self
+	f.wg.Go(func() { f.feed(r.cfg.Self, self, lch) })
 	for id, rec := range live {
 		f.start(id, rec)
 	}
-	hosts := r.cli.Watch(clientv3.WithRequireLeader(ctx), hostsDir, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	go f.run(hosts, owners, live) // ends when ctx ends; then closes out
+	go f.run(fleet, owners, live) // ends when ctx ends; then closes out
 	return out, nil
 }
 
-// hostEvent is one event from host's stream; ended marks the stream's
-// end.
+var _ session.FleetWatcher = (*Router)(nil)
+
+// hostEvent is one event from host's stream (of feed from); ended marks
+// the stream's end.
 type hostEvent struct {
 	host  string
+	from  *feed
 	ev    session.Event
 	ended bool
 }
+
+// feed is one host's stream followed; cancel ends it.
+type feed struct{ cancel context.CancelFunc }
 
 // follower is one fleet Watch: a feed goroutine per host followed,
 // joined into run, which alone owns feeds and seen.
@@ -619,38 +646,45 @@ type follower struct {
 	out   chan<- session.Event
 	in    chan hostEvent
 	wg    sync.WaitGroup
-	feeds map[string]bool                       // hosts followed now
+	feeds map[string]*feed                      // hosts followed now
 	seen  map[string]map[string]session.Session // by host, by name: the last state sent
+	// rev is the revision the feeds were started at: fleet changes up
+	// to it (a follow resumed from before) are shown, not acted on.
+	rev int64
 }
 
-// start follows host id's stream.
+// start follows host id's stream, unless it is followed already.
 func (f *follower) start(id string, rec HostRecord) {
-	if f.feeds[id] {
+	if f.feeds[id] != nil {
 		return
 	}
 	c, err := f.r.clientAt(id, rec.Addr)
 	if err != nil {
 		return
 	}
-	ch, err := c.Watch(session.WithForwarded(f.ctx, 0))
+	ctx, cancel := context.WithCancel(f.ctx)
+	ch, err := c.Watch(session.WithForwarded(ctx, 0))
 	if err != nil {
+		cancel()
 		f.r.log.Warn("watch: a host did not answer", "host", id, "err", err)
 		return
 	}
-	f.feeds[id] = true
-	f.wg.Go(func() { f.feed(id, ch) })
+	fd := &feed{cancel: cancel}
+	f.feeds[id] = fd
+	f.wg.Go(func() { f.feed(id, fd, ch) })
 }
 
-// feed passes ch's events to run until ch closes (ctx ending closes it).
-func (f *follower) feed(id string, ch <-chan session.Event) {
+// feed passes ch's events to run until ch closes (its context ending
+// closes it).
+func (f *follower) feed(id string, fd *feed, ch <-chan session.Event) {
 	for ev := range ch {
 		select {
-		case f.in <- hostEvent{host: id, ev: ev}:
+		case f.in <- hostEvent{host: id, from: fd, ev: ev}:
 		case <-f.ctx.Done():
 		}
 	}
 	select {
-	case f.in <- hostEvent{host: id, ended: true}:
+	case f.in <- hostEvent{host: id, from: fd, ended: true}:
 	case <-f.ctx.Done():
 	}
 }
@@ -662,13 +696,18 @@ func (f *follower) send(ev session.Event) {
 	}
 }
 
-// lost reports host's sessions unreachable: its registration went, or
-// its stream ended.
+// lost reports host's sessions unreachable and ends its feed: its
+// registration went, or its stream ended. A registration made again
+// starts a new feed, whose opening states follow; the old one's last
+// events, if any come late, are dropped (run), so none comes twice.
 func (f *follower) lost(id, why string) {
-	delete(f.feeds, id)
 	if id == f.r.cfg.Self {
-		return
+		return // this host's own feed lives as long as ctx
 	}
+	if fd := f.feeds[id]; fd != nil {
+		fd.cancel()
+	}
+	delete(f.feeds, id)
 	for name, s := range f.seen[id] {
 		u := unreachable(name, target{host: id, spec: session.CreateOptions{CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, DiskBytes: s.DiskBytes,
 			Image: s.Image, VMM: s.VMM, Net: s.Net}}, why)
@@ -677,7 +716,7 @@ func (f *follower) lost(id, why string) {
 	delete(f.seen, id)
 }
 
-func (f *follower) run(hosts clientv3.WatchChan, owners map[string]ownerAt, live map[string]HostRecord) {
+func (f *follower) run(fleet <-chan fleetEvent, owners map[string]ownerAt, live map[string]HostRecord) {
 	defer close(f.out)
 	defer func() {
 		// The feeds end with ctx; drain them so none blocks.
@@ -699,6 +738,9 @@ func (f *follower) run(hosts clientv3.WatchChan, owners map[string]ownerAt, live
 		case <-f.ctx.Done():
 			return
 		case he := <-f.in:
+			if f.feeds[he.host] != he.from {
+				continue // a feed ended by lost: its host is followed anew, or not at all
+			}
 			if he.ended {
 				if f.ctx.Err() == nil {
 					f.lost(he.host, fmt.Sprintf("host %s stopped answering", he.host))
@@ -719,26 +761,21 @@ func (f *follower) run(hosts clientv3.WatchChan, owners map[string]ownerAt, live
 				delete(f.seen[he.host], ev.Name)
 			}
 			f.send(ev)
-		case wr, ok := <-hosts:
+		case fe, ok := <-fleet:
 			if !ok {
-				if f.ctx.Err() == nil {
-					f.r.log.Warn("watch: the fleet's hosts are no longer followed", "err", "etcd watch ended")
-				}
-				hosts = nil // hosts already followed go on
-				continue
+				return // it ends only with ctx
 			}
-			for _, e := range wr.Events {
-				id := idOf(hostsDir, string(e.Kv.Key))
-				switch e.Type {
-				case clientv3.EventTypePut:
-					if rec, err := ParseHostRecord(id, e.Kv.Value); err == nil {
-						f.start(id, rec)
-					}
-				case clientv3.EventTypeDelete:
-					if f.feeds[id] {
-						f.lost(id, fmt.Sprintf("host %s is gone: its lease expired or it left", id))
-					}
-				}
+			if fe.ev != nil {
+				f.send(*fe.ev)
+			}
+			if fe.rev <= f.rev || fe.host == "" || fe.host == f.r.cfg.Self {
+				continue // this host's own events come from its own feed, which lives as long as ctx
+			}
+			switch {
+			case fe.rec != nil:
+				f.start(fe.host, *fe.rec) // joined, or registered again: followed if not followed now
+			case fe.gone && f.feeds[fe.host] != nil:
+				f.lost(fe.host, fmt.Sprintf("host %s is gone: its lease expired or it left", fe.host))
 			}
 		}
 	}

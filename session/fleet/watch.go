@@ -64,6 +64,11 @@ func NewWatcher(cli *clientv3.Client, prefix string, from int64, log *slog.Logge
 	return &Watcher{cli: cli, prefix: prefix, next: from, partial: map[string]bool{}, known: map[string]int64{}, log: log.With("component", "fleet-watch", "prefix", prefix)}
 }
 
+// know records key as present at mod revision rev before the first
+// Watch: a Watcher made at a revision after a list of the keys at it
+// (from > 0), so that a re-list can say which of them are gone.
+func (w *Watcher) know(key string, rev int64) { w.known[key] = rev }
+
 // Next is the first revision the Watcher has not reported: where a
 // Watcher made again (a restarted process) would begin.
 func (w *Watcher) Next() int64 { return w.next }

@@ -12,21 +12,43 @@ import (
 
 const eventTime = "2006-01-02 15:04:05"
 
+// followOpts are events --follow's flags.
+type followOpts struct {
+	limit             int
+	asJSON, withStats bool
+	// since resumes a fleet's follow after its change at this revision.
+	since int64
+}
+
 // followEvents prints the recorded events (the last limit of them) of the
 // named session, or of every session without a name, then every new event
 // until ctx ends. The watch starts first, so nothing falls between the
 // timelines and the stream; events a timeline printed are not printed
-// again.
-func followEvents(ctx context.Context, c *Call, svc session.Service, names []string, limit int, asJSON, withStats bool) error {
+// again. Resumed (since), it prints no timeline: the follower it resumes
+// printed them.
+func followEvents(ctx context.Context, c *Call, svc session.Service, names []string, o followOpts) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	evs, err := svc.Watch(ctx)
+	var evs <-chan session.Event
+	var err error
+	if o.since > 0 {
+		fw, ok := svc.(session.FleetWatcher)
+		if !ok {
+			return usageErrorf("--since-rev: this berth does not follow a fleet")
+		}
+		evs, err = fw.WatchSince(ctx, o.since)
+	} else {
+		evs, err = svc.Watch(ctx)
+	}
 	if err != nil {
 		return err
 	}
 	printed := map[string]uint64{} // per session (seqs are), the newest recorded event printed
-	out := newEventPrinter(c, asJSON)
-	backlog, err := timelines(ctx, svc, names, limit)
+	out := newEventPrinter(c, o.asJSON)
+	var backlog []session.Event
+	if o.since == 0 {
+		backlog, err = timelines(ctx, svc, names, o.limit)
+	}
 	if err != nil {
 		return err
 	}
@@ -54,7 +76,7 @@ func followEvents(ctx context.Context, c *Call, svc session.Service, names []str
 				continue // the watch's opening snapshot of each session, not an event
 			case ev.Seq != 0 && ev.Seq <= printed[ev.Name]:
 				continue // already printed from the timeline
-			case ev.Kind == session.EventStats && !withStats:
+			case ev.Kind == session.EventStats && !o.withStats:
 				continue
 			}
 			if err := out.print(ev); err != nil {

@@ -475,13 +475,17 @@ func readLine(r io.Reader) (string, error) {
 
 func eventsCmd() *Command {
 	return &Command{
-		Name: "events", Action: session.ActionRead, Group: "Sessions", Usage: "[NAME] [-n N] [--json] [--follow [--stats]]", Args: []string{"[NAME]"},
+		Name: "events", Action: session.ActionRead, Group: "Sessions", Usage: "[NAME] [-n N] [--json] [--follow [--stats] [--since-rev REV]]", Args: []string{"[NAME]"},
 		Summary: "show a session's timeline, or follow every session's events",
 		Help: "Without --follow, prints NAME's recorded events. With --follow, prints them (without NAME,\n" +
 			"every session's, merged in time; -n counts them all) and then every new event as it\n" +
 			"happens (of NAME, or of all sessions) until interrupted;\n" +
 			"with --json each event is one JSON line, for log shippers. --stats adds the live\n" +
-			"figures' refreshes (every few seconds per running session), which are not recorded.",
+			"figures' refreshes (every few seconds per running session), which are not recorded.\n" +
+			"In a fleet, --follow also prints the fleet's changes (kind fleet: a session placed,\n" +
+			"moved or released, a host joined, gone, left or draining), each with its etcd revision;\n" +
+			"--since-rev REV resumes after the change at REV, through any host, missing none and\n" +
+			"repeating none, and prints no recorded timeline again.",
 		Example: "berth events demo -n 20\nberth events --follow --json | jq -c 'select(.kind==\"exec\")'",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			limit := fs.Int("n", 0, "show only the last `N` events")
@@ -489,12 +493,19 @@ func eventsCmd() *Command {
 			follow := fs.Bool("follow", false, "keep printing new events until interrupted")
 			fs.BoolVar(follow, "f", false, "short for --follow")
 			withStats := fs.Bool("stats", false, "with --follow: also print the live figures' refreshes")
+			since := fs.Int64("since-rev", 0, "with --follow in a fleet: resume after the fleet change at revision `REV`")
 			return func(ctx context.Context, c *Call, args []string) error {
 				if *limit < 0 {
 					return usageErrorf("-n %d: want a positive number", *limit)
 				}
 				if *withStats && !*follow {
 					return usageErrorf("--stats needs --follow")
+				}
+				if *since != 0 && !*follow {
+					return usageErrorf("--since-rev needs --follow")
+				}
+				if *since < 0 {
+					return usageErrorf("--since-rev %d: want a revision an event showed", *since)
 				}
 				if len(args) == 0 && !*follow {
 					return usageErrorf("missing NAME (or --follow for every session's events)")
@@ -504,7 +515,7 @@ func eventsCmd() *Command {
 					return err
 				}
 				if *follow {
-					return followEvents(ctx, c, svc, args, *limit, *asJSON, *withStats)
+					return followEvents(ctx, c, svc, args, followOpts{limit: *limit, asJSON: *asJSON, withStats: *withStats, since: *since})
 				}
 				evs, err := svc.Timeline(ctx, args[0], *limit)
 				if err != nil {
@@ -536,6 +547,8 @@ func describeEvent(ev session.Event) string {
 		return string(ev.Session.State)
 	case ev.Exec != nil:
 		return ev.Exec.ID + " " + oneLine(ev.Message)
+	case ev.Kind == session.EventFleet:
+		return fmt.Sprintf("rev %d: %s", ev.Rev, oneLine(ev.Message))
 	}
 	return oneLine(ev.Message)
 }

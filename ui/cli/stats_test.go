@@ -182,4 +182,6 @@ func TestEventsFollowJSON(t *testing.T) {
 	w := newWorld(t, sessiontest.Options{})
 	tc{args: []string{"events"}, code: 2, stderr: "~missing NAME"}.check(t, w.run(t.Context(), cli.Env{}, "events"))
 	tc{args: []string{"events", "demo", "--stats"}, code: 2, stderr: "~--stats needs --follow"}.check(t, w.run(t.Context(), cli.Env{}, "events", "demo", "--stats"))
+	tc{args: []string{"events", "demo", "--since-rev", "5"}, code: 2, stderr: "~--since-rev needs --follow"}.check(t, w.run(t.Context(), cli.Env{}, "events", "demo", "--since-rev", "5"))
+	tc{args: []string{"events", "--follow", "--since-rev", "5"}, code: 1, stderr: "~this berth is not in a fleet, so its events have no revisions (leave out --since-rev)"}.check(t, w.run(t.Context(), cli.Env{}, "events", "--follow", "--since-rev", "5"))
 }

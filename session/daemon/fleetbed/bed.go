@@ -16,6 +16,10 @@
 // hosts share the machine's filesystem (separate data directories, no
 // mount namespaces): a test of moves would want unshare -m on top.
 //
+// With Config.Fake each host is the test binary itself, wiring the fleet
+// as berth serve does over the sessiontest fake (fakehost.go): sessions
+// and commands without VMs, for tests about coordination.
+//
 // Building a bed needs root and the ip and nft commands; New skips the
 // test with the reason otherwise. Everything it makes is undone in
 // t.Cleanup, failed test or not, and a bed left by a killed test run is
@@ -59,6 +63,11 @@ type Config struct {
 	Members, Hosts int
 	// TTL is the hosts' lease TTL (default 3s).
 	TTL time.Duration
+	// Fake runs each host as a fake host: the fleet wired as berth
+	// serve wires it, over the sessiontest fake instead of the engine
+	// (sessions without VMs; see fakeHostEnv). The test package's
+	// TestMain must call RunHelper.
+	Fake bool
 }
 
 // Bed is a running fleet.
@@ -70,6 +79,7 @@ type Bed struct {
 	Members []*Member
 	Hosts   []*Host
 	prefix  string
+	fake    bool
 }
 
 // Member is one etcd member.
@@ -137,7 +147,7 @@ func New(t *testing.T, c Config) *Bed {
 		t.Fatalf("lock the fleet bed %s: %v", c.Prefix, err)
 	}
 	t.Cleanup(func() { lock.Close() }) // registered first: released last
-	b := &Bed{T: t, Berth: vmmtest.BerthEtcd(t), TTL: c.TTL, prefix: c.Prefix}
+	b := &Bed{T: t, Berth: vmmtest.BerthEtcd(t), TTL: c.TTL, prefix: c.Prefix, fake: c.Fake}
 	b.removeNet() // a bed a killed run left behind
 	t.Cleanup(b.removeNet)
 	br := c.Prefix + "-br"
@@ -198,7 +208,11 @@ func New(t *testing.T, c Config) *Bed {
 		}
 	})
 	for _, h := range b.Hosts {
-		h.Env = daemontest.New(t, vmmtest.DataDir(t))
+		if b.fake {
+			h.Env = daemontest.New(t, t.TempDir())
+		} else {
+			h.Env = daemontest.New(t, vmmtest.DataDir(t))
+		}
 	}
 	return b
 }
@@ -339,8 +353,14 @@ func (h *Host) Start(extra ...string) {
 	args := append([]string{"netns", "exec", h.NS, h.Berth, "--data", h.Data, "--cache", h.Cache, "serve",
 		"--fleet", h.b.Endpoints(), "--host-id", h.ID, "--listen", h.IP + ":7443",
 		"--fleet-ttl", h.b.TTL.String(), "--fleet-ca", h.b.CA}, extra...)
+	var env []string
+	if h.b.fake {
+		var exe string
+		exe, args, env = h.fakeHostCmd()
+		args = append([]string{"netns", "exec", h.NS, exe}, args...)
+	}
 	c := exec.Command("ip", args...)
-	c.Env = append(os.Environ(), "BERTH_DATA=", "NO_COLOR=1")
+	c.Env = append(append(os.Environ(), "BERTH_DATA=", "NO_COLOR=1"), env...)
 	f := logf(t, h.LogPath())
 	defer f.Close()
 	c.Stdout, c.Stderr = f, f
@@ -451,10 +471,11 @@ type helperCall struct {
 	Value     string
 }
 
-// RunHelper runs a helper call when the test binary was started as one,
-// and then exits; otherwise it returns. A test package that uses the
+// RunHelper runs a helper call, or a fake host (Config.Fake), when the
+// test binary was started as one, and then exits; otherwise it returns. A test package that uses the
 // bed's etcd calls calls it first in TestMain.
 func RunHelper() {
+	runFakeHost()
 	raw := os.Getenv(helperEnv)
 	if raw == "" {
 		return

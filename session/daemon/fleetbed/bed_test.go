@@ -1,11 +1,15 @@
 package fleetbed_test
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -411,4 +415,307 @@ func TestFleetBedSession(t *testing.T) {
 			t.Errorf("the daemon did not log the quarantine:\n%s", h1.DaemonLog())
 		}
 	})
+}
+
+// fakeSession is a session of TestFleetBedMajority as it was made: its
+// owner, the command going on in it, its VMM's pid and its epoch, and its
+// owner key as etcd has it ("MODREV VALUE").
+type fakeSession struct {
+	name  string
+	owner *fleetbed.Host
+	loop  string
+	pid   int
+	epoch int64
+	key   string
+	seen  int64
+}
+
+// Majority loss and return (issue 25, item 7) on fake hosts (the fleet
+// wired as berth serve wires it over the sessiontest fake; no VMs), with
+// a session on each host and a command going on in each: losing one
+// etcd member of three changes nothing (creates and execs go through);
+// losing two isolates every host within the lease's TTL, and every
+// change on every host is refused in one line that says why, while the
+// sessions keep running on the same VMM and their commands go on; when
+// the members are back every host is ready again, and no session's
+// owner, epoch or VMM has changed.
+func TestFleetBedMajority(t *testing.T) {
+	b := fleetbed.New(t, fleetbed.Config{Fake: true})
+	b.StartHosts()
+	for _, h := range b.Hosts {
+		waitIsolated(t, h, false, 10*time.Second)
+		for _, o := range b.Hosts {
+			h.WaitHost(o.ID, session.HostReady, 5*time.Second)
+		}
+	}
+	ttl := b.TTL
+	// door is a host other than h: calls go through it to h.
+	door := func(h *fleetbed.Host) *fleetbed.Host {
+		for i, o := range b.Hosts {
+			if o == h {
+				return b.Hosts[(i+1)%len(b.Hosts)]
+			}
+		}
+		return nil
+	}
+	var ss []*fakeSession
+	for i, h := range b.Hosts {
+		s := &fakeSession{name: fmt.Sprintf("s%d", i+1), owner: h}
+		door(h).OK("create", s.name, "--on", h.ID)
+		s.loop = strings.TrimSpace(door(h).OK("exec", s.name, "--detach", "--", "tick"))
+		info := h.Info(s.name)
+		s.pid, s.epoch = info.Pid, info.Epoch
+		s.key = b.Etcd("get", fleet.Prefix+"sessions/"+s.name+"/owner", "")
+		if want := fmt.Sprintf("%d {\"host\":%q}", s.epoch, h.ID); info.State != session.StateRunning || s.pid == 0 || s.epoch == 0 || s.key != want {
+			t.Fatalf("%s: %+v; owner key %q, want %q", s.name, info, s.key, want)
+		}
+		s.seen = waitGrows(t, h, s.name, s.loop, 0, 10*time.Second)
+		ss = append(ss, s)
+	}
+	// unchanged checks every session against what it was made as: the
+	// same owner key (so the same epoch), running on the same VMM at that
+	// epoch, its command still going.
+	unchanged := func(what string, withKey bool) {
+		t.Helper()
+		for _, s := range ss {
+			info := s.owner.Info(s.name)
+			if info.State != session.StateRunning || info.Pid != s.pid || info.Epoch != s.epoch {
+				t.Errorf("%s: %s on %s is %s, VMM %d, epoch %d; want running, VMM %d, epoch %d",
+					what, s.name, s.owner.ID, info.State, info.Pid, info.Epoch, s.pid, s.epoch)
+			}
+			s.seen = waitGrows(t, s.owner, s.name, s.loop, s.seen, 10*time.Second)
+			if !withKey {
+				continue
+			}
+			if got := b.Etcd("get", fleet.Prefix+"sessions/"+s.name+"/owner", ""); got != s.key {
+				t.Errorf("%s: %s's owner key is %q, was %q", what, s.name, got, s.key)
+			}
+		}
+	}
+
+	t.Run("minority loss", func(t *testing.T) {
+		b.Members[0].Stop()
+		end := time.Now().Add(2 * ttl)
+		for time.Now().Before(end) {
+			for _, h := range b.Hosts {
+				if iso, line := probe(t, h); iso {
+					t.Fatalf("one member of three down, %s: %s", h.ID, line)
+				}
+			}
+		}
+		h1, h2, h3 := b.Hosts[0], b.Hosts[1], b.Hosts[2]
+		h1.OK("create", "minority", "--on", h2.ID)
+		if got := h3.OK("exec", "minority", "--", "echo", "ok"); got != "ok\n" {
+			t.Errorf("exec through %s with one member down: %q", h3.ID, got)
+		}
+		h3.OK("delete", "minority", "--yes")
+		unchanged("one member down", true)
+		b.Members[0].Start()
+	})
+
+	// events --follow on h1 across what follows.
+	fol := h1Follow(t, b.Hosts[0])
+	t.Run("majority loss and return", func(t *testing.T) {
+		b.Members[1].Stop()
+		b.Members[2].Stop()
+		lost := time.Now() // the second member has exited: no quorum
+		var all time.Duration
+		for id, took := range waitAll(t, b.Hosts, true, lost, ttl+electionTimeout+2*time.Second) {
+			t.Logf("majority lost: %s isolated %s after the second member exited", id, took.Round(10*time.Millisecond))
+			all = max(all, took)
+			// As in TestFleetBedLease: the leader left without a quorum
+			// renews leases until it steps down, an election timeout later.
+			if bound := ttl + electionTimeout + time.Second; took > bound {
+				t.Errorf("%s isolated %s after quorum was lost, later than the TTL and an election timeout (%s)", id, took, bound)
+			}
+		}
+		t.Logf("majority lost: every host isolated %s after the second member exited (TTL %s)", all.Round(10*time.Millisecond), ttl)
+		for _, s := range ss {
+			h := s.owner
+			checkRefusal(t, h, "create", "newone")
+			checkRefusal(t, h, "exec", s.name, "--", "true")
+			checkRefusal(t, h, "stop", s.name)
+			if r := h.Run("host", "ls"); r.Code == 0 || !strings.Contains(r.Stderr, "host "+h.ID+" is isolated from the fleet") || strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 {
+				t.Errorf("host ls on %s without a quorum: %+v", h.ID, r)
+			}
+		}
+		unchanged("majority lost", false)
+
+		b.Members[1].Start()
+		back := time.Now() // a quorum serves again
+		b.Members[2].Start()
+		all = 0
+		for id, took := range waitAll(t, b.Hosts, false, back, 3*ttl+10*time.Second) {
+			t.Logf("quorum back: %s ready %s after a quorum served again", id, took.Round(10*time.Millisecond))
+			all = max(all, took)
+		}
+		t.Logf("quorum back: every host ready %s after a quorum served again", all.Round(10*time.Millisecond))
+		for _, h := range b.Hosts {
+			for _, o := range b.Hosts {
+				h.WaitHost(o.ID, session.HostReady, 10*time.Second)
+			}
+		}
+		unchanged("quorum back", true)
+		for _, s := range ss {
+			if got := door(s.owner).OK("exec", s.name, "--", "echo", "back"); got != "back\n" {
+				t.Errorf("exec %s through %s after quorum came back: %q", s.name, door(s.owner).ID, got)
+			}
+		}
+		for _, h := range b.Hosts {
+			if strings.Contains(h.DaemonLog(), "QUARANTINE") {
+				t.Errorf("%s set a copy aside:\n%s", h.ID, h.DaemonLog())
+			}
+		}
+	})
+
+	// One host partitioned from etcd only: the others see it gone, then
+	// back; h1's follower follows it anew, and no event of it comes twice.
+	t.Run("one host partitioned", func(t *testing.T) {
+		h1, h2, h3 := b.Hosts[0], b.Hosts[1], b.Hosts[2]
+		h2.Partition()
+		h1.WaitHost(h2.ID, session.HostGone, 2*ttl+3*time.Second)
+		h2.Heal()
+		waitIsolated(t, h2, false, 3*ttl+10*time.Second)
+		h1.WaitHost(h2.ID, session.HostReady, 10*time.Second)
+		unchanged("h2 healed", true)
+		if got := h1.OK("exec", "s2", "--", "echo", "again"); got != "again\n" {
+			t.Errorf("exec s2 through h1 after the partition: %q", got)
+		}
+		h2.OK("create", "after", "--on", h3.ID)
+		h1.OK("delete", "after", "--yes")
+	})
+
+	// The follower saw the execs made after the return and after the
+	// partition, each event once; the fleet's changes in revision order,
+	// each once.
+	t.Run("followed", func(t *testing.T) {
+		evs := fol.stop(t)
+		seq := map[string]bool{}
+		var fleetRev int64
+		var changes []string
+		for _, ev := range evs {
+			switch {
+			case ev.Kind == session.EventFleet:
+				changes = append(changes, fmt.Sprintf("%s %s %s@%d", ev.Name, ev.Fleet.Change, ev.Fleet.Host, ev.Rev))
+				if ev.Rev <= fleetRev {
+					t.Errorf("fleet event %q at %d after one at %d", ev.Message, ev.Rev, fleetRev)
+				}
+				fleetRev = ev.Rev
+			case ev.Seq != 0:
+				id := fmt.Sprintf("%s#%d", ev.Name, ev.Seq)
+				if seq[id] {
+					t.Errorf("event %s (%s %s) shown twice", id, ev.Kind, ev.Message)
+				}
+				seq[id] = true
+			}
+		}
+		t.Logf("the fleet's changes as h1 followed them: %v", changes)
+		for _, s := range ss {
+			n := 0
+			for _, ev := range evs {
+				if ev.Kind == session.EventExec && ev.Name == s.name && ev.Exec != nil && ev.Exec.State == session.ExecExited && slices.Equal(ev.Exec.Argv, []string{"echo", "back"}) {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Errorf("h1's follower saw %s's echo back exit %d times, want once", s.name, n)
+			}
+		}
+		n := 0
+		for _, ev := range evs {
+			if ev.Kind == session.EventExec && ev.Name == "s2" && ev.Exec != nil && ev.Exec.State == session.ExecExited && slices.Equal(ev.Exec.Argv, []string{"echo", "again"}) {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("h1's follower saw s2's echo again exit %d times, want once", n)
+		}
+		var names []string
+		for _, c := range changes {
+			names = append(names, c[:strings.LastIndex(c, "@")])
+		}
+		if want := []string{" lost h2", " joined h2", "after placed h3", "after released h3"}; !slices.Equal(names, want) {
+			t.Errorf("the fleet's changes as h1 followed them: %q, want %q", names, want)
+		}
+	})
+}
+
+// follower is `berth events --follow --json` on a host, its events kept.
+type follower struct {
+	cmd    *exec.Cmd
+	stderr strings.Builder
+	mu     sync.Mutex
+	evs    []session.Event
+	done   chan struct{}
+}
+
+func h1Follow(t *testing.T, h *fleetbed.Host) *follower {
+	t.Helper()
+	f := &follower{cmd: h.Cmd("events", "--follow", "--json"), done: make(chan struct{})}
+	f.cmd.Stderr = &f.stderr
+	out, err := f.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { // ends with the command's output
+		defer close(f.done)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			var ev session.Event
+			if json.Unmarshal(sc.Bytes(), &ev) == nil {
+				f.mu.Lock()
+				f.evs = append(f.evs, ev)
+				f.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		if f.cmd.ProcessState == nil {
+			f.cmd.Process.Kill()
+			<-f.done
+			f.cmd.Wait()
+		}
+	})
+	// It prints the sessions' recorded events once its watch is made:
+	// from then on it follows, whatever etcd does.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f.mu.Lock()
+		n := len(f.evs)
+		f.mu.Unlock()
+		if n > 0 {
+			return f
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events --follow on %s printed nothing in 10s", h.ID)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop waits a moment for events in flight, ends the follower and
+// returns what it printed.
+func (f *follower) stop(t *testing.T) []session.Event {
+	t.Helper()
+	time.Sleep(time.Second)
+	f.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-f.done:
+	case <-time.After(10 * time.Second):
+		t.Error("events --follow did not end within 10s of SIGINT")
+		f.cmd.Process.Kill()
+		<-f.done
+	}
+	f.cmd.Wait() // stderr copied whole
+	if f.stderr.Len() > 0 {
+		t.Errorf("events --follow said %q", f.stderr.String())
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t.Logf("events --follow printed %d events", len(f.evs))
+	return slices.Clone(f.evs)
 }
