@@ -475,3 +475,26 @@ func TestPlaceSkipsHostsTheDoorCannotReach(t *testing.T) {
 		t.Errorf("place from quiet on itself: %+v, %v", p, err)
 	}
 }
+
+func TestBackoff(t *testing.T) {
+	ttl := 3 * time.Second
+	for _, tc := range []struct{ in, want time.Duration }{
+		{200 * time.Millisecond, 400 * time.Millisecond},
+		{400 * time.Millisecond, 800 * time.Millisecond},
+		{800 * time.Millisecond, time.Second}, // a third of the TTL, not the TTL
+		{time.Second, time.Second},
+		{0, 200 * time.Millisecond},
+	} {
+		if got := nextBackoff(tc.in, ttl); got != tc.want {
+			t.Errorf("nextBackoff(%s) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+	lo, hi := time.Hour, time.Duration(0)
+	for range 1000 {
+		j := jitter(time.Second)
+		lo, hi = min(lo, j), max(hi, j)
+	}
+	if lo < 800*time.Millisecond || hi > 1200*time.Millisecond || hi-lo < 200*time.Millisecond {
+		t.Errorf("jitter(1s) spans %s to %s, want within ±20%% and spread", lo, hi)
+	}
+}

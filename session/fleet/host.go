@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
@@ -377,11 +378,24 @@ func (h *Host) keep(ctx context.Context) {
 			h.log.Warn("register again", "err", err)
 			select {
 			case <-ctx.Done():
-			case <-time.After(backoff):
+			case <-time.After(jitter(backoff)):
 			}
-			backoff = min(2*backoff, h.cfg.TTL)
+			backoff = nextBackoff(backoff, h.cfg.TTL)
 		}
 	}
+}
+
+// nextBackoff doubles a retry's wait up to a third of the TTL: when
+// quorum returns, every host is ready again within about that, not a
+// whole TTL after.
+func nextBackoff(b, ttl time.Duration) time.Duration {
+	return max(200*time.Millisecond, min(2*b, ttl/3))
+}
+
+// jitter spreads the hosts' retries (±20%) so that they do not all reach
+// a recovering etcd at once.
+func jitter(d time.Duration) time.Duration {
+	return d + time.Duration(rand.Int64N(int64(d)*2/5+1)) - d/5
 }
 
 // renewOrRegister, after the host judged lease lapsed, renews it if etcd
@@ -418,9 +432,9 @@ func (h *Host) join(ctx context.Context, lease clientv3.LeaseID) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-time.After(jitter(backoff)):
 		}
-		backoff = min(2*backoff, h.cfg.TTL)
+		backoff = nextBackoff(backoff, h.cfg.TTL)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
