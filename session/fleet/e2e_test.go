@@ -417,6 +417,20 @@ func TestFleetFrontDoorEndToEnd(t *testing.T) {
 	if table := b.OK("ls"); !strings.Contains(table, "far   a ") {
 		t.Errorf("ls on b after the move:\n%s", table)
 	}
+	// A drain of a sends the sleeping far to b, the only other host,
+	// where it wakes with its processes.
+	a.OK(remote("sleep", "far")...)
+	if out := a.OK(remote("host", "drain", "a")...); !strings.Contains(out, "moved far to b in ") || !strings.Contains(out, "(sleeping there)") {
+		t.Errorf("host drain a: %q", out)
+	}
+	if got := a.OK(remote("exec", "far", "--", "sh", "-c", "cat /workspace/m; cat /proc/[0-9]*/comm | grep -qx sleep && echo still sleeping")...); got != "moved\nstill sleeping\n" {
+		t.Errorf("after the drain, far says %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(a.Data, "sessions", "far")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the drained a kept its copy of far: %v", err)
+	}
+	a.Fails("host a cannot take", remote("create", "x", "--on", "a")...)
+	a.OK(remote("host", "undrain", "a")...)
 	a.OK(remote("delete", "far", "--yes")...)
 	if l := hostLs(t, a); stateOf(l, "b").Used.Sessions != 0 || stateOf(l, "a").Used.Sessions != 0 {
 		t.Errorf("after delete, hosts have sessions promised: %+v", l.Hosts)
