@@ -59,6 +59,9 @@ const (
 	ActionImageExport Action = "image-export"
 	// ActionMove moves a stopped or sleeping session to another host.
 	ActionMove Action = "move"
+	// ActionRecover starts a session of a gone host on another, from a
+	// replica of one of its checkpoints.
+	ActionRecover Action = "recover"
 	// ActionHosts reads a fleet's hosts (berth host ls).
 	ActionHosts Action = "hosts"
 )
@@ -176,6 +179,8 @@ var verbs = []Verb{
 	// Only what has no VM moves: its disks are still, its memory (if any)
 	// in a snapshot file.
 	{Action: ActionMove, States: []State{StateStopped, StateSleeping}, Role: Admin, Mutates: true, What: "move sessions between hosts"},
+	// The session's host is gone: its state there is not known.
+	{Action: ActionRecover, Role: Admin, Mutates: true, What: "recover sessions of gone hosts"},
 }
 
 // Lookup returns the row of action.
