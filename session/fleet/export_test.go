@@ -6,3 +6,6 @@ func (h *Host) crash() {
 	h.stop()
 	<-h.done
 }
+
+// Crash is crash, for the package's external tests: a host "killed -9".
+func (h *Host) Crash() { h.crash() }

@@ -138,6 +138,7 @@ func (r *Router) Recover(ctx context.Context, name string, opts session.RecoverO
 	if err != nil {
 		return res, fmt.Errorf("recover %s: host %s owns it at epoch %d and has it, stopped; starting it failed: %w", name, opts.On, epoch, err)
 	}
+	s.Host, s.Epoch = opts.On, epoch
 	res.Session, res.Took = s, time.Since(start)
 	return res, nil
 }
