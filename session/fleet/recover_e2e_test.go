@@ -187,7 +187,9 @@ func (f *recoverFake) DiscardReceived(ctx context.Context, name string) error {
 	return nil
 }
 
-func (f *recoverFake) SendSession(context.Context, string, io.Writer) error { return session.ErrUnsupported }
+func (f *recoverFake) SendSession(context.Context, string, io.Writer) error {
+	return session.ErrUnsupported
+}
 func (f *recoverFake) ReceiveSession(context.Context, io.Reader) (session.MoveStaged, error) {
 	return session.MoveStaged{}, session.ErrUnsupported
 }

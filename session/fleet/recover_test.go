@@ -77,7 +77,7 @@ func TestRecoverGuards(t *testing.T) {
 			class: session.ErrConflict, code: session.CodeStaleEpoch, says: []string{"owner changed meanwhile", "nothing was done"}},
 		{name: "old-host-back", owner: "gone", replicas: []string{"h2/c1"}, to: "h2", id: "c1",
 			meanwhile: func(string) { join(t, cli, "gone", big) },
-			class: session.ErrInvalidState, says: []string{"still holds its etcd lease"}},
+			class:     session.ErrInvalidState, says: []string{"still holds its etcd lease"}},
 		{name: "replica-dropped", owner: "gone2", replicas: []string{"h2/c1"}, to: "h2", id: "c1",
 			meanwhile: func(name string) {
 				if _, err := cli.Delete(ctx, replicaKey(name, "h2", "c1")); err != nil {
