@@ -256,14 +256,32 @@ func checkReplicaTree(root, id string) (ckptMeta, error) {
 	if err != nil {
 		return ck, err
 	}
-	b, err := os.ReadFile(filepath.Join(root, want, ckptMetaFile))
-	if err != nil || len(b) > 1<<20 || json.Unmarshal(b, &ck) != nil || ck.ID != id {
+	b, err := readBounded(filepath.Join(root, want, ckptMetaFile), maxCkptMeta)
+	if err != nil || json.Unmarshal(b, &ck) != nil || ck.ID != id {
 		return ck, errBundle("a replica of checkpoint %s without its metadata", id)
 	}
 	if _, err := os.Lstat(filepath.Join(root, want, ckptWorkspace)); err != nil {
 		return ck, errBundle("a replica of checkpoint %s without its workspace", id)
 	}
 	return ck, nil
+}
+
+// maxCkptMeta bounds a checkpoint's meta.json read from a peer's bundle.
+const maxCkptMeta = 1 << 20
+
+// readBounded reads a file of at most max bytes (a peer wrote it: its
+// size is refused before it is read).
+func readBounded(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err == nil && int64(len(b)) > max {
+		err = fmt.Errorf("%s is over %d bytes", path, max)
+	}
+	return b, err
 }
 
 // Replicas lists the replicas kept here.

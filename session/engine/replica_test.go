@@ -190,3 +190,47 @@ func TestReceiveReplicaRefusesStrayPaths(t *testing.T) {
 		}
 	}
 }
+
+// The replica's parser meets a network peer's bytes, as the move's does:
+// it refuses, never crashes or writes outside the replicas area, and a
+// refusal leaves nothing.
+func FuzzReceiveReplica(f *testing.F) {
+	src, dst := newAgentManager(f, 0), newAgentManager(f, 0)
+	ctx := f.Context()
+	if _, err := src.Create(ctx, session.CreateOptions{Name: "rp"}); err != nil {
+		f.Fatal(err)
+	}
+	if _, err := src.Stop(ctx, "rp"); err != nil {
+		f.Fatal(err)
+	}
+	ck, err := src.Checkpoint(ctx, "rp", session.CheckpointOptions{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := src.SendCheckpoint(ctx, "rp", ck.ID, &b); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b.Bytes()[:min(b.Len(), 64<<10)])
+	f.Add(hostileBundle("ok", 1))
+	outside := filepath.Dir(dst.replicasDir())
+	f.Fuzz(func(t *testing.T, in []byte) {
+		rep, err := dst.ReceiveReplica(ctx, bytes.NewReader(in))
+		if err == nil {
+			if err := dst.DropReplica(ctx, rep.Session, rep.Checkpoint); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ents, _ := os.ReadDir(dst.replicasDir())
+		for _, e := range ents {
+			if left, _ := os.ReadDir(filepath.Join(dst.replicasDir(), e.Name())); len(left) != 0 {
+				t.Fatalf("replica left (err %v): %s: %v", err, e.Name(), left)
+			}
+		}
+		for _, n := range []string{"x", "evil"} {
+			if _, err := os.Lstat(filepath.Join(outside, n)); err == nil {
+				t.Fatalf("%s written outside the replicas area", n)
+			}
+		}
+	})
+}
