@@ -338,10 +338,11 @@ func TestFleetFrontDoorEndToEnd(t *testing.T) {
 }
 
 // A gone host's session recovered through real daemons and the CLI: a
-// checkpoint of a running session on a is replicated to b; a's daemon is
-// killed (its VM runs on); berth recover on b is refused while etcd holds
-// a's lease, says what it would do without --force, and then starts the
-// session on b from the checkpoint (its workspace as it was then); a,
+// memory checkpoint of a running session on a is replicated to b; a's
+// daemon is killed (its VM runs on); berth recover on b is refused while
+// etcd holds a's lease, says what it would do without --force, and then
+// starts the session on b from the checkpoint (its workspace as it was
+// then, its processes resumed from the checkpoint's memory); a,
 // restarted, stops its VM and quarantines its copy at once, so one VMM
 // runs the session in the fleet. Boots two VMs (run it under flock
 // /tmp/berth-vm.lock).
@@ -359,8 +360,8 @@ func TestRecoverDaemonsEndToEnd(t *testing.T) {
 	serve(a, "a")
 	serve(b, "b")
 	a.OK("create", "rec", "--on", "a", "--memory", "384M", "--disk", "256M")
-	a.OK("exec", "rec", "--", "sh", "-c", "echo kept > /workspace/state; sync")
-	if out := a.OK("checkpoint", "rec", "--replicate", "b"); !strings.Contains(out, "checkpoint c1 of rec copied to b in ") {
+	a.OK("exec", "rec", "--", "sh", "-c", "echo kept > /workspace/state; sync; setsid sleep 1000 >/dev/null 2>&1 </dev/null &")
+	if out := a.OK("checkpoint", "rec", "--memory", "--replicate", "b"); !strings.Contains(out, "checkpoint c1 of rec: workspace+memory") || !strings.Contains(out, "checkpoint c1 of rec copied to b in ") {
 		t.Fatalf("checkpoint --replicate said %q", out)
 	}
 	a.OK("exec", "rec", "--", "sh", "-c", "echo lost > /workspace/state; echo x > /workspace/later; sync")
@@ -408,8 +409,8 @@ func TestRecoverDaemonsEndToEnd(t *testing.T) {
 	if after.Host != "b" || after.State != session.StateRunning || after.Epoch <= before.Epoch {
 		t.Errorf("after the recovery: host %s, %s, epoch %d (was %d)", after.Host, after.State, after.Epoch, before.Epoch)
 	}
-	if got := b.OK("exec", "rec", "--", "sh", "-c", "cat /workspace/state; if test -e /workspace/later; then echo later; fi"); got != "kept\n" {
-		t.Errorf("the recovered workspace says %q, want the checkpoint's", got)
+	if got := b.OK("exec", "rec", "--", "sh", "-c", "cat /workspace/state; if test -e /workspace/later; then echo later; fi; cat /proc/[0-9]*/comm | grep -qx sleep && echo still sleeping"); got != "kept\nstill sleeping\n" {
+		t.Errorf("the recovered session says %q, want the checkpoint's workspace and processes", got)
 	}
 	if syscall.Kill(oldVMM, 0) != nil {
 		t.Fatalf("a's VMM %d did not outlive its daemon", oldVMM)
