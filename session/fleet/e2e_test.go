@@ -382,6 +382,9 @@ func TestRecoverDaemonsEndToEnd(t *testing.T) {
 
 	a.KillDaemon()
 	killed := time.Now()
+	if r := b.Run("checkpoints", "rec"); r.Code != 1 || !strings.Contains(r.Stderr, "the fleet keeps replicas of its checkpoints c1 (taken ") {
+		t.Errorf("checkpoints of rec with a down: %+v", r)
+	}
 	recoverArgs := []string{"recover", "rec", "--from", "c1", "--on", "b"}
 	r := b.Run(append(recoverArgs, "--force")...)
 	if r.Code != 1 || !strings.HasPrefix(r.Stderr, "berth: host a, which owns session rec, still holds its etcd lease (it expires in ") || strings.Count(r.Stderr, "\n") != 1 {

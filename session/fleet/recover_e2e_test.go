@@ -376,9 +376,13 @@ func TestRecoverEndToEnd(t *testing.T) {
 		t.Fatalf("before the kill: %+v, %v", before, err)
 	}
 
-	// a's daemon is killed: its session runs on, unreachable.
+	// a's daemon is killed: its session runs on, unreachable; its
+	// checkpoints' listing names the replicas to recover from.
 	a.kill()
 	killed := time.Now()
+	if _, err := op.Checkpoints(ctx, "rec"); !errors.Is(err, session.ErrUnavailable) || !strings.Contains(err.Error(), "the fleet keeps replicas of its checkpoints "+ck.ID+" (taken ") || !strings.Contains(err.Error(), ") on b") {
+		t.Errorf("checkpoints of a session whose host is unreachable: %v", err)
+	}
 	recoverOpts := session.RecoverOptions{From: ck.ID, On: "b", Force: true}
 	_, err = op.Recover(ctx, "rec", recoverOpts)
 	if !errors.Is(err, session.ErrInvalidState) || !strings.Contains(err.Error(), "still holds its etcd lease (it expires in") {

@@ -73,8 +73,11 @@ func (r *Router) Checkpoints(ctx context.Context, name string) ([]session.Checkp
 	cks, err := on(r, ctx, name, func(svc session.Service, ctx context.Context) ([]session.Checkpoint, error) {
 		return svc.Checkpoints(ctx, name)
 	})
-	if _, fwd := session.ForwardedOf(ctx); err != nil || fwd {
+	if _, fwd := session.ForwardedOf(ctx); fwd {
 		return cks, err
+	}
+	if err != nil {
+		return cks, r.replicasOfUnreachable(ctx, name, err)
 	}
 	return r.withReplicas(ctx, name, cks), nil
 }

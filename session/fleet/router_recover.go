@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/berthvm/berth/session"
@@ -217,4 +218,25 @@ func (r *Router) withReplicas(ctx context.Context, name string, cks []session.Ch
 		}
 	}
 	return cks
+}
+
+// replicasOfUnreachable adds to the refusal of a session whose owner
+// does not answer the replicas the fleet keeps of its checkpoints: what
+// a recovery can start it from.
+func (r *Router) replicasOfUnreachable(ctx context.Context, name string, err error) error {
+	if !errors.Is(err, session.ErrUnavailable) {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, r.etcdWait())
+	defer cancel()
+	reps, rerr := Replicas(rctx, r.cli, name)
+	if rerr != nil || len(reps) == 0 {
+		return err
+	}
+	var have []string
+	for _, rp := range reps {
+		have = append(have, fmt.Sprintf("%s (taken %s) on %s", rp.Checkpoint, rp.TakenAt.UTC().Format(time.RFC3339), rp.Host))
+	}
+	return &session.Error{Class: session.ErrUnavailable, Msg: fmt.Sprintf("%v; the fleet keeps replicas of its checkpoints %s", err, strings.Join(have, ", ")),
+		Hint: "once its host is gone, recover it from one of them", Err: err}
 }
