@@ -57,8 +57,9 @@ type Replicator interface {
 	// a move's staging (MoveStaged.Checkpoint says so), for
 	// CommitReceived to make it a session of this host on the
 	// checkpoint's disks, stopped (sleeping on its memory when the
-	// checkpoint has it). The replica is kept. It refuses when the
-	// session is here or staged already.
+	// checkpoint has it). The replica is kept. Staged already from the
+	// same checkpoint, it answers that staging; it refuses when the
+	// session is here, or staged from anything else.
 	StageReplica(ctx context.Context, name, id string) (MoveStaged, error)
 	// DropReplica removes the replica; nil when there is none.
 	DropReplica(ctx context.Context, name, id string) error

@@ -357,6 +357,19 @@ func (m *Manager) StageReplica(ctx context.Context, name, id string) (_ session.
 	if err != nil {
 		return session.MoveStaged{}, fmt.Errorf("the replica of checkpoint %s of %q: %w", id, name, err)
 	}
+	// Staged already from this checkpoint (a recovery asked again, or
+	// raced): the same staging serves; from anything else, refused.
+	if b, err := os.ReadFile(filepath.Join(m.stagedDir(name), stagedMetaFile)); err == nil {
+		var st session.MoveStaged
+		if json.Unmarshal(b, &st) == nil && st.Checkpoint == id {
+			return st, nil
+		}
+		if st.Checkpoint != "" {
+			return session.MoveStaged{}, &session.Error{Class: session.ErrExists,
+				Msg:  fmt.Sprintf("a recovery of session %s from checkpoint %s is staged here already", name, st.Checkpoint),
+				Hint: "recover it from that checkpoint"}
+		}
+	}
 	hdr := bundleHeader{Name: name, Image: ck.Image, ImageDigest: ck.ImageDigest, VMM: ck.VMM}
 	if err := m.refuseArrival(ctx, hdr); err != nil {
 		return session.MoveStaged{}, err

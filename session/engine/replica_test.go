@@ -9,6 +9,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/berthvm/berth/session"
@@ -113,6 +114,37 @@ func TestReplicaRecoversACheckpoint(t *testing.T) {
 	if staged.Checkpoint != ck.ID || staged.State != session.StateStopped {
 		t.Errorf("staged %+v", staged)
 	}
+	// Asked again, or raced: the same staging answers; from another
+	// checkpoint, refused; discarded, it is made again.
+	if again, err := dst.StageReplica(ctx, "rp", ck.ID); err != nil || again != staged {
+		t.Errorf("StageReplica again = %+v, %v; want %+v", again, err, staged)
+	}
+	if _, err := dst.ReceiveReplica(ctx, bytes.NewReader(bundle)); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.DiscardReceived(ctx, "rp"); err != nil {
+		t.Fatal(err)
+	}
+	if staged, err = dst.StageReplica(ctx, "rp", ck.ID); err != nil {
+		t.Fatalf("StageReplica after a discard: %v", err)
+	}
+	if _, err := src.Stop(ctx, "rp"); err != nil { // the agent's tmpfs does not freeze
+		t.Fatal(err)
+	}
+	ck2, err := src.Checkpoint(ctx, "rp", session.CheckpointOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b2 bytes.Buffer
+	if err := src.SendCheckpoint(ctx, "rp", ck2.ID, &b2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dst.ReceiveReplica(ctx, &b2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dst.StageReplica(ctx, "rp", ck2.ID); !errors.Is(err, session.ErrExists) || !strings.Contains(err.Error(), "from checkpoint "+ck.ID+" is staged") {
+		t.Errorf("StageReplica of %s with %s staged: %v", ck2.ID, ck.ID, err)
+	}
 	got, err := dst.CommitReceived(ctx, "rp")
 	if err != nil {
 		t.Fatalf("CommitReceived: %v", err)
@@ -134,8 +166,8 @@ func TestReplicaRecoversACheckpoint(t *testing.T) {
 	}
 	// The replica stays (another recovery could need it); a second stage
 	// is refused, the session being here.
-	if reps, _ := dst.Replicas(ctx, "rp"); len(reps) != 1 {
-		t.Errorf("replica gone after the recovery: %+v", reps)
+	if reps, _ := dst.Replicas(ctx, "rp"); len(reps) != 2 {
+		t.Errorf("replicas after the recovery: %+v, want both kept", reps)
 	}
 	if _, err := dst.StageReplica(ctx, "rp", ck.ID); !errors.Is(err, session.ErrExists) {
 		t.Errorf("StageReplica of a session here: %v, want ErrExists", err)
@@ -143,8 +175,10 @@ func TestReplicaRecoversACheckpoint(t *testing.T) {
 	if _, err := dst.Start(ctx, "rp"); err != nil {
 		t.Fatalf("start the recovered session: %v", err)
 	}
-	if err := dst.DropReplica(ctx, "rp", ck.ID); err != nil {
-		t.Fatal(err)
+	for _, id := range []string{ck.ID, ck2.ID} {
+		if err := dst.DropReplica(ctx, "rp", id); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if reps, _ := dst.Replicas(ctx, ""); len(reps) != 0 {
 		t.Errorf("Replicas after drop: %+v", reps)

@@ -138,6 +138,12 @@ func (f *recoverFake) StageReplica(ctx context.Context, name, id string) (sessio
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if st, ok := f.staged[name]; ok {
+		if st.ID == id {
+			return session.MoveStaged{Name: name, State: session.StateStopped, Checkpoint: id, Files: len(st.Files)}, nil
+		}
+		return session.MoveStaged{}, fmt.Errorf("a recovery of %s from %s is staged here: %w", name, st.ID, session.ErrExists)
+	}
 	b, ok := f.replicas[name+"/"+id]
 	if !ok {
 		return session.MoveStaged{}, fmt.Errorf("no replica of %s of %s here: %w", id, name, session.ErrNotFound)
@@ -485,5 +491,78 @@ func TestRecoverEndToEnd(t *testing.T) {
 	}
 	if _, err := op.Exec(ctx, "rec", session.ExecRequest{Argv: []string{"true"}}); err != nil {
 		t.Errorf("exec in the recovered session: %v", err)
+	}
+}
+
+// A recovery whose front door stopped after the transaction (the
+// staging gone, as a recovery that lost a race discards it) is finished
+// by asking again: the new owner stages its replica again, takes the
+// session and starts it; asked once more, it is refused.
+func TestRecoverFinishesAnInterruptedRecovery(t *testing.T) {
+	eps := fleettest.Etcd(t)
+	cli, err := fleet.Dial(eps[0], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	ca := filepath.Join(t.TempDir(), "ca")
+	if err := pki.Init(ca, "test"); err != nil {
+		t.Fatal(err)
+	}
+	a, b := &recoverHost{id: "a", fake: newRecoverFake()}, &recoverHost{id: "b", fake: newRecoverFake()}
+	a.up(t, cli, ca)
+	b.up(t, cli, ca)
+	f := &testFleet{cli: cli, ca: ca, hosts: map[string]*testHost{"b": {id: "b", addr: b.addr}}}
+	op := f.operator(t, "b")
+	ctx := t.Context()
+	if _, err := op.Create(ctx, session.CreateOptions{Name: "half", On: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.WriteFile(ctx, "half", "state", strings.NewReader("checkpointed")); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := op.Checkpoint(ctx, "half", session.CheckpointOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.ReplicateCheckpoint(ctx, "half", ck.ID, "b"); err != nil {
+		t.Fatal(err)
+	}
+	a.kill()
+	var plan fleet.RecoverPlan
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		if plan, _, err = fleet.PlanRecover(ctx, cli, "half", ck.ID, "b"); err == nil {
+			break
+		}
+		if time.Since(start) > recoverTTL+5*time.Second {
+			t.Fatalf("plan: %v", err)
+		}
+	}
+	// The transaction alone, as a front door that stopped right after it.
+	epoch, err := fleet.Recover(ctx, cli, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.Get(ctx, "half"); !errors.Is(err, session.ErrNotFound) {
+		t.Fatalf("b has the session before it took it: %v", err)
+	}
+	res, err := op.Recover(ctx, "half", session.RecoverOptions{From: ck.ID, On: "b", Force: true})
+	if err != nil {
+		t.Fatalf("recover again: %v", err)
+	}
+	if res.Epoch != epoch || res.Session.State != session.StateRunning {
+		t.Errorf("finished recovery %+v; want epoch %d, running", res, epoch)
+	}
+	rc, err := op.ReadFile(ctx, "half", "state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(got) != "checkpointed" {
+		t.Errorf("state %q", got)
+	}
+	if _, err := op.Recover(ctx, "half", session.RecoverOptions{From: ck.ID, On: "b", Force: true}); !errors.Is(err, session.ErrInvalid) || !strings.Contains(err.Error(), "on host b already") {
+		t.Errorf("a recovery of a session b has: %v", err)
 	}
 }

@@ -91,6 +91,15 @@ func (r *Router) Recover(ctx context.Context, name string, opts session.RecoverO
 	plan, _, err := PlanRecover(pctx, r.cli, name, opts.From, opts.On)
 	cancel()
 	res.From = plan.From
+	if err != nil && opts.Force && plan.From == opts.On && plan.Epoch != 0 {
+		// opts.On owns it: a recovery whose last steps did not finish
+		// (the caller's context ended) is finished, if opts.On does not
+		// have the session yet.
+		if _, gerr := r.Get(ctx, name); errors.Is(gerr, session.ErrNotFound) {
+			r.log.Warn("finishing an interrupted recovery", "session", name, "host", opts.On, "epoch", plan.Epoch)
+			return r.finishRecovery(ctx, name, opts, plan.Epoch, res, start)
+		}
+	}
 	if err != nil {
 		return res, err
 	}
@@ -120,18 +129,38 @@ func (r *Router) Recover(ctx context.Context, name string, opts session.RecoverO
 		}
 		return res, err
 	}
-	res.Epoch = epoch
 	r.log.Warn("recovered a session of a gone host", "session", name, "from", plan.From, "to", opts.On, "checkpoint", opts.From, "epoch", epoch)
-	// opts.On owns the session now: it must take it.
+	return r.finishRecovery(ctx, name, opts, epoch, res, start)
+}
+
+// finishRecovery has opts.On, which owns name at epoch now, take the
+// session and start it. The take is retried until ctx ends; a staging
+// that is gone (discarded by a recovery that lost a race) is made again
+// from the replica, which opts.On keeps.
+func (r *Router) finishRecovery(ctx context.Context, name string, opts session.RecoverOptions, epoch int64, res session.RecoverResult, start time.Time) (session.RecoverResult, error) {
+	res.Epoch = epoch
+	var dst peerEnd = r
+	if opts.On != r.cfg.Self {
+		c, err := r.client(ctx, opts.On)
+		if err != nil {
+			return res, fmt.Errorf("recover %s: host %s owns it at epoch %d but does not answer: ask again with force: %w", name, opts.On, epoch, err)
+		}
+		dst = c
+	}
 	for {
-		_, err = dst.CommitReceived(ctx, name)
+		_, err := dst.CommitReceived(ctx, name)
+		if errors.Is(err, session.ErrNotFound) {
+			if _, err = dst.StageReplica(ctx, name, opts.From); err == nil {
+				_, err = dst.CommitReceived(ctx, name)
+			}
+		}
 		if err == nil {
 			break
 		}
 		r.log.Warn("the recovering host did not take the session yet; retrying", "session", name, "host", opts.On, "err", err)
 		select {
 		case <-ctx.Done():
-			return res, fmt.Errorf("recover %s: host %s owns it at epoch %d but has not taken it (%v): ask it again: %w", name, opts.On, epoch, err, ctx.Err())
+			return res, fmt.Errorf("recover %s: host %s owns it at epoch %d but has not taken it (%v): ask again with force: %w", name, opts.On, epoch, err, ctx.Err())
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
