@@ -672,8 +672,14 @@ func (m *Manager) CommitReceived(ctx context.Context, name string) (session.Sess
 		return nil
 	})
 	if errors.Is(err, store.ErrExists) {
-		// Imported by an earlier try that the process did not outlive.
+		// Imported by an earlier try that the process did not outlive,
+		// or whose recovery's swap failed (its intent is still there).
 		if s, gerr := m.get(name); gerr == nil {
+			if staged.Checkpoint != "" {
+				if err := s.finishRecoverOnto(ctx, staged.Checkpoint); err != nil {
+					return session.Session{}, fmt.Errorf("commit the recovery of %q: %w", name, err)
+				}
+			}
 			os.RemoveAll(dir)
 			return s.snapshot(), nil
 		}

@@ -443,3 +443,19 @@ func (s *sess) recoverOnto(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// finishRecoverOnto puts the session on checkpoint id if a recovery's
+// swap is still to be done (its restore intent is there): a commit that
+// failed in recoverOnto, tried again.
+func (s *sess) finishRecoverOnto(ctx context.Context, id string) error {
+	s.op.Lock()
+	defer s.op.Unlock()
+	if _, err := os.Stat(filepath.Join(s.dir(), restoreIntent)); err != nil {
+		return nil
+	}
+	if err := s.recoverOnto(ctx, id); err != nil {
+		return err
+	}
+	s.refreshCheckpoints()
+	return nil
+}

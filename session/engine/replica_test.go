@@ -145,6 +145,12 @@ func TestReplicaRecoversACheckpoint(t *testing.T) {
 	if _, err := dst.StageReplica(ctx, "rp", ck2.ID); !errors.Is(err, session.ErrExists) || !strings.Contains(err.Error(), "from checkpoint "+ck.ID+" is staged") {
 		t.Errorf("StageReplica of %s with %s staged: %v", ck2.ID, ck.ID, err)
 	}
+	// Kept aside, to play a commit that died between its import and its
+	// swap below.
+	keep := filepath.Join(t.TempDir(), "staging")
+	if err := os.CopyFS(keep, os.DirFS(dst.stagedDir("rp"))); err != nil {
+		t.Fatal(err)
+	}
 	got, err := dst.CommitReceived(ctx, "rp")
 	if err != nil {
 		t.Fatalf("CommitReceived: %v", err)
@@ -157,6 +163,25 @@ func TestReplicaRecoversACheckpoint(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dst.sessionDir("rp"), restoreIntent)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("restore intent left: %v", err)
+	}
+	// A commit that died after its import, before its swap: the records
+	// are in, the directory holds the checkpoint and the intent, no
+	// workspace. Asked again, the commit does the swap.
+	os.RemoveAll(filepath.Join(keep, stagedSession))
+	if err := os.Rename(keep, dst.stagedDir("rp")); err != nil {
+		t.Fatal(err)
+	}
+	intent, _ := os.ReadFile(filepath.Join(dst.sessionDir("rp"), "checkpoints", ck.ID, ckptMetaFile))
+	os.WriteFile(filepath.Join(dst.sessionDir("rp"), restoreIntent), intent, 0o644)
+	os.Remove(filepath.Join(dst.sessionDir("rp"), "workspace.img"))
+	if _, err := dst.CommitReceived(ctx, "rp"); err != nil {
+		t.Fatalf("CommitReceived after a commit cut before its swap: %v", err)
+	}
+	if sum := fileSum(t, filepath.Join(dst.sessionDir("rp"), "workspace.img")); sum != want {
+		t.Errorf("workspace after the finished swap %s, want the checkpoint's %s", sum, want)
+	}
+	if left := stagingLeft(t, dst); len(left) != 0 {
+		t.Errorf("staging left: %v", left)
 	}
 	if xs, _ := dst.Executions(ctx, "rp", true); len(xs) != 1 || xs[0].Argv[0] != "echo" {
 		t.Errorf("executions after recovery: %+v", xs)
