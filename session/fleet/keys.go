@@ -51,7 +51,8 @@
 // (whose loss is what it is for) and H's own restarts; H's copy is on
 // disk whether H is up or not, and a recovery needs H live anyway. It is
 // written by the owner at its epoch (a session moved or recovered since
-// is not said to have it) and goes with S's keys when S is deleted.
+// is not said to have it) and goes with S's keys when S is deleted, when
+// the deleting front door asks each H to drop its copy.
 //
 // # Recovery
 //

@@ -492,6 +492,13 @@ func TestRecoverEndToEnd(t *testing.T) {
 	if _, err := op.Exec(ctx, "rec", session.ExecRequest{Argv: []string{"true"}}); err != nil {
 		t.Errorf("exec in the recovered session: %v", err)
 	}
+	// Deleted, the session takes its replicas with it.
+	if err := op.Delete(ctx, "rec"); err != nil {
+		t.Fatal(err)
+	}
+	if reps, _ := b.fake.Replicas(ctx, ""); len(reps) != 0 {
+		t.Errorf("b keeps %+v of a deleted session", reps)
+	}
 }
 
 // A recovery whose front door stopped after the transaction (the

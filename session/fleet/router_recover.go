@@ -269,3 +269,23 @@ func (r *Router) replicasOfUnreachable(ctx context.Context, name string, err err
 	return &session.Error{Class: session.ErrUnavailable, Msg: fmt.Sprintf("%v; the fleet keeps replicas of its checkpoints %s", err, strings.Join(have, ", ")),
 		Hint: "once its host is gone, recover it from one of them", Err: err}
 }
+
+// dropReplicas asks the hosts that keep replicas of a deleted session to
+// remove them. A host that does not answer keeps its copy (logged: it is
+// under <data>/replicas/ there, for its operator to remove).
+func (r *Router) dropReplicas(ctx context.Context, name string, reps []ReplicaAt) {
+	for _, rp := range reps {
+		var rep session.Replicator = r
+		if rp.Host != r.cfg.Self {
+			c, err := r.client(ctx, rp.Host)
+			if err != nil {
+				r.log.Warn("a deleted session's replica stays on its host", "session", name, "host", rp.Host, "checkpoint", rp.Checkpoint, "err", err)
+				continue
+			}
+			rep = c
+		}
+		if err := rep.DropReplica(ctx, name, rp.Checkpoint); err != nil {
+			r.log.Warn("a deleted session's replica stays on its host", "session", name, "host", rp.Host, "checkpoint", rp.Checkpoint, "err", err)
+		}
+	}
+}
