@@ -59,6 +59,9 @@ const (
 	ActionImageExport Action = "image-export"
 	// ActionMove moves a stopped or sleeping session to another host.
 	ActionMove Action = "move"
+	// ActionRecover starts a session of a gone host on another, from a
+	// replica of one of its checkpoints.
+	ActionRecover Action = "recover"
 	// ActionHosts reads a fleet's hosts (berth host ls).
 	ActionHosts Action = "hosts"
 	// ActionDrain drains a fleet's host or ends its drain.
@@ -180,6 +183,8 @@ var verbs = []Verb{
 	{Action: ActionMove, States: []State{StateStopped, StateSleeping}, Role: Admin, Mutates: true, What: "move sessions between hosts"},
 	// A drain moves sessions off a host: a move's role.
 	{Action: ActionDrain, Role: Admin, Mutates: true, What: "drain fleet hosts"},
+	// The session's host is gone: its state there is not known.
+	{Action: ActionRecover, Role: Admin, Mutates: true, What: "recover sessions of gone hosts"},
 }
 
 // Lookup returns the row of action.

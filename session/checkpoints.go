@@ -55,6 +55,9 @@ type Checkpoint struct {
 	Frozen time.Duration `json:"frozen,omitempty"`
 	Took   time.Duration `json:"took"`
 	State  State         `json:"state"` // the session's state when taken
+	// Replicas are the hosts of a fleet that keep a copy of it (berth
+	// checkpoint replicate), as the fleet's keys say.
+	Replicas []string `json:"replicas,omitempty"`
 }
 
 // Holds says what the checkpoint holds, for listings.

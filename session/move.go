@@ -33,6 +33,10 @@ type MoveStaged struct {
 	// Records is the size of the session's records stream.
 	Records int64         `json:"records"`
 	Took    time.Duration `json:"took"`
+	// Checkpoint is set when a recovery staged the session from its
+	// replica of this checkpoint (StageReplica): CommitReceived puts the
+	// session on the checkpoint's disks.
+	Checkpoint string `json:"checkpoint,omitempty"`
 }
 
 // A Mover is one end of a move. The engine and the socket/TLS client

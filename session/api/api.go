@@ -95,6 +95,13 @@
 //	POST   /v1/moves/images                           an image build's bundle → 204 (409: here already)
 //	POST   /v1/moves/{name}/commit                    Session: the staged session made this host's
 //	DELETE /v1/moves/{name}                           204: the staged session removed
+//	POST   /v1/sessions/{name}/checkpoints/{id}/replicate {"to"} → Replica: the checkpoint copied to host to (a fleet's)
+//	POST   /v1/sessions/{name}/recover                RecoverOptions → RecoverResult: a gone host's session started from a replica
+//	GET    /v1/sessions/{name}/checkpoints/{id}/bundle a checkpoint's replica bundle (cut off on error)
+//	POST   /v1/replicas                               a replica bundle → 201 Replica
+//	GET    /v1/replicas                               ?session=NAME → []Replica: the replicas this host keeps
+//	POST   /v1/replicas/{name}/{id}/stage             MoveStaged: the replica staged for a recovery
+//	DELETE /v1/replicas/{name}/{id}                   204: the replica removed
 //
 // The run routes need a Service that is also a session.Harness (the
 // Manager is). A call made in an agent run names it in the X-Berth-Run

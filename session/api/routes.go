@@ -94,6 +94,13 @@ func (s *server) routes() []route {
 		{"POST", "/v1/moves/images", "an image build's bundle → 204 (409: here already)", s.receiveImage},
 		{"POST", "/v1/moves/{name}/commit", "Session: the staged session made this host's", s.commitMove},
 		{"DELETE", "/v1/moves/{name}", "204: the staged session removed", s.discardMove},
+		{"POST", "/v1/sessions/{name}/checkpoints/{id}/replicate", `{"to"} → Replica: the checkpoint copied to host to (a fleet's)`, s.replicateCheckpoint},
+		{"POST", "/v1/sessions/{name}/recover", "RecoverOptions → RecoverResult: a gone host's session started from a replica", s.recoverSession},
+		{"GET", "/v1/sessions/{name}/checkpoints/{id}/bundle", "a checkpoint's replica bundle (cut off on error)", s.sendReplicaBundle},
+		{"POST", "/v1/replicas", "a replica bundle → 201 Replica", s.receiveReplica},
+		{"GET", "/v1/replicas", "?session=NAME → []Replica: the replicas this host keeps", s.listReplicas},
+		{"POST", "/v1/replicas/{name}/{id}/stage", "MoveStaged: the replica staged for a recovery", s.stageReplica},
+		{"DELETE", "/v1/replicas/{name}/{id}", "204: the replica removed", s.dropReplica},
 	}
 }
 

@@ -242,6 +242,7 @@ func NewManager(ctx context.Context, st *store.Store, cfg Config) (*Manager, err
 	}
 	m.removeStaleWork()
 	m.removePartialMoves()
+	m.removePartialReplicas()
 	m.removePartialImages()
 	m.removePartialTemplates(ctx)
 	var wg sync.WaitGroup

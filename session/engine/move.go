@@ -79,6 +79,10 @@ type bundleHeader struct {
 	Image       string        `json:"image,omitempty"`
 	ImageDigest string        `json:"image_digest,omitempty"`
 	VMM         string        `json:"vmm,omitempty"`
+	// Checkpoint makes the bundle a replica of that checkpoint (files
+	// under checkpoints/<id>/ only), for ReceiveReplica; a move's has
+	// none.
+	Checkpoint string `json:"checkpoint,omitempty"`
 }
 
 // bundleFile announces one file, relative to the session's directory.
@@ -369,27 +373,12 @@ func checked(p []byte, pre int) ([]byte, []byte, error) {
 // ReceiveSession stages a bundle from a peer.
 func (m *Manager) ReceiveSession(ctx context.Context, r io.Reader) (_ session.MoveStaged, err error) {
 	start := time.Now()
-	br := &bundleReader{r: bufio.NewReaderSize(r, 2*bundleChunk), sum: sha256.New()}
-	head, err := br.full(len(bundleMagic)+2, true)
+	br, hdr, err := openBundle(r)
 	if err != nil {
 		return session.MoveStaged{}, err
 	}
-	if string(head[:len(bundleMagic)]) != bundleMagic {
-		return session.MoveStaged{}, errBundle("not a move bundle")
-	}
-	if v := binary.BigEndian.Uint16(head[len(bundleMagic):]); v != bundleVersion {
-		return session.MoveStaged{}, errBundle("version %d, this berth reads %d: run the same berth on both hosts", v, bundleVersion)
-	}
-	kind, p, err := br.next()
-	if err != nil {
-		return session.MoveStaged{}, err
-	}
-	var hdr bundleHeader
-	if kind != bframeHeader || json.Unmarshal(p, &hdr) != nil {
-		return session.MoveStaged{}, errBundle("no header")
-	}
-	if err := session.ValidateName(hdr.Name); err != nil {
-		return session.MoveStaged{}, err
+	if hdr.Checkpoint != "" {
+		return session.MoveStaged{}, errBundle("a replica of checkpoint %s of %q, not a move", hdr.Checkpoint, hdr.Name)
 	}
 	if hdr.State != session.StateStopped && hdr.State != session.StateSleeping {
 		return session.MoveStaged{}, errBundle("session %q is %s; only stopped and sleeping sessions move", hdr.Name, hdr.State)
@@ -427,6 +416,33 @@ func (m *Manager) ReceiveSession(ctx context.Context, r io.Reader) (_ session.Mo
 	}
 	staged.Took = time.Since(start)
 	return staged, m.finishStaging(partial, recs, staged)
+}
+
+// openBundle reads a bundle's magic, version and header.
+func openBundle(r io.Reader) (*bundleReader, bundleHeader, error) {
+	var hdr bundleHeader
+	br := &bundleReader{r: bufio.NewReaderSize(r, 2*bundleChunk), sum: sha256.New()}
+	head, err := br.full(len(bundleMagic)+2, true)
+	if err != nil {
+		return nil, hdr, err
+	}
+	if string(head[:len(bundleMagic)]) != bundleMagic {
+		return nil, hdr, errBundle("not a move bundle")
+	}
+	if v := binary.BigEndian.Uint16(head[len(bundleMagic):]); v != bundleVersion {
+		return nil, hdr, errBundle("version %d, this berth reads %d: run the same berth on both hosts", v, bundleVersion)
+	}
+	kind, p, err := br.next()
+	if err != nil {
+		return nil, hdr, err
+	}
+	if kind != bframeHeader || json.Unmarshal(p, &hdr) != nil {
+		return nil, hdr, errBundle("no header")
+	}
+	if err := session.ValidateName(hdr.Name); err != nil {
+		return nil, hdr, err
+	}
+	return br, hdr, nil
 }
 
 // receiveFiles reads file, data and (with recs) records frames into
@@ -526,6 +542,11 @@ func (m *Manager) refuseArrival(ctx context.Context, hdr bundleHeader) error {
 				Hint: "discard the earlier move's staging, or delete the session here"}
 		}
 	}
+	return m.refuseBuild(ctx, hdr)
+}
+
+// refuseBuild refuses a bundle whose VMM or image build this host lacks.
+func (m *Manager) refuseBuild(ctx context.Context, hdr bundleHeader) error {
 	if _, err := m.driver(hdr.VMM); err != nil {
 		return err
 	}
@@ -634,6 +655,13 @@ func (m *Manager) CommitReceived(ctx context.Context, name string) (session.Sess
 	}
 	defer f.Close()
 	rec, err := m.st.ImportSession(f, func(r *store.Session) error {
+		if staged.Checkpoint != "" {
+			// A recovery: the records were copied from a session in any
+			// state on a host now gone; here it starts stopped, on the
+			// checkpoint's disks (swapped in below).
+			r.State = string(session.StateStopped)
+			r.SnapshotPath, r.SnapshotBytes = "", 0
+		}
 		if r.State != string(session.StateStopped) && r.State != string(session.StateSleeping) {
 			return fmt.Errorf("its record says %s: %w", r.State, session.ErrInvalidState)
 		}
@@ -644,8 +672,14 @@ func (m *Manager) CommitReceived(ctx context.Context, name string) (session.Sess
 		return nil
 	})
 	if errors.Is(err, store.ErrExists) {
-		// Imported by an earlier try that the process did not outlive.
+		// Imported by an earlier try that the process did not outlive,
+		// or whose recovery's swap failed (its intent is still there).
 		if s, gerr := m.get(name); gerr == nil {
+			if staged.Checkpoint != "" {
+				if err := s.finishRecoverOnto(ctx, staged.Checkpoint); err != nil {
+					return session.Session{}, fmt.Errorf("commit the recovery of %q: %w", name, err)
+				}
+			}
 			os.RemoveAll(dir)
 			return s.snapshot(), nil
 		}
@@ -658,12 +692,19 @@ func (m *Manager) CommitReceived(ctx context.Context, name string) (session.Sess
 		return session.Session{}, err
 	}
 	m.loadHarnessOf(name)
+	how := fmt.Sprintf("%s: moved here (%d files, %d bytes of data)", rec.State, staged.Files, staged.Bytes)
+	if staged.Checkpoint != "" {
+		if err := s.recoverOnto(ctx, staged.Checkpoint); err != nil {
+			s.op.Unlock()
+			return session.Session{}, fmt.Errorf("commit the recovery of %q: %w", name, err)
+		}
+		how = fmt.Sprintf("%s: recovered here from its replica of checkpoint %s", s.state(), staged.Checkpoint)
+	}
 	s.refreshCheckpoints()
 	s.op.Unlock()
 	os.RemoveAll(dir)
 	syncDir(m.movesDir())
-	m.event(session.Event{Kind: session.EventState, Name: name, By: session.Actor(ctx), Session: ptr(s.snapshot()),
-		Message: fmt.Sprintf("%s: moved here (%d files, %d bytes of data)", rec.State, staged.Files, staged.Bytes)})
+	m.event(session.Event{Kind: session.EventState, Name: name, By: session.Actor(ctx), Session: ptr(s.snapshot()), Message: how})
 	return s.snapshot(), nil
 }
 

@@ -491,3 +491,111 @@ func TestFleetDrainEndToEnd(t *testing.T) {
 	a.Fails("host b is gone", "host", "drain", "b")
 	a.Fails("host b is gone", "host", "undrain", "b")
 }
+
+// A gone host's session recovered through real daemons and the CLI: a
+// memory checkpoint of a running session on a is replicated to b; a's
+// daemon is killed (its VM runs on); berth recover on b is refused while
+// etcd holds a's lease, says what it would do without --force, and then
+// starts the session on b from the checkpoint (its workspace as it was
+// then, its processes resumed from the checkpoint's memory); a,
+// restarted, stops its VM and quarantines its copy at once, so one VMM
+// runs the session in the fleet. Boots two VMs (run it under flock
+// /tmp/berth-vm.lock).
+func TestRecoverDaemonsEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots VMs")
+	}
+	const ttl = 2 * time.Second
+	a := daemontest.New(t, vmmtest.DataDir(t))
+	b := daemontest.New(t, vmmtest.DataDir(t))
+	url, _ := startEtcd(t, a.Berth)
+	serve := func(e *daemontest.Env, id string) {
+		e.StartDaemon("--fleet", url, "--host-id", id, "--listen", "127.0.0.1:0", "--fleet-ttl", ttl.String())
+	}
+	serve(a, "a")
+	serve(b, "b")
+	a.OK("create", "rec", "--on", "a", "--memory", "384M", "--disk", "256M")
+	a.OK("exec", "rec", "--", "sh", "-c", "echo kept > /workspace/state; sync; setsid sleep 1000 >/dev/null 2>&1 </dev/null &")
+	if out := a.OK("checkpoint", "rec", "--memory", "--replicate", "b"); !strings.Contains(out, "checkpoint c1 of rec: workspace+memory") || !strings.Contains(out, "checkpoint c1 of rec copied to b in ") {
+		t.Fatalf("checkpoint --replicate said %q", out)
+	}
+	a.OK("exec", "rec", "--", "sh", "-c", "echo lost > /workspace/state; echo x > /workspace/later; sync")
+	if out := b.OK("checkpoints", "rec"); !strings.Contains(out, "REPLICAS") || !regexp.MustCompile(`c1 .* b\n`).MatchString(out) {
+		t.Errorf("checkpoints from b:\n%s", out)
+	}
+	if _, err := os.Stat(filepath.Join(b.Data, "replicas", "rec", "c1", "session", "checkpoints", "c1", "workspace.img")); err != nil {
+		t.Errorf("b keeps no replica: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(b.Data, "sessions", "rec")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the replica made a session directory on b: %v", err)
+	}
+	before := a.Info("rec")
+	oldVMM := a.VMMPid("rec")
+	if oldVMM == 0 {
+		t.Fatal("no VMM pid for rec on a")
+	}
+
+	a.KillDaemon()
+	killed := time.Now()
+	if r := b.Run("checkpoints", "rec"); r.Code != 1 || !strings.Contains(r.Stderr, "the fleet keeps replicas of its checkpoints c1 (taken ") {
+		t.Errorf("checkpoints of rec with a down: %+v", r)
+	}
+	recoverArgs := []string{"recover", "rec", "--from", "c1", "--on", "b"}
+	r := b.Run(append(recoverArgs, "--force")...)
+	if r.Code != 1 || !strings.HasPrefix(r.Stderr, "berth: host a, which owns session rec, still holds its etcd lease (it expires in ") || strings.Count(r.Stderr, "\n") != 1 {
+		t.Fatalf("recover while a's lease lives: %+v", r)
+	}
+	for {
+		r = b.Run(recoverArgs...)
+		if !strings.Contains(r.Stderr, "still holds its etcd lease") {
+			break
+		}
+		if time.Since(killed) > ttl+5*time.Second {
+			t.Fatalf("a's lease still lives %s after the kill: %+v", time.Since(killed), r)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if r.Code != 1 || !strings.HasPrefix(r.Stderr, "berth: this would start session rec on host b from its replica of checkpoint c1") ||
+		!strings.HasSuffix(r.Stderr, "; add --force to do it\n") || strings.Count(r.Stderr, "\n") != 1 {
+		t.Fatalf("recover without --force: %+v", r)
+	}
+	out := b.OK(append(recoverArgs, "--force")...)
+	if !strings.HasPrefix(out, "recovered rec on b from checkpoint c1 in ") || !strings.Contains(out, "(host a was gone); it is running") {
+		t.Errorf("recover --force said %q", out)
+	}
+	after := b.Info("rec")
+	if after.Host != "b" || after.State != session.StateRunning || after.Epoch <= before.Epoch {
+		t.Errorf("after the recovery: host %s, %s, epoch %d (was %d)", after.Host, after.State, after.Epoch, before.Epoch)
+	}
+	if got := b.OK("exec", "rec", "--", "sh", "-c", "cat /workspace/state; if test -e /workspace/later; then echo later; fi; cat /proc/[0-9]*/comm | grep -qx sleep && echo still sleeping"); got != "kept\nstill sleeping\n" {
+		t.Errorf("the recovered session says %q, want the checkpoint's workspace and processes", got)
+	}
+	if syscall.Kill(oldVMM, 0) != nil {
+		t.Fatalf("a's VMM %d did not outlive its daemon", oldVMM)
+	}
+
+	// a comes back: its VM stops and its copy goes to quarantine before
+	// the daemon answers.
+	back := time.Now()
+	serve(a, "a")
+	for syscall.Kill(oldVMM, 0) == nil {
+		if time.Since(back) > 10*time.Second {
+			t.Fatalf("a's VMM %d still runs 10s after a's restart; log:\n%s", oldVMM, a.DaemonLog())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("a's stale VM stopped %s after its restart", time.Since(back).Round(time.Millisecond))
+	if q := a.OK("quarantine"); !strings.Contains(q, "rec") || !strings.Contains(q, "host b owns session rec") {
+		t.Errorf("quarantine on a:\n%s", q)
+	}
+	if _, err := os.Stat(filepath.Join(a.Data, "sessions", "rec")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a's copy is still among its sessions: %v", err)
+	}
+	if pid := b.VMMPid("rec"); pid == 0 || syscall.Kill(pid, 0) != nil {
+		t.Errorf("b's VMM for rec is not running (pid %d)", pid)
+	}
+	if table := a.OK("ls"); !regexp.MustCompile(`rec +b +running`).MatchString(table) {
+		t.Errorf("ls on a after its return:\n%s", table)
+	}
+	b.OK("delete", "rec", "--yes")
+}

@@ -7,5 +7,5 @@ func (h *Host) crash() {
 	<-h.done
 }
 
-// Crash is crash, for the package's external tests.
+// Crash is crash, for the package's external tests: a host "killed -9".
 func (h *Host) Crash() { h.crash() }

@@ -5,6 +5,8 @@
 // session from its owner, forwarding over the API at the session's
 // epoch, the fence that keeps an isolated host from changing anything
 // (Fence), the quarantine of stale copies at rejoin (QuarantineStale),
+// checkpoint replicas and the recovery of a gone host's session from one
+// (Router.ReplicateCheckpoint, Router.Recover),
 // and an ordered, resumable watch of the fleet's keys (Watcher). The
 // daemon uses it through Node, Fence and Router; it imports no engine
 // (the Router is given the host's own Service).
@@ -38,11 +40,32 @@
 //	                               which every call a front door forwards carries
 //	sessions/S/status  (reserved)  S's state, written only by the owner at the
 //	                               current epoch (a CRD's .status); nothing writes it yet
+//	sessions/S/replicas/H/ID
+//	                   ReplicaRecord  no lease: host H keeps a copy of checkpoint ID of S
 //
 // alloc/H is not under hosts/H/ so that a prefix read of hosts/ yields
 // host records only. A session's keys are together under sessions/S/ so
 // that one prefix read or delete takes the whole session, as a CRD
 // object holds .spec and .status together.
+//
+// A replica's key has no lease on purpose: it must outlive the owner
+// (whose loss is what it is for) and H's own restarts; H's copy is on
+// disk whether H is up or not, and a recovery needs H live anyway. It is
+// written by the owner at its epoch (a session moved or recovered since
+// is not said to have it) and goes with S's keys when S is deleted, when
+// the deleting front door asks each H to drop its copy.
+//
+// # Recovery
+//
+// A host that is gone is judged by etcd alone: its hosts/H key, under
+// its lease, is absent once etcd has expired the lease, whatever any
+// host's clock says. Recover makes H2 the owner of a session of a gone
+// host in one transaction guarded by the owner key's mod revision read
+// (so of two recoveries, or a recovery and any other change, one wins),
+// hosts/OLD being absent, H2's replica record unchanged and hosts/H2
+// the registration read; the session's allocation moves to H2. The old
+// host's copy is then behind the owner key: at its rejoin it is
+// quarantined (QuarantineStale) before the host takes a change.
 //
 // # Placement
 //

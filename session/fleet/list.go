@@ -26,6 +26,8 @@ type liveHost struct {
 	// registration read is still the one etcd has (not a new lease, not
 	// a record marked draining since).
 	rev int64
+	// lease is hosts/H's lease, for how long it has left.
+	lease int64
 }
 
 type allocAt struct {
@@ -59,7 +61,7 @@ func read(ctx context.Context, cli *clientv3.Client, seen bool, extra ...clientv
 			v.bad = append(v.bad, err)
 			continue
 		}
-		v.live[id] = liveHost{rec: rec, rev: kv.ModRevision}
+		v.live[id] = liveHost{rec: rec, rev: kv.ModRevision, lease: kv.Lease}
 	}
 	for _, kv := range r.Responses[1].GetResponseRange().Kvs {
 		id := idOf(seenDir, string(kv.Key))

@@ -147,3 +147,24 @@ func mustJSON(v any) string {
 	}
 	return string(b)
 }
+
+// ReplicaRecord says that a host keeps a copy of a checkpoint, at
+// sessions/S/replicas/H/ID.
+type ReplicaRecord struct {
+	Memory   bool      `json:"memory,omitempty"`
+	TakenAt  time.Time `json:"taken_at"`
+	CopiedAt time.Time `json:"copied_at"`
+	Bytes    int64     `json:"bytes"`
+}
+
+// ParseReplica reads a replica record.
+func ParseReplica(b []byte) (ReplicaRecord, error) {
+	var r ReplicaRecord
+	if err := decode(b, &r); err != nil {
+		return r, fmt.Errorf("replica record: %w", err)
+	}
+	if r.Bytes < 0 {
+		return r, fmt.Errorf("replica record of %d bytes", r.Bytes)
+	}
+	return r, nil
+}

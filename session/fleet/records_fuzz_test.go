@@ -14,6 +14,7 @@ func FuzzRecords(f *testing.F) {
 	f.Add("a", []byte(`{"id":"b"}`))
 	f.Add("a", []byte(`{"cpus":1,"mem_mib":2,"sessions":3}`))
 	f.Add("a", []byte(`{"host":"a"}`))
+	f.Add("a", []byte(`{"memory":true,"taken_at":"2026-01-01T00:00:00Z","copied_at":"2026-01-01T00:00:01Z","bytes":4096}`))
 	f.Add("a", []byte(`{"id":"a","cpus":-1}{}`))
 	f.Add("a", []byte(`{"id":"a","images":[""]}`))
 	f.Fuzz(func(t *testing.T, key string, b []byte) {
@@ -33,6 +34,9 @@ func FuzzRecords(f *testing.F) {
 		}
 		if a, err := ParseAlloc(b); err == nil && (a.CPUs < 0 || a.MemoryMiB < 0 || a.Sessions < 0) {
 			t.Fatalf("accepted %+v", a)
+		}
+		if r, err := ParseReplica(b); err == nil && r.Bytes < 0 {
+			t.Fatalf("accepted replica %+v", r)
 		}
 		if o, err := ParseOwner(b); err == nil && ValidateHostID(o.Host) != nil {
 			t.Fatalf("accepted owner %+v", o)

@@ -954,9 +954,11 @@ func (r *Router) delete(ctx context.Context, name string, retried bool) error {
 	if t.epoch != 0 && (err == nil || errors.Is(err, session.ErrNotFound)) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
 		defer cancel()
+		reps, _ := Replicas(rctx, r.cli, name) // their records go with the release
 		if rerr := ReleaseAt(rctx, r.cli, name, t.epoch); rerr != nil && !errors.Is(rerr, session.ErrNotFound) {
 			return errors.Join(err, fmt.Errorf("delete %s: release its place in the fleet: %w", name, rerr))
 		}
+		r.dropReplicas(rctx, name, reps)
 		if err != nil {
 			// Placed, never made (or gone from the engine already): the
 			// placement was all there was.

@@ -67,10 +67,19 @@ func (r *Router) Checkpoint(ctx context.Context, name string, opts session.Check
 	})
 }
 
+// Checkpoints lists the owner's checkpoints of name; the front door the
+// caller asked names the hosts that keep replicas of each.
 func (r *Router) Checkpoints(ctx context.Context, name string) ([]session.Checkpoint, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) ([]session.Checkpoint, error) {
+	cks, err := on(r, ctx, name, func(svc session.Service, ctx context.Context) ([]session.Checkpoint, error) {
 		return svc.Checkpoints(ctx, name)
 	})
+	if _, fwd := session.ForwardedOf(ctx); fwd {
+		return cks, err
+	}
+	if err != nil {
+		return cks, r.replicasOfUnreachable(ctx, name, err)
+	}
+	return r.withReplicas(ctx, name, cks), nil
 }
 
 func (r *Router) DeleteCheckpoint(ctx context.Context, name, id string) error {

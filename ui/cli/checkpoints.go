@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/berthvm/berth/session"
@@ -12,12 +14,12 @@ import (
 // Checkpoints, restore and fork.
 
 func checkpointCmds() []*Command {
-	return []*Command{checkpointCmd(), checkpointsCmd(), checkpointRmCmd(), restoreCmd(), forkCmd(), moveCmd()}
+	return []*Command{checkpointCmd(), checkpointsCmd(), checkpointRmCmd(), checkpointReplicateCmd(), restoreCmd(), forkCmd(), moveCmd(), recoverCmd()}
 }
 
 func checkpointCmd() *Command {
 	return &Command{
-		Name: "checkpoint", Action: session.ActionCheckpoint, Group: "Checkpoints", Usage: "NAME [--label L] [--memory]", Args: []string{"NAME"},
+		Name: "checkpoint", Action: session.ActionCheckpoint, Group: "Checkpoints", Usage: "NAME [--label L] [--memory] [--replicate HOST]", Args: []string{"NAME"},
 		Summary: "save a session's disks (and with --memory its processes) to go back to later",
 		Help: `Flushes and freezes the session's filesystems, copies its workspace and system disk
 copy-on-write (a reflink where the data directory's filesystem has one, else a sparse
@@ -25,15 +27,26 @@ copy of the blocks in use), then thaws them. Commands keep running: they are hel
 the copy, and the output says for how long. With --memory the VM's memory is saved in
 the same freeze, so 'berth restore' resumes its processes too (running or sleeping
 sessions only). A stopped session's disks are copied as they are.
-checkpoint_limit and checkpoint_bytes in config.toml bound a session's checkpoints.`,
-		Example: "berth checkpoint demo --label 'tests pass'\nberth checkpoint demo --memory",
+checkpoint_limit and checkpoint_bytes in config.toml bound a session's checkpoints.
+In a fleet, --replicate HOST then keeps a copy of the checkpoint on HOST, from which
+'berth recover' starts the session there if its own host is ever gone (as
+'berth checkpoint replicate' does for a checkpoint taken before).`,
+		Example: "berth checkpoint demo --label 'tests pass'\nberth checkpoint demo --memory\nberth checkpoint demo --replicate h2",
 		Setup: func(fs *flag.FlagSet) RunFunc {
 			label := fs.String("label", "", "a `LABEL` to know it by")
 			memory := fs.Bool("memory", false, "keep the VM's memory too, so a restore resumes its processes")
+			replicate := fs.String("replicate", "", "keep a copy on `HOST` of the fleet, to recover the session there")
 			return func(ctx context.Context, c *Call, args []string) error {
 				svc, err := c.service(ctx)
 				if err != nil {
 					return err
+				}
+				var rc session.Recoverer
+				if *replicate != "" {
+					var ok bool
+					if rc, ok = svc.(session.Recoverer); !ok {
+						return fmt.Errorf("this connection cannot replicate checkpoints: %w", session.ErrUnsupported)
+					}
 				}
 				ck, err := svc.Checkpoint(ctx, args[0], session.CheckpointOptions{Label: *label, Memory: *memory})
 				if err != nil {
@@ -45,6 +58,14 @@ checkpoint_limit and checkpoint_bytes in config.toml bound a session's checkpoin
 				}
 				fmt.Fprintf(c.env.Stdout, "checkpoint %s of %s: %s, %s on disk (%s) in %s%s\n",
 					ck.ID, args[0], ck.Holds(), session.FormatBytes(ck.Bytes), ck.Copy, ck.Took.Round(time.Millisecond), held)
+				if rc == nil {
+					return nil
+				}
+				rep, err := rc.ReplicateCheckpoint(ctx, args[0], ck.ID, *replicate)
+				if err != nil {
+					return fmt.Errorf("checkpoint %s was taken, but its copy to %s failed ('berth checkpoint replicate %s %s --to %s' tries again): %w", ck.ID, *replicate, args[0], ck.ID, *replicate, err)
+				}
+				printReplica(c, args[0], rep)
 				return nil
 			}
 		},
@@ -62,9 +83,21 @@ func checkpointsCmd() *Command {
 					return fmt.Sprintf("%s has no checkpoints ('berth checkpoint %s' takes one)", name, name)
 				},
 				func(c *Call, list []session.Checkpoint) error {
-					t := newTable(c.env.Stdout, "ID", "TAKEN", "SIZE", "HOLDS", "COPY", "LABEL")
+					replicas := false
 					for _, ck := range list {
-						t.row(ck.ID, ck.CreatedAt.Local().Format("2006-01-02 15:04:05"), session.FormatBytes(ck.Bytes), ck.Holds(), ck.Copy, ck.Label)
+						replicas = replicas || len(ck.Replicas) > 0
+					}
+					head := []string{"ID", "TAKEN", "SIZE", "HOLDS", "COPY", "LABEL"}
+					if replicas {
+						head = append(head, "REPLICAS")
+					}
+					t := newTable(c.env.Stdout, head...)
+					for _, ck := range list {
+						row := []string{ck.ID, ck.CreatedAt.Local().Format("2006-01-02 15:04:05"), session.FormatBytes(ck.Bytes), ck.Holds(), ck.Copy, ck.Label}
+						if replicas {
+							row = append(row, orNone(strings.Join(ck.Replicas, ",")))
+						}
+						t.row(row...)
 					}
 					return t.flush()
 				})
@@ -224,6 +257,105 @@ stop it or put it to sleep first.`,
 				fmt.Fprintf(c.env.Stdout, "moved %s to %s in %s (%d files, %s of data, sent in %s); it is %s there\n",
 					args[0], *to, res.Took.Round(time.Millisecond), res.Staged.Files, session.FormatBytes(res.Staged.Bytes),
 					res.Sent.Round(time.Millisecond), res.Session.State)
+				return nil
+			}
+		},
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func printReplica(c *Call, name string, rep session.Replica) {
+	shipped := ""
+	if rep.ImageSent {
+		shipped = ", its image build shipped first"
+	}
+	fmt.Fprintf(c.env.Stdout, "checkpoint %s of %s copied to %s in %s (%d files, %s of data%s)\n",
+		rep.Checkpoint, name, rep.Host, rep.Took.Round(time.Millisecond), rep.Files, session.FormatBytes(rep.Bytes), shipped)
+}
+
+func checkpointReplicateCmd() *Command {
+	return &Command{
+		Name: "checkpoint replicate", Action: session.ActionCheckpoint, Group: "Checkpoints", Usage: "NAME ID --to HOST", Args: []string{"NAME", "ID"},
+		Summary: "copy a checkpoint to another host of the fleet, to recover the session there",
+		Help: `Copies checkpoint ID of session NAME to host HOST of the fleet: its disks (sparse), its memory
+snapshot if it has one, and the session's records, each chunk checked by its hash, straight
+from the host that owns the session into HOST's replicas area (not a session there), plus the
+image build the disks were made on if HOST lacks it. The fleet records the copy under the
+session's keys; 'berth checkpoints NAME' shows where copies are. If the session's host is
+ever gone, 'berth recover NAME --from ID --on HOST --force' starts it there. Copying the
+same checkpoint again replaces the copy.`,
+		Example: "berth checkpoint replicate demo c3 --to h2",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			to := fs.String("to", "", "the `HOST` to keep the copy on (berth host ls lists them)")
+			return func(ctx context.Context, c *Call, args []string) error {
+				if *to == "" {
+					return usageErrorf("--to HOST is needed")
+				}
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				rc, ok := svc.(session.Recoverer)
+				if !ok {
+					return fmt.Errorf("this connection cannot replicate checkpoints: %w", session.ErrUnsupported)
+				}
+				rep, err := rc.ReplicateCheckpoint(ctx, args[0], args[1], *to)
+				if err != nil {
+					return err
+				}
+				printReplica(c, args[0], rep)
+				return nil
+			}
+		},
+	}
+}
+
+func recoverCmd() *Command {
+	return &Command{
+		Name: "recover", Action: session.ActionRecover, Group: "Sessions", Usage: "NAME --from ID --on HOST [--force]", Args: []string{"NAME"},
+		Summary: "start a session of a gone host on another, from a checkpoint copied there",
+		Help: `Starts session NAME on host HOST from the copy HOST keeps of its checkpoint ID ('berth
+checkpoint replicate'), when the host that owns it is gone. It is refused while etcd still
+holds that host's lease (the refusal says how long the lease has left): only etcd's expiry
+of the lease says a host is gone, never a host's clock. Without --force it says what it
+would do and does nothing. With it, HOST stages its copy, one etcd transaction makes HOST
+the owner at a new epoch (guarded by the owner read, so of two recoveries at once exactly
+one wins), and HOST starts the session on the checkpoint's disks (resuming its memory when
+the checkpoint has it). What the session did after the checkpoint is lost. The old host,
+when it comes back, stops its VM and sets its copy aside in quarantine (berth quarantine ls).`,
+		Example: "berth recover demo --from c3 --on h2\nberth recover demo --from c3 --on h2 --force",
+		Setup: func(fs *flag.FlagSet) RunFunc {
+			from := fs.String("from", "", "the checkpoint `ID` whose copy starts it")
+			host := fs.String("on", "", "the `HOST` that keeps the copy and takes the session")
+			force := fs.Bool("force", false, "do it (without: say what it would do)")
+			return func(ctx context.Context, c *Call, args []string) error {
+				if *from == "" || *host == "" {
+					return usageErrorf("--from ID and --on HOST are needed")
+				}
+				svc, err := c.service(ctx)
+				if err != nil {
+					return err
+				}
+				rc, ok := svc.(session.Recoverer)
+				if !ok {
+					return fmt.Errorf("this connection cannot recover sessions: %w", session.ErrUnsupported)
+				}
+				res, err := rc.Recover(ctx, args[0], session.RecoverOptions{From: *from, On: *host, Force: *force})
+				if err != nil {
+					var se *session.Error
+					if errors.As(err, &se) && !*force && strings.HasPrefix(se.Msg, "this would ") {
+						return &session.Error{Class: se.Class, Msg: se.Msg + "; add --force to do it"}
+					}
+					return err
+				}
+				fmt.Fprintf(c.env.Stdout, "recovered %s on %s from checkpoint %s in %s, at epoch %d (host %s was gone); it is %s\n",
+					args[0], *host, res.Checkpoint, res.Took.Round(time.Millisecond), res.Epoch, res.From, res.Session.State)
 				return nil
 			}
 		},
