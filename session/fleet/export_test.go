@@ -9,3 +9,7 @@ func (h *Host) crash() {
 
 // Crash is crash, for the package's external tests: a host "killed -9".
 func (h *Host) Crash() { h.crash() }
+
+// SetBeforeClaim runs f between a change's routing and its status
+// transaction.
+func (r *Router) SetBeforeClaim(f func(name string)) { r.beforeClaim = f }

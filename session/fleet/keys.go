@@ -38,8 +38,10 @@
 //	sessions/S/spec    Spec        S's create options, desired state (a Session CRD's .spec)
 //	sessions/S/owner   Owner       the host that holds S; its mod revision is S's epoch,
 //	                               which every call a front door forwards carries
-//	sessions/S/status  (reserved)  S's state, written only by the owner at the
-//	                               current epoch (a CRD's .status); nothing writes it yet
+//	sessions/S/status  Status      the owner's last lifecycle change of S and the
+//	                               state it left, written only by a transaction at
+//	                               the current epoch (a CRD's .status); each change
+//	                               the owner makes commits it first (router_status.go)
 //	sessions/S/replicas/H/ID
 //	                   ReplicaRecord  no lease: host H keeps a copy of checkpoint ID of S
 //

@@ -15,6 +15,7 @@ func FuzzRecords(f *testing.F) {
 	f.Add("a", []byte(`{"cpus":1,"mem_mib":2,"sessions":3}`))
 	f.Add("a", []byte(`{"host":"a"}`))
 	f.Add("a", []byte(`{"memory":true,"taken_at":"2026-01-01T00:00:00Z","copied_at":"2026-01-01T00:00:01Z","bytes":4096}`))
+	f.Add("a", []byte(`{"host":"b","epoch":41,"op":"stop","state":"stopped","at":"2026-01-01T00:00:00Z"}`))
 	f.Add("a", []byte(`{"id":"a","cpus":-1}{}`))
 	f.Add("a", []byte(`{"id":"a","images":[""]}`))
 	f.Fuzz(func(t *testing.T, key string, b []byte) {
@@ -40,6 +41,9 @@ func FuzzRecords(f *testing.F) {
 		}
 		if o, err := ParseOwner(b); err == nil && ValidateHostID(o.Host) != nil {
 			t.Fatalf("accepted owner %+v", o)
+		}
+		if st, err := ParseStatus(b); err == nil && (ValidateHostID(st.Host) != nil || st.Epoch < 0 || len(st.Op) > 32) {
+			t.Fatalf("accepted status %+v", st)
 		}
 	})
 }

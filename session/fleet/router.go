@@ -66,6 +66,10 @@ type Router struct {
 
 	mu    sync.Mutex
 	peers map[string]*api.Client // by address; guarded by mu
+
+	// beforeClaim, in tests, runs between a change's routing and its
+	// status transaction: where a move or recovery can commit.
+	beforeClaim func(name string)
 }
 
 var (
@@ -281,7 +285,7 @@ func (r *Router) route(ctx context.Context, name string) (target, error) {
 		// and no other host can take a session of a host whose lease
 		// lives: a move needs this host, a recovery the lease's end.
 		if s, gerr := r.cfg.Local.Get(ctx, name); gerr == nil {
-			return target{svc: r.cfg.Local, ctx: ctx, host: r.cfg.Self, epoch: s.Epoch}, nil
+			return target{svc: r.cfg.Local, ctx: context.WithValue(ctx, epochKey{}, s.Epoch), host: r.cfg.Self, epoch: s.Epoch}, nil
 		}
 	}
 	if err != nil {
@@ -291,12 +295,12 @@ func (r *Router) route(ctx context.Context, name string) (target, error) {
 		if (!ok && epoch != 0) || (ok && (o.host != r.cfg.Self || o.epoch != epoch)) {
 			return target{}, r.stale(name, epoch, o, ok)
 		}
-		return target{svc: r.cfg.Local, ctx: ctx, host: r.cfg.Self, epoch: o.epoch, spec: o.spec}, nil
+		return target{svc: r.cfg.Local, ctx: context.WithValue(ctx, epochKey{}, o.epoch), host: r.cfg.Self, epoch: o.epoch, spec: o.spec}, nil
 	}
 	if !ok || o.host == r.cfg.Self {
 		// Not in the fleet's keys: one made before this host joined, or
 		// none, which the engine says.
-		return target{svc: r.cfg.Local, ctx: ctx, host: r.cfg.Self, epoch: o.epoch, spec: o.spec}, nil
+		return target{svc: r.cfg.Local, ctx: context.WithValue(ctx, epochKey{}, o.epoch), host: r.cfg.Self, epoch: o.epoch, spec: o.spec}, nil
 	}
 	c, err := r.client(ctx, o.host)
 	if err != nil {
@@ -330,7 +334,9 @@ func onHost[T any](r *Router, ctx context.Context, name string, retry bool, f fu
 			return zero, t.host, err
 		}
 		v, err := f(t.svc, t.ctx)
-		if retry && t.remote && try == 0 && session.CodeOf(err) == session.CodeStaleEpoch {
+		// Stale here too: a change's status transaction found the owner
+		// key moved on (router_status.go) before anything was done.
+		if retry && try == 0 && session.CodeOf(err) == session.CodeStaleEpoch {
 			continue
 		}
 		return v, t.host, err
@@ -969,23 +975,23 @@ func (r *Router) delete(ctx context.Context, name string, retried bool) error {
 }
 
 func (r *Router) Pause(ctx context.Context, name string) (session.Session, error) {
-	return r.onSession(ctx, name, func(svc session.Service, ctx context.Context) (session.Session, error) { return svc.Pause(ctx, name) })
+	return r.change(ctx, name, "pause", func(svc session.Service, ctx context.Context) (session.Session, error) { return svc.Pause(ctx, name) })
 }
 
 func (r *Router) Resume(ctx context.Context, name string) (session.Session, error) {
-	return r.onSession(ctx, name, func(svc session.Service, ctx context.Context) (session.Session, error) { return svc.Resume(ctx, name) })
+	return r.change(ctx, name, "resume", func(svc session.Service, ctx context.Context) (session.Session, error) { return svc.Resume(ctx, name) })
 }
 
 func (r *Router) Stop(ctx context.Context, name string) (session.Session, error) {
-	return r.onSession(ctx, name, func(svc session.Service, ctx context.Context) (session.Session, error) { return svc.Stop(ctx, name) })
+	return r.change(ctx, name, "stop", func(svc session.Service, ctx context.Context) (session.Session, error) { return svc.Stop(ctx, name) })
 }
 
 func (r *Router) Start(ctx context.Context, name string) (session.Session, error) {
-	return r.onSession(ctx, name, func(svc session.Service, ctx context.Context) (session.Session, error) { return svc.Start(ctx, name) })
+	return r.change(ctx, name, "start", func(svc session.Service, ctx context.Context) (session.Session, error) { return svc.Start(ctx, name) })
 }
 
 func (r *Router) Sleep(ctx context.Context, name string) (session.Session, error) {
-	return r.onSession(ctx, name, func(svc session.Service, ctx context.Context) (session.Session, error) { return svc.Sleep(ctx, name) })
+	return r.change(ctx, name, "sleep", func(svc session.Service, ctx context.Context) (session.Session, error) { return svc.Sleep(ctx, name) })
 }
 
 func (r *Router) Flush(ctx context.Context, name string) (session.FlushResult, error) {
@@ -995,7 +1001,7 @@ func (r *Router) Flush(ctx context.Context, name string) (session.FlushResult, e
 }
 
 func (r *Router) Replace(ctx context.Context, name string, opts session.ReplaceOptions) (session.ReplaceResult, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.ReplaceResult, error) {
+	return changeOn(r, ctx, name, "replace", func(svc session.Service, ctx context.Context) (session.ReplaceResult, error) {
 		return svc.Replace(ctx, name, opts)
 	})
 }

@@ -87,7 +87,7 @@ func (r *Router) DeleteCheckpoint(ctx context.Context, name, id string) error {
 }
 
 func (r *Router) Restore(ctx context.Context, name, id string) (session.RestoreResult, error) {
-	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (session.RestoreResult, error) {
+	return changeOn(r, ctx, name, "restore", func(svc session.Service, ctx context.Context) (session.RestoreResult, error) {
 		return svc.Restore(ctx, name, id)
 	})
 }
@@ -148,7 +148,7 @@ func (r *Router) History(ctx context.Context, name string) ([]session.Sample, er
 }
 
 func (r *Router) SetNet(ctx context.Context, name, policy string) (session.Session, error) {
-	return r.onSession(ctx, name, func(svc session.Service, ctx context.Context) (session.Session, error) {
+	return r.change(ctx, name, "net", func(svc session.Service, ctx context.Context) (session.Session, error) {
 		return svc.SetNet(ctx, name, policy)
 	})
 }

@@ -591,3 +591,105 @@ func TestRouterWatchFollowsHosts(t *testing.T) {
 	for range events { // closes once ctx is done
 	}
 }
+
+// The owner's own changes hold at the epoch they are made at: a
+// lifecycle change served by the owner (its caller's or a forwarded one)
+// writes sessions/S/status by a transaction at the epoch it was routed
+// at before its engine is asked, and again with the state it left. An
+// owner key that moved on between the routing and the change refuses
+// it, or routes it afresh; a host whose registration is gone changes
+// nothing.
+func TestRouterChangesAtEpoch(t *testing.T) {
+	f := startFleet(t, map[string]fleet.Facts{"a": roomy, "b": roomy})
+	ctx := t.Context()
+	a, b := f.hosts["a"], f.hosts["b"]
+	if _, err := a.router.Create(ctx, session.CreateOptions{Name: "s", On: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	owner := func() (string, int64) {
+		t.Helper()
+		g, err := f.cli.Get(ctx, fleet.Prefix+"sessions/s/owner")
+		if err != nil || len(g.Kvs) != 1 {
+			t.Fatal(g, err)
+		}
+		return string(g.Kvs[0].Value), g.Kvs[0].ModRevision
+	}
+	status := func() fleet.Status {
+		t.Helper()
+		g, err := f.cli.Get(ctx, fleet.Prefix+"sessions/s/status")
+		if err != nil || len(g.Kvs) != 1 {
+			t.Fatalf("status: %v %v", g, err)
+		}
+		st, err := fleet.ParseStatus(g.Kvs[0].Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	_, epoch := owner()
+
+	// Through a's door (forwarded) and on b's own: recorded at the epoch.
+	for _, c := range []struct {
+		via  *testHost
+		op   string
+		call func(r *fleet.Router) (session.Session, error)
+		want session.State
+	}{
+		{a, "stop", func(r *fleet.Router) (session.Session, error) { return r.Stop(ctx, "s") }, session.StateStopped},
+		{b, "start", func(r *fleet.Router) (session.Session, error) { return r.Start(ctx, "s") }, session.StateRunning},
+		{a, "sleep", func(r *fleet.Router) (session.Session, error) { return r.Sleep(ctx, "s") }, session.StateSleeping},
+	} {
+		if _, err := c.call(c.via.router); err != nil {
+			t.Fatalf("%s through %s: %v", c.op, c.via.id, err)
+		}
+		if st := status(); st.Host != "b" || st.Epoch != epoch || st.Op != c.op || st.State != c.want {
+			t.Errorf("after %s through %s: status %+v, want b at epoch %d, %s, %s", c.op, c.via.id, st, epoch, c.op, c.want)
+		}
+	}
+
+	// The owner key moves on (a recovery elsewhere commits) after b routed
+	// a change and before it made it: the change is not made.
+	value, _ := owner()
+	b.router.SetBeforeClaim(func(string) {
+		if _, err := f.cli.Put(ctx, fleet.Prefix+"sessions/s/owner", `{"host":"gone-host"}`); err != nil {
+			t.Error(err)
+		}
+	})
+	if _, err := b.router.Start(ctx, "s"); err == nil {
+		t.Errorf("start on b after the owner key named another host: no error")
+	}
+	b.router.SetBeforeClaim(nil)
+	if st, _ := b.fake.Get(ctx, "s"); st.State != session.StateSleeping {
+		t.Errorf("the refused start changed the session: %s", st.State)
+	}
+	// The owner key rewritten naming b again (a new epoch): the change is
+	// routed afresh and made at the new epoch.
+	b.router.SetBeforeClaim(func(string) {
+		b.router.SetBeforeClaim(nil)
+		if _, err := f.cli.Put(ctx, fleet.Prefix+"sessions/s/owner", value); err != nil {
+			t.Error(err)
+		}
+	})
+	if _, err := f.cli.Put(ctx, fleet.Prefix+"sessions/s/owner", value); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.router.Start(ctx, "s"); err != nil {
+		t.Fatalf("start on b at a newer epoch of its own: %v", err)
+	}
+	_, now := owner()
+	if st := status(); st.Epoch != now || st.Epoch <= epoch || st.State != session.StateRunning {
+		t.Errorf("status after the start at the new epoch %d: %+v", now, st)
+	}
+
+	// b's registration gone: its changes wait for it to rejoin.
+	if _, err := f.cli.Delete(ctx, fleet.Prefix+"hosts/b"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.router.Stop(ctx, "s")
+	if !errors.Is(err, session.ErrIsolated) || !strings.Contains(err.Error(), "host b is not registered in the fleet") {
+		t.Errorf("stop on b with its registration gone: %v", err)
+	}
+	if st, _ := b.fake.Get(ctx, "s"); st.State != session.StateRunning {
+		t.Errorf("the refused stop changed the session: %s", st.State)
+	}
+}
