@@ -37,6 +37,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -359,6 +360,7 @@ func (h *Host) Start(extra ...string) {
 		exe, args, env = h.fakeHostCmd()
 		args = append([]string{"netns", "exec", h.NS, exe}, args...)
 	}
+	args = h.hidingOthers(args)
 	c := exec.Command("ip", args...)
 	c.Env = append(append(os.Environ(), "BERTH_DATA=", "NO_COLOR=1"), env...)
 	f := logf(t, h.LogPath())
@@ -383,6 +385,40 @@ func (h *Host) Start(extra ...string) {
 }
 
 func daemonSocket(data string) string { return filepath.Join(data, "berth.sock") }
+
+// hidingOthers turns `ip netns exec NS PROG ARGS…` into a command that,
+// in the mount namespace `ip netns exec` makes (private: nothing mounted
+// there propagates back), first covers every other host's data
+// directory with an empty read-only tmpfs: a host sees its own files
+// only, so what reaches it from another host (a move, a replica) came
+// over the network. The test, in the first namespace, still sees all.
+func (h *Host) hidingOthers(args []string) []string {
+	var others []string
+	for _, o := range h.b.Hosts {
+		if o != h && o.Env != nil {
+			others = append(others, o.Data)
+		}
+	}
+	const script = `n=$1; shift; while [ "$n" -gt 0 ]; do mount -t tmpfs -o ro,size=4k,mode=0555 berth-bed-hidden "$1" || exit 1; shift; n=$((n-1)); done; exec "$@"`
+	head, prog := args[:3], args[3:] // netns exec NS | PROG ARGS…
+	out := append(append([]string{}, head...), "sh", "-c", script, "sh", strconv.Itoa(len(others)))
+	out = append(out, others...)
+	return append(out, prog...)
+}
+
+// Sees lists what host h's daemon sees at path, in its own mount
+// namespace (through /proc/PID/root).
+func (h *Host) Sees(path string) ([]string, error) {
+	if h.Daemon == nil || h.Daemon.Process == nil {
+		return nil, fmt.Errorf("host %s has no daemon", h.ID)
+	}
+	ents, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(h.Daemon.Process.Pid), "root", path))
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names, err
+}
 
 // Kill kills the host's daemon with SIGKILL; its VMs run on.
 func (h *Host) Kill() { h.KillDaemon() }

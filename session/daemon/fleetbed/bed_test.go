@@ -3,7 +3,9 @@ package fleetbed_test
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -265,7 +267,9 @@ func waitGrows(t *testing.T, h *fleetbed.Host, name, id string, n int64, within 
 // while its host is partitioned from etcd, while the etcd majority is
 // lost and while its daemon is killed and restarted, and every change
 // to it is refused while the host is isolated; afterwards the same VMM
-// runs it, at the same epoch. Then its owner key is made to name
+// runs it, at the same epoch. It is moved to the other host and back,
+// across the network (a host sees only its own data directory), the
+// loop going on. Then its owner key is made to name
 // another host: at the host's next rejoin its VM is stopped and its copy
 // moved into quarantine with its records.
 //
@@ -370,6 +374,43 @@ func TestFleetBedSession(t *testing.T) {
 		ownerUnchanged("daemon restarted")
 		if qs := h1.OK("quarantine"); qs != "no quarantined copies\n" {
 			t.Errorf("quarantine after the rejoins: %q", qs)
+		}
+	})
+
+	t.Run("a move crosses the network", func(t *testing.T) {
+		// Each host sees its own data directory and not the other's: what
+		// reaches h2 of p1 comes over the network.
+		if got, err := h2.Sees(h1.Data); err != nil || len(got) != 0 {
+			t.Fatalf("h2 sees h1's data directory: %v %v", got, err)
+		}
+		if got, err := h1.Sees(filepath.Join(h1.Data, "sessions")); err != nil || !slices.Contains(got, "p1") {
+			t.Fatalf("h1 does not see its own sessions: %v %v", got, err)
+		}
+		h1.OK("exec", "p1", "--", "sh", "-c", "echo crossed > /workspace/x")
+		h1.OK("sleep", "p1")
+		if out := h2.OK("move", "p1", "--to", "h2"); !strings.HasPrefix(out, "moved p1 to h2 in ") {
+			t.Errorf("move p1 --to h2 through h2's door: %q", out)
+		}
+		if _, err := os.Stat(filepath.Join(h1.Data, "sessions", "p1")); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("h1 kept its copy of p1: %v", err)
+		}
+		if got := h1.OK("exec", "p1", "--", "cat", "/workspace/x"); got != "crossed\n" {
+			t.Errorf("p1 on h2, through h1's door, has /workspace/x %q", got)
+		}
+		// The loop woke with it on h2, its output recorded there.
+		seen = waitGrows(t, h2, "p1", loop, seen, 15*time.Second)
+		if s := h2.Info("p1"); s.Epoch <= before.Epoch || s.Pid == pid {
+			t.Errorf("p1 on h2: epoch %d (was %d), VMM %d (was %d)", s.Epoch, before.Epoch, s.Pid, pid)
+		}
+		// And back, for what follows.
+		h2.OK("sleep", "p1")
+		h1.OK("move", "p1", "--to", "h1")
+		h1.OK("exec", "p1", "--", "true")
+		seen = waitGrows(t, h1, "p1", loop, seen, 15*time.Second)
+		pid, before = h1.VMMPid("p1"), h1.Info("p1")
+		owner = b.Etcd("get", ownerKey, "")
+		if want := fmt.Sprintf("%d {\"host\":\"h1\"}", before.Epoch); owner != want {
+			t.Errorf("p1's owner key after the move back %q, want %q", owner, want)
 		}
 	})
 
