@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -263,15 +265,18 @@ func waitGrows(t *testing.T, h *fleetbed.Host, name, id string, n int64, within 
 	}
 }
 
-// A session on a host of the fleet (one real VM): a loop in it goes on
+// A session on a host of the fleet (real VMs, two at most): a loop in it goes on
 // while its host is partitioned from etcd, while the etcd majority is
 // lost and while its daemon is killed and restarted, and every change
 // to it is refused while the host is isolated; afterwards the same VMM
-// runs it, at the same epoch. It is moved to the other host and back,
-// across the network (a host sees only its own data directory), the
-// loop going on. Then its owner key is made to name
-// another host: at the host's next rejoin its VM is stopped and its copy
-// moved into quarantine with its records.
+// runs it, at the same epoch, and the loop's output is replayed whole,
+// each line once. It is moved to the other host and back, across the
+// network (a host sees only its own data directory), the loop going on.
+// Then a memory checkpoint of it is kept on the other host, its host is
+// cut off from etcd, and it is recovered there from the checkpoint
+// (refused while etcd holds the old host's lease); at the old host's
+// rejoin its VM is stopped and its copy moved into quarantine with its
+// records, leaving one VMM for the session in the fleet.
 //
 // Boots a VM: run under flock /tmp/berth-vm.lock.
 func TestFleetBedSession(t *testing.T) {
@@ -372,6 +377,14 @@ func TestFleetBedSession(t *testing.T) {
 		h2.WaitHost(h1.ID, session.HostReady, 10*time.Second)
 		unchanged("daemon restarted")
 		ownerUnchanged("daemon restarted")
+		// The loop's output across the kill, replayed: every count once,
+		// in order, none lost.
+		lines := strings.Fields(h1.OK("logs", "p1", loop, "--stream", "stdout"))
+		for i, l := range lines {
+			if l != strconv.Itoa(i+1) {
+				t.Fatalf("the loop's output after the kill has %q at line %d (of %d), want %d", l, i+1, len(lines), i+1)
+			}
+		}
 		if qs := h1.OK("quarantine"); qs != "no quarantined copies\n" {
 			t.Errorf("quarantine after the rejoins: %q", qs)
 		}
@@ -414,13 +427,40 @@ func TestFleetBedSession(t *testing.T) {
 		}
 	})
 
-	t.Run("quarantine at rejoin", func(t *testing.T) {
-		// The fleet says h2 owns p1 now (as a forced recovery would).
-		b.Etcd("put", fleet.Prefix+"sessions/p1/owner", `{"host":"h2"}`)
+	t.Run("recovery elsewhere, quarantine at rejoin", func(t *testing.T) {
+		// A memory checkpoint of p1 kept on h2; then h1 is cut off from
+		// etcd (its VM runs on) and p1 is recovered on h2 from it.
+		h1.OK("exec", "p1", "--", "sh", "-c", "echo at-checkpoint > /workspace/state")
+		out := h1.OK("checkpoint", "p1", "--memory", "--replicate", "h2")
+		m := regexp.MustCompile(`checkpoint (c\d+) of p1`).FindStringSubmatch(out)
+		if m == nil || !strings.Contains(out, "copied to h2 in ") {
+			t.Fatalf("checkpoint --replicate h2 said %q", out)
+		}
+		h1.OK("exec", "p1", "--", "sh", "-c", "echo later > /workspace/later")
+		recoverArgs := []string{"recover", "p1", "--from", m[1], "--on", "h2", "--force"}
 		h1.Partition()
-		waitIsolated(t, h1, true, ttl+2*time.Second)
+		if r := h2.Run(recoverArgs...); r.Code != 1 || !strings.Contains(r.Stderr, "still holds its etcd lease") {
+			t.Fatalf("recover while etcd holds h1's lease: %+v", r)
+		}
+		h2.WaitHost(h1.ID, session.HostGone, 2*ttl+3*time.Second)
+		if out := h2.OK(recoverArgs...); !strings.HasPrefix(out, "recovered p1 on h2 from checkpoint "+m[1]) {
+			t.Errorf("recover --force: %q", out)
+		}
+		if got := h2.OK("exec", "p1", "--", "sh", "-c", "cat /workspace/state; if test -e /workspace/later; then echo later; fi"); got != "at-checkpoint\n" {
+			t.Errorf("the recovered p1 has %q, want the checkpoint's workspace", got)
+		}
+		recovered := h2.VMMPid("p1")
+		if !alive(pid) || recovered == 0 || !alive(recovered) {
+			t.Fatalf("before h1 heals: h1's VMM %d alive %v, h2's %d alive %v", pid, alive(pid), recovered, alive(recovered))
+		}
 		h1.Heal()
 		waitIsolated(t, h1, false, 3*ttl+20*time.Second)
+		defer func() {
+			// One VMM runs p1 in the fleet: h2's.
+			if !alive(recovered) {
+				t.Errorf("h2's VMM %d of the recovered p1 is gone", recovered)
+			}
+		}()
 		if r := h1.Run("info", "p1"); r.Code == 0 || !strings.Contains(r.Stderr, "not found") {
 			t.Errorf("p1 after quarantine: %+v", r)
 		}
