@@ -533,6 +533,11 @@ func receiveFiles(ctx context.Context, br *bundleReader, root string, recs *os.F
 // refuseArrival refuses a bundle this host cannot take: a session of the
 // name here or staged, a VMM or image build it lacks.
 func (m *Manager) refuseArrival(ctx context.Context, hdr bundleHeader) error {
+	// A host below its floor takes nothing more (its own sessions'
+	// writes come first), as it would make nothing new.
+	if err := m.checkFloor("take session " + hdr.Name + " here"); err != nil {
+		return err
+	}
 	if _, err := m.get(hdr.Name); err == nil {
 		return &session.Error{Class: session.ErrExists, Msg: fmt.Sprintf("session %q exists on this host", hdr.Name)}
 	}

@@ -151,6 +151,17 @@ func TestMoveBetweenManagers(t *testing.T) {
 	wantCkpts, _ := src.Checkpoints(ctx, "mv")
 	bundle := sendOf(t, src, "mv")
 
+	// A host below its free-space floor takes nothing, and keeps nothing
+	// of the refusal.
+	full := newAgentManager(t, 0)
+	full.cfg.Floor = 1 << 62
+	if _, err := full.ReceiveSession(ctx, bytes.NewReader(bundle)); !errors.Is(err, session.ErrNoSpace) || !strings.Contains(err.Error(), `cannot take session mv here`) {
+		t.Errorf("ReceiveSession below the floor: %v, want the floor's refusal", err)
+	}
+	if left, _ := os.ReadDir(full.movesDir()); len(left) != 0 {
+		t.Errorf("a refused receive left %v", left)
+	}
+
 	staged, err := dst.ReceiveSession(ctx, bytes.NewReader(bundle))
 	if err != nil {
 		t.Fatalf("ReceiveSession: %v", err)

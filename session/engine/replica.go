@@ -160,6 +160,9 @@ func (m *Manager) ReceiveReplica(ctx context.Context, r io.Reader) (_ session.Re
 	if !validCkptID(hdr.Checkpoint) {
 		return session.Replica{}, errBundle("a move of %q, not a replica of one of its checkpoints", hdr.Name)
 	}
+	if err := m.checkFloor(fmt.Sprintf("keep a replica of checkpoint %s of %q here", hdr.Checkpoint, hdr.Name)); err != nil {
+		return session.Replica{}, err
+	}
 	if err := m.refuseBuild(ctx, hdr); err != nil {
 		return session.Replica{}, err
 	}

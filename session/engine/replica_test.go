@@ -83,6 +83,11 @@ func TestReplicaRecoversACheckpoint(t *testing.T) {
 	if _, err := dst.ReceiveReplica(ctx, bytes.NewReader(sendOf(t, stoppedCopy(t, src), "other"))); err == nil {
 		t.Error("ReceiveReplica took a move bundle")
 	}
+	full := newAgentManager(t, 0)
+	full.cfg.Floor = 1 << 62
+	if _, err := full.ReceiveReplica(ctx, bytes.NewReader(bundle)); !errors.Is(err, session.ErrNoSpace) {
+		t.Errorf("ReceiveReplica below the floor: %v, want the floor's refusal", err)
+	}
 	rep, err := dst.ReceiveReplica(ctx, bytes.NewReader(bundle))
 	if err != nil {
 		t.Fatalf("ReceiveReplica: %v", err)
