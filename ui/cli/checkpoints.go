@@ -242,13 +242,9 @@ stop it or put it to sleep first.`,
 				if *to == "" {
 					return usageErrorf("--to HOST is needed")
 				}
-				svc, err := c.service(ctx)
+				rl, err := serviceAs[session.Relocator](ctx, c, "move sessions")
 				if err != nil {
 					return err
-				}
-				rl, ok := svc.(session.Relocator)
-				if !ok {
-					return fmt.Errorf("this connection cannot move sessions: %w", session.ErrUnsupported)
 				}
 				res, err := rl.MoveTo(ctx, args[0], *to)
 				if err != nil {
@@ -297,13 +293,9 @@ same checkpoint again replaces the copy.`,
 				if *to == "" {
 					return usageErrorf("--to HOST is needed")
 				}
-				svc, err := c.service(ctx)
+				rc, err := serviceAs[session.Recoverer](ctx, c, "replicate checkpoints")
 				if err != nil {
 					return err
-				}
-				rc, ok := svc.(session.Recoverer)
-				if !ok {
-					return fmt.Errorf("this connection cannot replicate checkpoints: %w", session.ErrUnsupported)
 				}
 				rep, err := rc.ReplicateCheckpoint(ctx, args[0], args[1], *to)
 				if err != nil {
@@ -338,13 +330,9 @@ when it comes back, stops its VM and sets its copy aside in quarantine (berth qu
 				if *from == "" || *host == "" {
 					return usageErrorf("--from ID and --on HOST are needed")
 				}
-				svc, err := c.service(ctx)
+				rc, err := serviceAs[session.Recoverer](ctx, c, "recover sessions")
 				if err != nil {
 					return err
-				}
-				rc, ok := svc.(session.Recoverer)
-				if !ok {
-					return fmt.Errorf("this connection cannot recover sessions: %w", session.ErrUnsupported)
 				}
 				res, err := rc.Recover(ctx, args[0], session.RecoverOptions{From: *from, On: *host, Force: *force})
 				if err != nil {

@@ -198,6 +198,22 @@ type Call struct {
 func (c *Call) Env() Env { return c.env }
 
 // service connects on first use.
+// serviceAs is the call's service as T, one of the contract's optional
+// interfaces (session.Relocator, session.Recoverer): a connection whose
+// service lacks it cannot do what (a verb phrase: "move sessions").
+func serviceAs[T any](ctx context.Context, c *Call, what string) (T, error) {
+	var zero T
+	svc, err := c.service(ctx)
+	if err != nil {
+		return zero, err
+	}
+	t, ok := svc.(T)
+	if !ok {
+		return zero, fmt.Errorf("this connection cannot %s: %w", what, session.ErrUnsupported)
+	}
+	return t, nil
+}
+
 func (c *Call) service(ctx context.Context) (session.Service, error) {
 	if c.svc != nil {
 		return c.svc, nil
