@@ -5,10 +5,12 @@ package vmmtest
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -161,7 +163,13 @@ func Berth(t testing.TB) string {
 	berthOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		dir, err := os.MkdirTemp("", "berth-bin-")
+		// Each test process builds its own (the tree may have changed
+		// since another did); the builds of processes long gone are
+		// removed here, since no process outlives its binaries' use.
+		parent := filepath.Join(os.TempDir(), "berth-test-bin")
+		os.MkdirAll(parent, 0o755)
+		removeOlder(parent, 2*time.Hour)
+		dir, err := os.MkdirTemp(parent, "berth-bin-")
 		if err != nil {
 			berthErr = err
 			return
@@ -269,8 +277,50 @@ func DataDirIn(t testing.TB, dir string) string {
 	// Templates are shared too: building one costs a boot.
 	shared := filepath.Join(CacheDir(), "test", "templates")
 	os.MkdirAll(shared, 0o755)
+	pruneOnce.Do(func() { pruneTemplates(shared) })
 	if err := os.Symlink(shared, filepath.Join(dir, "templates")); err != nil {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+var pruneOnce sync.Once
+
+// pruneTemplates removes the shared templates of image builds the test
+// store no longer has (each agent change builds mini again, and its
+// templates, ~100 MB each, would pile up), and any not touched for a
+// day. A template just made, whose builder may still be writing it, is
+// left alone.
+func pruneTemplates(dir string) {
+	live := map[string]bool{}
+	for _, name := range []string{"mini", "debian"} {
+		builds, _ := os.ReadDir(filepath.Join(CacheDir(), "test", "images", name))
+		for _, b := range builds {
+			live[b.Name()] = true
+		}
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		fi, err := os.Stat(p)
+		if err != nil || time.Since(fi.ModTime()) < time.Hour || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		var t struct{ Digest string }
+		b, err := os.ReadFile(filepath.Join(p, "image.json"))
+		if err == nil && json.Unmarshal(b, &t) == nil && live[t.Digest] && time.Since(fi.ModTime()) < 24*time.Hour {
+			continue
+		}
+		os.RemoveAll(p)
+	}
+}
+
+// removeOlder removes what in dir was last changed more than age ago.
+func removeOlder(dir string, age time.Duration) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > age {
+			os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
 }
