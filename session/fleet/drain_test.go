@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/fleet/fleettest"
 )
@@ -67,29 +65,8 @@ func TestDrainingFlagLasts(t *testing.T) {
 		t.Fatalf("after a refresh: %+v", got)
 	}
 	// A lost lease: the new registration is draining.
-	h.mu.Lock()
-	lease := h.lease
-	h.mu.Unlock()
-	if _, err := cli.Revoke(ctxT(t), lease); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		r, err := cli.Get(ctxT(t), hostKey("a"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(r.Kvs) == 1 && clientv3.LeaseID(r.Kvs[0].Lease) != lease {
-			rec, err := ParseHostRecord("a", r.Kvs[0].Value)
-			if err != nil || !rec.Draining {
-				t.Fatalf("registered again as %+v (%v), want draining", rec, err)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("host a did not register again")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if rec := revokeAndWait(t, cli, h, "a"); !rec.Draining {
+		t.Fatalf("registered again as %+v, want draining", rec)
 	}
 	// A crash and a restart: draining from seen/H.
 	restart := func() *Host {

@@ -136,25 +136,34 @@ func TestLostLeaseRegistersAgain(t *testing.T) {
 	t.Parallel()
 	cli := dial(t, fleettest.Etcd(t))
 	h := join(t, cli, "a", big)
+	revokeAndWait(t, cli, h, "a")
+}
+
+// revokeAndWait revokes host id's lease (h's) and waits up to 10 s for
+// its registration under a new lease, which it returns.
+func revokeAndWait(t *testing.T, cli *clientv3.Client, h *Host, id string) HostRecord {
+	t.Helper()
 	h.mu.Lock()
 	lease := h.lease
 	h.mu.Unlock()
 	if _, err := cli.Revoke(ctxT(t), lease); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		r, err := cli.Get(ctxT(t), hostKey("a"))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		r, err := cli.Get(ctxT(t), hostKey(id))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(r.Kvs) == 1 && clientv3.LeaseID(r.Kvs[0].Lease) != lease {
-			return
+			rec, err := ParseHostRecord(id, r.Kvs[0].Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rec
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("host a did not register again after its lease was revoked")
+			t.Fatalf("host %s did not register again after its lease was revoked", id)
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

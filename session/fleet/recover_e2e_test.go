@@ -23,7 +23,6 @@ import (
 	"github.com/berthvm/berth/session"
 	"github.com/berthvm/berth/session/api"
 	"github.com/berthvm/berth/session/fleet"
-	"github.com/berthvm/berth/session/fleet/fleettest"
 	"github.com/berthvm/berth/session/fleet/pki"
 	"github.com/berthvm/berth/session/sessiontest"
 )
@@ -319,16 +318,7 @@ func (h *recoverHost) kill() {
 // checkpoint's workspace (not what was written after it). a, back,
 // quarantines its copy at once: one host runs the session.
 func TestRecoverEndToEnd(t *testing.T) {
-	eps := fleettest.Etcd(t)
-	cli, err := fleet.Dial(eps[0], nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	ca := filepath.Join(t.TempDir(), "ca")
-	if err := pki.Init(ca, "test"); err != nil {
-		t.Fatal(err)
-	}
+	cli, ca := etcdAndCA(t)
 	hosts := map[string]*recoverHost{}
 	for _, id := range []string{"a", "b", "c"} {
 		hosts[id] = &recoverHost{id: id, fake: newRecoverFake()}
@@ -506,16 +496,7 @@ func TestRecoverEndToEnd(t *testing.T) {
 // by asking again: the new owner stages its replica again, takes the
 // session and starts it; asked once more, it is refused.
 func TestRecoverFinishesAnInterruptedRecovery(t *testing.T) {
-	eps := fleettest.Etcd(t)
-	cli, err := fleet.Dial(eps[0], nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	ca := filepath.Join(t.TempDir(), "ca")
-	if err := pki.Init(ca, "test"); err != nil {
-		t.Fatal(err)
-	}
+	cli, ca := etcdAndCA(t)
 	a, b := &recoverHost{id: "a", fake: newRecoverFake()}, &recoverHost{id: "b", fake: newRecoverFake()}
 	a.up(t, cli, ca)
 	b.up(t, cli, ca)

@@ -61,7 +61,8 @@ func testLogger(t *testing.T) *slog.Logger {
 }
 
 // startFleet starts hosts with the given facts (by id) on a new etcd.
-func startFleet(t *testing.T, facts map[string]fleet.Facts) *testFleet {
+// etcdAndCA is a fleet's ground: a client of a test etcd and a fleet CA.
+func etcdAndCA(t *testing.T) (*clientv3.Client, string) {
 	t.Helper()
 	eps := fleettest.Etcd(t)
 	cli, err := fleet.Dial(eps[0], nil)
@@ -69,10 +70,17 @@ func startFleet(t *testing.T, facts map[string]fleet.Facts) *testFleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	f := &testFleet{cli: cli, ca: filepath.Join(t.TempDir(), "ca"), hosts: map[string]*testHost{}}
-	if err := pki.Init(f.ca, "test"); err != nil {
+	ca := filepath.Join(t.TempDir(), "ca")
+	if err := pki.Init(ca, "test"); err != nil {
 		t.Fatal(err)
 	}
+	return cli, ca
+}
+
+func startFleet(t *testing.T, facts map[string]fleet.Facts) *testFleet {
+	t.Helper()
+	cli, ca := etcdAndCA(t)
+	f := &testFleet{cli: cli, ca: ca, hosts: map[string]*testHost{}}
 	for id, fa := range facts {
 		f.hosts[id] = f.start(t, id, fa)
 	}

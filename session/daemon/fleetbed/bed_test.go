@@ -175,15 +175,7 @@ func TestFleetBedLease(t *testing.T) {
 
 	t.Run("minority loss", func(t *testing.T) {
 		b.Members[0].Stop()
-		// Over two TTLs, no host is ever isolated.
-		end := time.Now().Add(2 * ttl)
-		for time.Now().Before(end) {
-			for _, h := range b.Hosts {
-				if iso, line := probe(t, h); iso {
-					t.Fatalf("one member of three down, %s: %s", h.ID, line)
-				}
-			}
-		}
+		neverIsolated(t, b, 2*ttl)
 		for _, h := range b.Hosts {
 			if st := h2.State(h.ID); st != session.HostReady {
 				t.Errorf("one member down: %s lists %s %q", h2.ID, h.ID, st)
@@ -246,6 +238,19 @@ func stdoutBytes(t *testing.T, h *fleetbed.Host, name, id string) int64 {
 	}
 	t.Fatalf("no execution %s in %s on %s", id, name, h.ID)
 	return 0
+}
+
+// neverIsolated probes every host of b for d: none may say it is
+// isolated (one etcd member of three down changes nothing).
+func neverIsolated(t *testing.T, b *fleetbed.Bed, d time.Duration) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		for _, h := range b.Hosts {
+			if iso, line := probe(t, h); iso {
+				t.Fatalf("one member of three down, %s: %s", h.ID, line)
+			}
+		}
+	}
 }
 
 // alive says whether process pid exists.
@@ -646,14 +651,7 @@ func TestFleetBedMajority(t *testing.T) {
 
 	t.Run("minority loss", func(t *testing.T) {
 		b.Members[0].Stop()
-		end := time.Now().Add(2 * ttl)
-		for time.Now().Before(end) {
-			for _, h := range b.Hosts {
-				if iso, line := probe(t, h); iso {
-					t.Fatalf("one member of three down, %s: %s", h.ID, line)
-				}
-			}
-		}
+		neverIsolated(t, b, 2*ttl)
 		h1, h2, h3 := b.Hosts[0], b.Hosts[1], b.Hosts[2]
 		h1.OK("create", "minority", "--on", h2.ID)
 		if got := h3.OK("exec", "minority", "--", "echo", "ok"); got != "ok\n" {
