@@ -62,6 +62,9 @@ func (a *Agent) fork(req *guest.Request) (guest.ForkResult, error) {
 			if err := SetNICMAC(spec.NICMAC); err != nil {
 				res.Errors = append(res.Errors, err.Error())
 			}
+			if err := SetupNet(); err != nil {
+				res.Errors = append(res.Errors, err.Error())
+			}
 		}
 	}
 	if spec.Hostname != "" {

@@ -28,11 +28,11 @@ func SetupNet() error {
 	}
 	host, _, _ := net.SplitHostPort(guest.DNSAddr)
 	resolver := "# berth: the agent answers what the session's network policy allows\nnameserver " + host + "\n"
-	_, nicErr := nicHWAddr(guest.NICName)
+	hw, nicErr := nicHWAddr(guest.NICName)
 	if errors.Is(nicErr, unix.ENODEV) {
 		nicErr = nil // no NIC: the proxy alone
 	} else if nicErr == nil {
-		if nicErr = nicUp(); nicErr == nil {
+		if nicErr = nicUp(hw); nicErr == nil {
 			resolver = "# berth: berth's DNS on the guest's NIC answers what the session's network policy allows\nnameserver " + guest.NICDNS + "\n"
 		}
 	}
@@ -47,11 +47,7 @@ func SetupNet() error {
 // brings it up (ioctls), then adds the default route through the gateway
 // (netlink): no ip binary needed. An address already there is replaced
 // (SIOCSIFADDR changes the primary one).
-func nicUp() error {
-	hw, err := nicHWAddr(guest.NICName)
-	if err != nil {
-		return err
-	}
+func nicUp(hw net.HardwareAddr) error {
 	pfx := guest.NICAddrOf(hw)
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -190,8 +186,10 @@ func routeMessage(index int, gw netip.Addr) []byte {
 // SetNICMAC gives eth0 a new MAC and the address it names: the NIC of a
 // fork or of a session restored from a template, which the restored
 // device state gave the source's MAC. The link goes down for the change (not
-// every virtio-net can change its MAC while up), which drops its routes;
-// nicUp puts back the address and the default route.
+// every virtio-net can change its MAC while up), which drops its address
+// and routes: the caller's SetupNet then puts back the address the MAC
+// names, the default route, and the link (whether the change was made
+// or not).
 func SetNICMAC(mac string) error {
 	hw, err := net.ParseMAC(mac)
 	if err != nil || len(hw) != 6 {
@@ -227,10 +225,9 @@ func SetNICMAC(mac string) error {
 	binary.NativeEndian.PutUint16(ifr[unix.IFNAMSIZ:], unix.ARPHRD_ETHER)
 	copy(ifr[unix.IFNAMSIZ+2:], hw)
 	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCSIFHWADDR, uintptr(unsafe.Pointer(&ifr[0]))); e != 0 {
-		nicUp() // the old MAC, up again
 		return fmt.Errorf("set %s's MAC to %s: %w", guest.NICName, hw, e)
 	}
-	return nicUp()
+	return nil
 }
 
 // nicHWAddr is interface name's MAC (SIOCGIFHWADDR); unix.ENODEV when

@@ -220,17 +220,23 @@ func (m *Manager) ReceiveReplica(ctx context.Context, r io.Reader) (_ session.Re
 	// An earlier copy of the same checkpoint is replaced: set aside under
 	// a dot-name (removed at start if a crash leaves it), then removed.
 	final := m.replicaDir(name, id)
+	old := ""
 	if _, err := os.Lstat(final); err == nil {
-		old := filepath.Join(parent, "."+id+".old-"+fmt.Sprint(time.Now().UnixNano()))
+		old = filepath.Join(parent, "."+id+".old-"+fmt.Sprint(time.Now().UnixNano()))
 		if err := os.Rename(final, old); err != nil {
 			return rep, fmt.Errorf("replace the replica of checkpoint %s of %q: %w", id, name, err)
 		}
-		defer os.RemoveAll(old)
 	}
 	if err := os.Rename(partial, final); err != nil {
+		if old != "" {
+			os.Rename(old, final) // the fleet records a replica here: keep the earlier one
+		}
 		return rep, fmt.Errorf("keep the replica of checkpoint %s of %q: %w", id, name, err)
 	}
 	syncDir(parent)
+	if old != "" {
+		os.RemoveAll(old)
+	}
 	m.log.Info("kept a checkpoint replica", "session", name, "checkpoint", id, "bytes", rep.Bytes)
 	return rep, nil
 }

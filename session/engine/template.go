@@ -174,13 +174,18 @@ func (m *Manager) template(ctx context.Context, s *sess) (string, error) {
 	if err := writeSynced(filepath.Join(tmp, templateImageFile), templateImage(im)); err != nil {
 		return "", err
 	}
+	// A published template holds its snapshot and image record only;
+	// the lock goes once it is published (a build without it would be
+	// taken for a dead one).
 	os.RemoveAll(filepath.Join(tmp, "vm"))
+	os.Remove(filepath.Join(tmp, buildVMMFile))
 	if err := os.Rename(tmp, dir); err != nil {
 		if _, serr := os.Stat(snap); serr == nil {
 			return snap, nil // built meanwhile by someone else
 		}
 		return "", err
 	}
+	os.Remove(filepath.Join(dir, buildLockFile))
 	syncDir(filepath.Dir(dir))
 	m.log.Info("template ready", "key", key, "took", time.Since(start).Round(time.Millisecond))
 	return snap, nil

@@ -138,7 +138,7 @@ func (l *fleetLog) host(id string, c Change) []fleetEvent {
 		return nil
 	}
 	l.hosts[id] = rec
-	out := []fleetEvent{{host: id, rec: &rec, rev: c.Rev}}
+	out := []fleetEvent{{host: id, rev: c.Rev}}
 	switch {
 	case !had:
 		l.left[id] = false

@@ -285,7 +285,8 @@ func (r *Router) route(ctx context.Context, name string) (target, error) {
 		// and no other host can take a session of a host whose lease
 		// lives: a move needs this host, a recovery the lease's end.
 		if s, gerr := r.cfg.Local.Get(ctx, name); gerr == nil {
-			return target{svc: r.cfg.Local, ctx: context.WithValue(ctx, epochKey{}, s.Epoch), host: r.cfg.Self, epoch: s.Epoch}, nil
+			// No change can be recorded now: change() refuses at once.
+			return target{svc: r.cfg.Local, ctx: context.WithValue(ctx, epochKey{}, noEtcd), host: r.cfg.Self, epoch: s.Epoch}, nil
 		}
 	}
 	if err != nil {
@@ -306,7 +307,9 @@ func (r *Router) route(ctx context.Context, name string) (target, error) {
 	if err != nil {
 		return target{host: o.host, epoch: o.epoch, remote: true, spec: o.spec}, fmt.Errorf("session %s: %w", name, err)
 	}
-	return target{svc: c, ctx: session.WithForwarded(ctx, o.epoch), host: o.host, epoch: o.epoch, remote: true, spec: o.spec}, nil
+	// Served elsewhere: the owner records its own change.
+	rctx := context.WithValue(session.WithForwarded(ctx, o.epoch), epochKey{}, int64(0))
+	return target{svc: c, ctx: rctx, host: o.host, epoch: o.epoch, remote: true, spec: o.spec}, nil
 }
 
 // on runs f on the host that owns name. A forward refused as stale (the

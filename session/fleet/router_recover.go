@@ -68,7 +68,9 @@ func (r *Router) ReplicateCheckpoint(ctx context.Context, name, id, to string) (
 	err = RecordReplica(rctx, r.cli, name, t.epoch, to, id, ReplicaRecord{Memory: rep.Memory, TakenAt: rep.TakenAt, CopiedAt: rep.CopiedAt, Bytes: rep.Bytes})
 	if err != nil {
 		// Not recorded, so never recovered from: drop the copy.
-		if derr := dst.DropReplica(context.WithoutCancel(ctx), name, id); derr != nil {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
+		defer cancel()
+		if derr := dst.DropReplica(dctx, name, id); derr != nil {
 			r.log.Warn("drop an unrecorded replica", "session", name, "host", to, "err", derr)
 		}
 		return rep, err
@@ -156,6 +158,10 @@ func (r *Router) finishRecovery(ctx context.Context, name string, opts session.R
 		}
 		if err == nil {
 			break
+		}
+		if errors.Is(err, session.ErrInvalid) || errors.Is(err, session.ErrExists) || errors.Is(err, session.ErrUnsupported) || errors.Is(err, session.ErrPermission) {
+			// Asking again cannot help these.
+			return res, fmt.Errorf("recover %s: host %s owns it at epoch %d but cannot take it: %w", name, opts.On, epoch, err)
 		}
 		r.log.Warn("the recovering host did not take the session yet; retrying", "session", name, "host", opts.On, "err", err)
 		select {

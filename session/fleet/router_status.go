@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -48,12 +49,16 @@ func ParseStatus(b []byte) (Status, error) {
 
 func statusKey(s string) string { return sessionsDir + s + "/status" }
 
-// epochKey marks a call's context with the epoch route served it at here.
+// epochKey marks a call's context with the epoch route served it at here
+// (0: not here, or not in the fleet's keys; noEtcd: here, from this
+// host's own copy, etcd being out of reach).
 type epochKey struct{}
 
-func routedEpoch(ctx context.Context) (int64, bool) {
-	e, ok := ctx.Value(epochKey{}).(int64)
-	return e, ok
+const noEtcd int64 = -1
+
+func routedEpoch(ctx context.Context) int64 {
+	e, _ := ctx.Value(epochKey{}).(int64)
+	return e
 }
 
 // change is onSession for a lifecycle change (op): served here at an
@@ -62,8 +67,8 @@ func routedEpoch(ctx context.Context) (int64, bool) {
 // it left.
 func (r *Router) change(ctx context.Context, name, op string, f func(svc session.Service, ctx context.Context) (session.Session, error)) (session.Session, error) {
 	return r.onSession(ctx, name, func(svc session.Service, ctx context.Context) (session.Session, error) {
-		epoch, here := routedEpoch(ctx)
-		if !here || epoch == 0 {
+		epoch := routedEpoch(ctx)
+		if epoch == 0 {
 			return f(svc, ctx) // another host's, or not in the fleet's keys
 		}
 		if err := r.claim(ctx, name, epoch, Status{Op: op}); err != nil {
@@ -83,7 +88,7 @@ func (r *Router) change(ctx context.Context, name, op string, f func(svc session
 // Session (replace, restore): the status says the op, not a state.
 func changeOn[T any](r *Router, ctx context.Context, name, op string, f func(svc session.Service, ctx context.Context) (T, error)) (T, error) {
 	return on(r, ctx, name, func(svc session.Service, ctx context.Context) (T, error) {
-		if epoch, here := routedEpoch(ctx); here && epoch != 0 {
+		if epoch := routedEpoch(ctx); epoch != 0 {
 			if err := r.claim(ctx, name, epoch, Status{Op: op}); err != nil {
 				var zero T
 				return zero, err
@@ -101,6 +106,9 @@ func (r *Router) claim(ctx context.Context, name string, epoch int64, st Status)
 	if r.beforeClaim != nil && st.State == "" {
 		r.beforeClaim(name)
 	}
+	if epoch == noEtcd {
+		return unrecorded(name, st.Op, errors.New("it did not answer"))
+	}
 	st.Host, st.Epoch, st.At = r.cfg.Self, epoch, time.Now().UTC()
 	cctx, cancel := context.WithTimeout(ctx, r.etcdWait())
 	defer cancel()
@@ -114,9 +122,7 @@ func (r *Router) claim(ctx context.Context, name string, epoch int64, st Status)
 		clientv3.OpGet(hostKey(r.cfg.Self), clientv3.WithCountOnly()),
 	).Commit()
 	if err != nil {
-		return &session.Error{Class: session.ErrUnavailable,
-			Msg:  fmt.Sprintf("session %q: %s cannot be recorded in the fleet's etcd (%v): nothing was changed", name, st.Op, err),
-			Hint: "the fleet's etcd must answer for a session to be started, stopped or changed; berth host ls shows the hosts"}
+		return unrecorded(name, st.Op, err)
 	}
 	if resp.Succeeded {
 		return nil
@@ -133,4 +139,11 @@ func (r *Router) claim(ctx context.Context, name string, epoch int64, st Status)
 		}
 	}
 	return r.stale(name, epoch, o, ok)
+}
+
+// unrecorded is the refusal of a change etcd could not record.
+func unrecorded(name, op string, err error) error {
+	return &session.Error{Class: session.ErrUnavailable,
+		Msg:  fmt.Sprintf("session %q: %s cannot be recorded in the fleet's etcd (%v): nothing was changed", name, op, err),
+		Hint: "the fleet's etcd must answer for a session to be started, stopped or changed; berth host ls shows the hosts"}
 }

@@ -164,8 +164,8 @@ func Berth(t testing.TB) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		// Each test process builds its own (the tree may have changed
-		// since another did); the builds of processes long gone are
-		// removed here, since no process outlives its binaries' use.
+		// since another did); those over 2 hours old are of processes
+		// gone (make test bounds a package's run to 25 minutes).
 		parent := filepath.Join(os.TempDir(), "berth-test-bin")
 		os.MkdirAll(parent, 0o755)
 		removeOlder(parent, 2*time.Hour)
@@ -288,9 +288,9 @@ var pruneOnce sync.Once
 
 // pruneTemplates removes the shared templates of image builds the test
 // store no longer has (each agent change builds mini again, and its
-// templates, ~100 MB each, would pile up), and any not touched for a
-// day. A template just made, whose builder may still be writing it, is
-// left alone.
+// templates, ~100 MB each, would pile up): nothing restores those. One
+// of a live build is kept, however old (a test may be restoring it now),
+// and so is one made in the last hour, whose builder may be writing it.
 func pruneTemplates(dir string) {
 	live := map[string]bool{}
 	for _, name := range []string{"mini", "debian"} {
@@ -308,7 +308,7 @@ func pruneTemplates(dir string) {
 		}
 		var t struct{ Digest string }
 		b, err := os.ReadFile(filepath.Join(p, "image.json"))
-		if err == nil && json.Unmarshal(b, &t) == nil && live[t.Digest] && time.Since(fi.ModTime()) < 24*time.Hour {
+		if err == nil && json.Unmarshal(b, &t) == nil && live[t.Digest] {
 			continue
 		}
 		os.RemoveAll(p)
