@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,19 +84,39 @@ func TestRunDiffClients(t *testing.T) {
 		}
 
 		// An interactive shell with a terminal, as a person uses one.
+		// The line is typed once the shell has prompted, as a person
+		// would: typed ahead, a shell setting up its line editing may
+		// drop part of it (under load, one run in many lost all but the
+		// first command).
 		sh := exec.Command("ssh", append(append(se.opts("admin"), "-tt", "-p", se.port), name+"@127.0.0.1")...)
 		sh.Env = append(os.Environ(), "HOME="+se.dir)
-		sh.Stdin = strings.NewReader("cd /workspace && echo shell > shell.txt && rm tree/two.txt && echo more >> byssh.txt && ln -s keep.txt shlink; exit 3\n")
-		out, _ = sh.CombinedOutput()
+		typed, err := sh.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		shOut := &syncBuf{}
+		sh.Stdout, sh.Stderr = shOut, shOut
+		if err := sh.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(20 * time.Second); !strings.ContainsAny(shOut.String(), "#$"); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				sh.Process.Kill()
+				sh.Wait()
+				t.Fatalf("the SSH shell did not prompt within 20s: %q", shOut.String())
+			}
+		}
+		io.WriteString(typed, "cd /workspace && echo shell > shell.txt && rm tree/two.txt && echo more >> byssh.txt && ln -s keep.txt shlink; exit 3\n")
+		sh.Wait()
 		if sh.ProcessState == nil || sh.ProcessState.ExitCode() != 3 {
-			t.Fatalf("ssh shell: %v\n%s", sh.ProcessState, out)
+			t.Fatalf("ssh shell: %v\n%s", sh.ProcessState, shOut.String())
 		}
 
 		d := e.diff("run", "diff", id)
 		got := changeList(d)
 		slices.Sort(got)
 		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("changes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			t.Errorf("changes:\n%s\nwant:\n%s\nthe SSH shell said:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"), shOut.String())
 		}
 		if d.Full {
 			t.Errorf("compared whole trees (%s), want the guest's record", d.Note)
